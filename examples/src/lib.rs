@@ -1,0 +1,1 @@
+//! Example programs; see src/bin.
