@@ -1,1 +1,39 @@
-//! placeholder
+//! Wire types, statuses, Redis key layout and shard routing shared by the redis-stream-coord coordinator and its
+//! consumer and producer SDKs.
+//!
+//! Nothing here does I/O: the crate is the contract between the processes, so a change here is a protocol
+//! change (the golden fixtures in `testdata/` make every such change fail a test until it is deliberate).
+//!
+//! # Layout
+//! * [`version`]: newtypes for versions, epochs and shard ids.
+//! * [`names`]: validated stream, group and member names (safe inside Redis hash tags).
+//! * [`keys`]: the one function per Redis key.
+//! * [`routing`]: `shard_for_key`: xxHash64 + jump consistent hash, with shipped test vectors.
+//! * [`status`]: the status every response carries.
+//! * [`messages`]: HTTP request and response bodies.
+//! * [`metadata`]: the documents stored in Redis (group aggregate, stream routing).
+//! * [`error`]: decode and name errors.
+//!
+//! # Example
+//! ```
+//! use protocol::{keys, names::StreamName, routing::shard_for_key};
+//!
+//! let stream = StreamName::new("orders").unwrap();
+//! let shard = shard_for_key(b"customer-42", 8);
+//! assert!(shard.0 < 8);
+//! assert_eq!(keys::shard_stream(&stream, shard), format!("redis-stream:shard:{{orders:{}}}", shard.0));
+//! ```
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod keys;
+pub mod messages;
+pub mod metadata;
+pub mod names;
+pub mod routing;
+pub mod status;
+pub mod version;
+
+pub use error::{DecodeError, NameError};
+pub use status::Status;
+pub use version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision};

@@ -1,0 +1,151 @@
+//! The Redis key layout: the one place that builds every key the coordinator and the SDKs touch.
+//!
+//! Keys that one Lua script touches together share a hash tag, so every script runs in one Redis Cluster slot:
+//!
+//! | key | tag | what it holds |
+//! |---|---|---|
+//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group aggregate (hash: `aggregate`, `revision`, `schemaVersion`, `layoutVersion`, `updatedAt`) |
+//! | `redis-stream:coord:{<stream>:<group>}:liveness` | group | member leases renewed by no-change heartbeats (hash: member id -> `epoch:leaseUntilMs`) |
+//! | `redis-stream:coord:{<stream>:<group>}:mutex` | group | the group's critical-section mutex (`SET NX PX`) |
+//! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
+//! | `redis-stream:coord:{<stream>}:routing-mutex` | stream | the stream's routing mutex |
+//! | `redis-stream:coord:groups` / `redis-stream:coord:streams` | none | rebuildable indexes (sets) |
+//! | `redis-stream:shard:{<stream>:<n>}` | shard | the Redis stream of shard `n` |
+//! | `redis-stream:dead-letter:{<stream>:<n>}` | shard | entries of shard `n` that exceeded the delivery limit |
+//!
+//! Every shard gets its own tag so the shards of one stream spread over a Cluster; a shard's dead-letter stream
+//! shares its tag so one pipeline can move an entry between them.
+
+use crate::names::{GroupName, StreamName};
+use crate::version::ShardId;
+
+/// Common prefix of every key this project writes.
+pub const KEY_PREFIX: &str = "redis-stream";
+
+/// Version of this key layout, stored in every metadata hash as `layoutVersion`.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Hash fields of a metadata or routing hash.
+pub mod fields {
+    /// The aggregate JSON document.
+    pub const AGGREGATE: &str = "aggregate";
+    /// The store revision (compare-and-set counter).
+    pub const REVISION: &str = "revision";
+    /// Schema version of the aggregate JSON.
+    pub const SCHEMA_VERSION: &str = "schemaVersion";
+    /// Version of the key layout.
+    pub const LAYOUT_VERSION: &str = "layoutVersion";
+    /// Redis time (ms) of the last successful write.
+    pub const UPDATED_AT: &str = "updatedAt";
+}
+
+/// Group metadata hash.
+pub fn group_metadata(stream: &StreamName, group: &GroupName) -> String {
+    format!("{KEY_PREFIX}:coord:{{{stream}:{group}}}:metadata")
+}
+
+/// Group liveness hash (member leases renewed without rewriting the aggregate).
+pub fn group_liveness(stream: &StreamName, group: &GroupName) -> String {
+    format!("{KEY_PREFIX}:coord:{{{stream}:{group}}}:liveness")
+}
+
+/// Group critical-section mutex.
+pub fn group_mutex(stream: &StreamName, group: &GroupName) -> String {
+    format!("{KEY_PREFIX}:coord:{{{stream}:{group}}}:mutex")
+}
+
+/// Stream routing hash (shard count, routing version).
+pub fn stream_routing(stream: &StreamName) -> String {
+    format!("{KEY_PREFIX}:coord:{{{stream}}}:routing")
+}
+
+/// Stream routing mutex.
+pub fn stream_routing_mutex(stream: &StreamName) -> String {
+    format!("{KEY_PREFIX}:coord:{{{stream}}}:routing-mutex")
+}
+
+/// Rebuildable index of groups: a set of `<stream>:<group>` members.
+pub fn groups_index() -> String {
+    format!("{KEY_PREFIX}:coord:groups")
+}
+
+/// Rebuildable index of streams: a set of stream names.
+pub fn streams_index() -> String {
+    format!("{KEY_PREFIX}:coord:streams")
+}
+
+/// `SCAN` pattern matching every group metadata hash (used to rebuild the groups index).
+pub fn group_metadata_pattern() -> String {
+    format!("{KEY_PREFIX}:coord:{{*}}:metadata")
+}
+
+/// The member of [`groups_index`] for one group.
+pub fn groups_index_member(stream: &StreamName, group: &GroupName) -> String {
+    format!("{stream}:{group}")
+}
+
+/// The Redis stream key of one shard.
+pub fn shard_stream(stream: &StreamName, shard: ShardId) -> String {
+    format!("{KEY_PREFIX}:shard:{{{stream}:{shard}}}")
+}
+
+/// The dead-letter stream of one shard (same hash slot as the shard).
+pub fn dead_letter_stream(stream: &StreamName, shard: ShardId) -> String {
+    format!("{KEY_PREFIX}:dead-letter:{{{stream}:{shard}}}")
+}
+
+/// The hash tag of a key (the part Redis Cluster hashes), as Redis computes it: the text between the first `{`
+/// and the next `}`, if non-empty; else the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> (StreamName, GroupName) {
+        (StreamName::new("orders").unwrap(), GroupName::new("billing").unwrap())
+    }
+
+    #[test]
+    fn group_keys_share_one_slot() {
+        let (s, g) = names();
+        assert_eq!(group_metadata(&s, &g), "redis-stream:coord:{orders:billing}:metadata");
+        let tag = hash_tag(&group_metadata(&s, &g)).to_owned();
+        assert_eq!(tag, "orders:billing");
+        assert_eq!(hash_tag(&group_liveness(&s, &g)), tag);
+        assert_eq!(hash_tag(&group_mutex(&s, &g)), tag);
+    }
+
+    #[test]
+    fn routing_keys_share_one_slot() {
+        let (s, _) = names();
+        assert_eq!(stream_routing(&s), "redis-stream:coord:{orders}:routing");
+        assert_eq!(hash_tag(&stream_routing(&s)), hash_tag(&stream_routing_mutex(&s)));
+    }
+
+    #[test]
+    fn every_shard_has_its_own_tag_shared_with_its_dead_letter_stream() {
+        let (s, _) = names();
+        let k3 = shard_stream(&s, ShardId(3));
+        assert_eq!(k3, "redis-stream:shard:{orders:3}");
+        assert_ne!(hash_tag(&k3), hash_tag(&shard_stream(&s, ShardId(4))));
+        assert_eq!(hash_tag(&k3), hash_tag(&dead_letter_stream(&s, ShardId(3))));
+    }
+
+    #[test]
+    fn hash_tag_follows_redis_rules() {
+        assert_eq!(hash_tag("a{b}c"), "b");
+        assert_eq!(hash_tag("a{}c"), "a{}c");
+        assert_eq!(hash_tag("abc"), "abc");
+        assert_eq!(hash_tag("a{b"), "a{b");
+    }
+}

@@ -1,0 +1,281 @@
+//! Request and response bodies of the coordinator's HTTP API (`/v1`), as JSON with camelCase fields.
+//!
+//! Every type here has a golden fixture in `protocol/testdata/messages/`; a test fails when the wire format
+//! changes, so a change is always deliberate.
+
+use serde::{Deserialize, Serialize};
+
+use crate::metadata::GroupTimings;
+use crate::names::{GroupName, MemberId, StreamName};
+use crate::status::Status;
+use crate::version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision};
+
+/// Longest accepted `instanceId`, in bytes.
+pub const MAX_INSTANCE_ID_LEN: usize = 64;
+
+/// `POST /v1/streams/{stream}/groups/{group}/heartbeat`: join (epoch 0), heartbeat, or leave (epoch -1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The member's id in the group.
+    pub member_id: MemberId,
+    /// Random id of this process (one per consumer instance). A join from the same instance is a retry; a join
+    /// from another instance is a new incarnation whose predecessor may still read until its lease ends.
+    pub instance_id: String,
+    /// `0` to join, `-1` to leave, else the epoch of the last response.
+    pub member_epoch: MemberEpoch,
+    /// The metadata version of the last response the client applied.
+    pub metadata_version: MetadataVersion,
+    /// The highest metadata version the client has ever observed (kept by its version store).
+    pub max_observed_version: MetadataVersion,
+    /// Shards the client is reading now.
+    #[serde(default)]
+    pub owned: Vec<ShardId>,
+    /// Shards in the client's local revoking state.
+    #[serde(default)]
+    pub revoking: Vec<RevokingShard>,
+}
+
+/// A shard the client stopped reading, and whether its in-flight work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevokingShard {
+    /// The shard.
+    pub shard: ShardId,
+    /// Draining (work in flight) or revoked (released).
+    pub state: RevokeState,
+}
+
+/// Progress of a local revoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RevokeState {
+    /// No new reads; in-flight work still running.
+    Draining,
+    /// No new reads and no in-flight work: the coordinator may hand the shard to its next owner.
+    Revoked,
+}
+
+/// Answer to a heartbeat with status `OK`, `SYNC_METADATA` or `REVOKE_PENDING`. A repeatable view of what Redis
+/// records for this member: a lost response is repaired by the next heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatResponse {
+    /// `OK`, `SYNC_METADATA` or `REVOKE_PENDING`.
+    pub status: Status,
+    /// The member.
+    pub member_id: MemberId,
+    /// The epoch to send next (`-1` after a leave).
+    pub member_epoch: MemberEpoch,
+    /// The group's metadata version in Redis.
+    pub metadata_version: MetadataVersion,
+    /// The assignment epoch of the current target assignment.
+    pub assignment_epoch: AssignmentEpoch,
+    /// Shards the member may read (only with status `OK` for shards it is not reading yet).
+    pub assigned: Vec<ShardId>,
+    /// Shards targeted to the member that a previous owner still holds: do not read yet.
+    pub pending: Vec<ShardId>,
+    /// Shards the member must drain and report `REVOKED` (the DRAIN instruction).
+    pub revoke: Vec<ShardId>,
+    /// How often to heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// How long, from the send time of this heartbeat, the member may keep reading without another answer.
+    pub assignment_lease_ms: u64,
+    /// Shard count the group has adopted.
+    pub shard_count: u32,
+    /// Routing version the group has adopted.
+    pub routing_version: RoutingVersion,
+}
+
+/// Body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ErrorResponse {
+    /// The error status.
+    pub status: Status,
+    /// What went wrong, for people.
+    pub message: String,
+    /// For `FENCED_MEMBER_EPOCH`: the epoch Redis records for the member, if it is still a member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_epoch: Option<MemberEpoch>,
+    /// Suggested wait before retrying, for retryable errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Query of `GET /v1/streams/{stream}/routing`: the producer's routing versions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingQuery {
+    /// The routing version the producer uses now (0 when it has none).
+    #[serde(default)]
+    pub routing_version: RoutingVersion,
+    /// The highest routing version the producer has ever observed.
+    #[serde(default)]
+    pub max_observed_version: RoutingVersion,
+}
+
+/// Answer of a routing fetch: `OK`, or `SYNC_METADATA` when the producer has observed a routing version higher
+/// than Redis stores (adopt this one even though it is older, and count the event).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingResponse {
+    /// `OK` or `SYNC_METADATA`.
+    pub status: Status,
+    /// The stream.
+    pub stream: StreamName,
+    /// The stored routing version.
+    pub routing_version: RoutingVersion,
+    /// Number of shards.
+    pub shard_count: u32,
+    /// How long, from the send time of this request, the producer may publish with this routing.
+    pub routing_lease_ms: u64,
+    /// How often to refresh even while publishing succeeds.
+    pub refresh_interval_ms: u64,
+}
+
+/// `POST /v1/streams/{stream}/groups/{group}`: create a group (and the stream's routing if it has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateGroupRequest {
+    /// Shard count of the stream. Required when the stream has no routing yet; when it has, must be absent or
+    /// equal to the stored count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_count: Option<u32>,
+    /// Timings of the group; defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<GroupTimings>,
+}
+
+/// `POST /v1/streams/{stream}/groups/{group}/recreate`: recreate a group whose metadata was lost. Refused while
+/// metadata exists. Members of the lost group get `UNKNOWN_MEMBER` and rejoin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecreateGroupRequest {
+    /// Must be `true`: recreating is a deliberate operator action.
+    pub confirm: bool,
+    /// Shard count of the stream (must match the stream's routing when it still exists).
+    pub shard_count: u32,
+    /// Timings of the recreated group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<GroupTimings>,
+}
+
+/// `POST /v1/streams/{stream}/shards`: grow a stream by `count` shards (bumps its routing version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AddShardsRequest {
+    /// How many shards to add (at least 1).
+    pub count: u32,
+}
+
+/// Admin view of a stream's routing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingDescription {
+    /// The stream.
+    pub stream: StreamName,
+    /// Store revision of the routing hash (its ETag).
+    pub revision: StoreRevision,
+    /// The routing version.
+    pub routing_version: RoutingVersion,
+    /// Number of shards.
+    pub shard_count: u32,
+    /// Routing lease producers get.
+    pub routing_lease_ms: u64,
+}
+
+/// Admin view of a group (`GET /v1/streams/{stream}/groups/{group}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupDescription {
+    /// The stream.
+    pub stream: StreamName,
+    /// The group.
+    pub group: GroupName,
+    /// Store revision of the metadata hash (its ETag).
+    pub revision: StoreRevision,
+    /// The metadata version.
+    pub metadata_version: MetadataVersion,
+    /// The assignment epoch.
+    pub assignment_epoch: AssignmentEpoch,
+    /// The adopted routing version.
+    pub routing_version: RoutingVersion,
+    /// The adopted shard count.
+    pub shard_count: u32,
+    /// The group's timings.
+    pub timings: GroupTimings,
+    /// Members, by id.
+    pub members: Vec<MemberDescription>,
+    /// Shards, by id.
+    pub shards: Vec<ShardDescription>,
+    /// The open metadata correction round, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<CorrectionDescription>,
+}
+
+/// One member in a [`GroupDescription`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberDescription {
+    /// The member.
+    pub member_id: MemberId,
+    /// Its current epoch.
+    pub epoch: MemberEpoch,
+    /// Its instance id.
+    pub instance_id: String,
+    /// Redis time (ms) its lease ends.
+    pub lease_until_ms: u64,
+    /// Whether it is fenced (no renewals; removed when its lease ends).
+    pub fenced: bool,
+    /// Shards it may read.
+    pub assigned: Vec<ShardId>,
+    /// Shards targeted to it but still held by a previous owner.
+    pub pending: Vec<ShardId>,
+    /// Shards it must drain.
+    pub revoke: Vec<ShardId>,
+}
+
+/// One shard in a [`GroupDescription`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShardDescription {
+    /// The shard.
+    pub shard: ShardId,
+    /// The member the assignor wants to own it.
+    pub target: Option<MemberId>,
+    /// The member that owns it now (may be reading or draining it).
+    pub owner: Option<MemberId>,
+}
+
+/// An open metadata correction round in a [`GroupDescription`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CorrectionDescription {
+    /// Redis time (ms) the round started.
+    pub started_at_ms: u64,
+    /// Highest version a client reported.
+    pub reported_max_version: MetadataVersion,
+    /// Members that heartbeated with the stored version since the round started.
+    pub synced: Vec<MemberId>,
+    /// Members still expected to synchronise.
+    pub unsynced: Vec<MemberId>,
+}
+
+/// `GET /v1/groups`: the groups index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupList {
+    /// Known groups, sorted.
+    pub groups: Vec<GroupRef>,
+}
+
+/// A (stream, group) pair.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupRef {
+    /// The stream.
+    pub stream: StreamName,
+    /// The group.
+    pub group: GroupName,
+}

@@ -1,0 +1,384 @@
+//! The documents the coordinator records in Redis: a group's aggregate and a stream's routing.
+//!
+//! Both carry a `schemaVersion`; a coordinator that reads a version it does not know fails closed (see
+//! [`GroupMetadata::decode`]) instead of guessing.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::DecodeError;
+use crate::names::{GroupName, MemberId, StreamName};
+use crate::version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId};
+
+/// Schema version of [`GroupMetadata`] written by this build.
+pub const GROUP_SCHEMA_VERSION: u32 = 1;
+/// Schema version of [`StreamRouting`] written by this build.
+pub const ROUTING_SCHEMA_VERSION: u32 = 1;
+/// Most shards a stream may have.
+pub const MAX_SHARDS: u32 = 65_536;
+
+/// Timings of a group. All in milliseconds.
+///
+/// Rules ([`GroupTimings::validate`]): `heartbeat_interval < assignment_lease <= member_ttl`, and
+/// `rebalance_timeout >= heartbeat_interval`. The assignment lease is what a consumer may read for without a
+/// fresh answer, measured from the *send* time of the heartbeat; keeping it at or below the member TTL means a
+/// consumer stops reading before the coordinator can expire it and hand its shards to someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupTimings {
+    /// How long a member stays alive without a heartbeat.
+    pub member_ttl_ms: u64,
+    /// How often members heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// How long a member may take to drain a revoked shard before it is fenced.
+    pub rebalance_timeout_ms: u64,
+    /// How long a consumer may read without a successful heartbeat.
+    pub assignment_lease_ms: u64,
+}
+
+impl Default for GroupTimings {
+    fn default() -> Self {
+        GroupTimings {
+            member_ttl_ms: 10_000,
+            heartbeat_interval_ms: 2_000,
+            rebalance_timeout_ms: 30_000,
+            assignment_lease_ms: 8_000,
+        }
+    }
+}
+
+impl GroupTimings {
+    /// Checks the cross-field rules.
+    ///
+    /// # Errors
+    /// A sentence naming the broken rule.
+    pub fn validate(&self) -> Result<(), String> {
+        let t = self;
+        if t.heartbeat_interval_ms == 0 {
+            return Err("heartbeatIntervalMs must be positive".into());
+        }
+        if t.member_ttl_ms > 24 * 3_600_000 || t.rebalance_timeout_ms > 24 * 3_600_000 {
+            return Err("timings above 24 hours are refused".into());
+        }
+        if t.assignment_lease_ms <= t.heartbeat_interval_ms {
+            return Err(format!(
+                "assignmentLeaseMs ({}) must be greater than heartbeatIntervalMs ({})",
+                t.assignment_lease_ms, t.heartbeat_interval_ms
+            ));
+        }
+        if t.assignment_lease_ms > t.member_ttl_ms {
+            return Err(format!(
+                "assignmentLeaseMs ({}) must not exceed memberTtlMs ({}): a consumer must stop reading before it \
+                 can be expired",
+                t.assignment_lease_ms, t.member_ttl_ms
+            ));
+        }
+        if t.rebalance_timeout_ms < t.heartbeat_interval_ms {
+            return Err(format!(
+                "rebalanceTimeoutMs ({}) must be at least heartbeatIntervalMs ({})",
+                t.rebalance_timeout_ms, t.heartbeat_interval_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A group's aggregate: the one JSON document in the `aggregate` field of its metadata hash.
+///
+/// Every coordinator decision is written here before any response depends on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupMetadata {
+    /// [`GROUP_SCHEMA_VERSION`] of the writer.
+    pub schema_version: u32,
+    /// The stream.
+    pub stream: StreamName,
+    /// The group.
+    pub group: GroupName,
+    /// +1 on every committed change (held still while a correction round is open).
+    pub metadata_version: MetadataVersion,
+    /// +1 on every change of the target assignment.
+    pub assignment_epoch: AssignmentEpoch,
+    /// The stream routing version this group has adopted.
+    pub routing_version: RoutingVersion,
+    /// The shard count this group has adopted; `shards.len()`.
+    pub shard_count: u32,
+    /// The group's timings.
+    pub timings: GroupTimings,
+    /// Redis time (ms) the group was created.
+    pub created_at_ms: u64,
+    /// Members by id.
+    pub members: BTreeMap<MemberId, MemberRecord>,
+    /// Per-shard target and owner, indexed by shard id.
+    pub shards: Vec<ShardRecord>,
+    /// The open metadata correction round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<CorrectionRound>,
+}
+
+/// What Redis records about one member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberRecord {
+    /// Id of the process incarnation that joined.
+    pub instance_id: String,
+    /// Current epoch.
+    pub epoch: MemberEpoch,
+    /// The epoch before the last bump; a heartbeat carrying it is a retry after a lost response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_epoch: Option<MemberEpoch>,
+    /// Redis time (ms) of the join.
+    pub joined_at_ms: u64,
+    /// Lease end recorded with the last aggregate write (the liveness hash may hold a later one).
+    pub lease_until_ms: u64,
+    /// Set when the member was fenced (rebalance timeout or admin); it is removed when its lease ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_at_ms: Option<u64>,
+    /// Until this time a previous incarnation of this member may still be reading the shards it owns: they are
+    /// neither readable by the new incarnation nor released by its acks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until_ms: Option<u64>,
+    /// Since when the member has had a shard to drain (for the rebalance timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoking_since_ms: Option<u64>,
+}
+
+/// Target and current owner of one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShardRecord {
+    /// Member the assignor wants to own the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<MemberId>,
+    /// Member that owns it now: it may read it (if also the target) or must drain it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<MemberId>,
+}
+
+/// An open metadata correction round (see `docs/protocol.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CorrectionRound {
+    /// Redis time (ms) the round started.
+    pub started_at_ms: u64,
+    /// The highest version a client reported.
+    pub reported_max_version: MetadataVersion,
+    /// Members that heartbeated with the stored version since the round started.
+    #[serde(default)]
+    pub synced: BTreeSet<MemberId>,
+    /// Shards some member reported reading or draining although Redis records another owner, by shard.
+    #[serde(default)]
+    pub claims: BTreeMap<ShardId, BTreeSet<MemberId>>,
+}
+
+impl GroupMetadata {
+    /// A new, empty group at metadata version 1.
+    pub fn new(
+        stream: StreamName,
+        group: GroupName,
+        shard_count: u32,
+        routing_version: RoutingVersion,
+        timings: GroupTimings,
+        now_ms: u64,
+    ) -> Self {
+        GroupMetadata {
+            schema_version: GROUP_SCHEMA_VERSION,
+            stream,
+            group,
+            metadata_version: MetadataVersion(1),
+            assignment_epoch: AssignmentEpoch(1),
+            routing_version,
+            shard_count,
+            timings,
+            created_at_ms: now_ms,
+            members: BTreeMap::new(),
+            shards: vec![ShardRecord::default(); shard_count as usize],
+            correction: None,
+        }
+    }
+
+    /// Parses a stored aggregate, refusing unknown schema versions and inconsistent documents.
+    ///
+    /// # Errors
+    /// [`DecodeError`] for malformed JSON, an unknown schema version, or a broken invariant.
+    pub fn decode(json: &[u8]) -> Result<Self, DecodeError> {
+        // Read the schema version first so a future document fails as "unsupported", not as "malformed".
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Probe {
+            schema_version: u32,
+        }
+        let probe: Probe = serde_json::from_slice(json)?;
+        if probe.schema_version != GROUP_SCHEMA_VERSION {
+            return Err(DecodeError::UnsupportedSchema {
+                found: probe.schema_version,
+                supported: GROUP_SCHEMA_VERSION,
+            });
+        }
+        let meta: GroupMetadata = serde_json::from_slice(json)?;
+        meta.check()?;
+        Ok(meta)
+    }
+
+    /// The JSON stored in Redis.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("GroupMetadata serializes: it holds only strings, numbers and maps")
+    }
+
+    fn check(&self) -> Result<(), DecodeError> {
+        if self.shards.len() != self.shard_count as usize {
+            return Err(DecodeError::Inconsistent(format!(
+                "shardCount is {} but the shard table has {} entries",
+                self.shard_count,
+                self.shards.len()
+            )));
+        }
+        for (i, s) in self.shards.iter().enumerate() {
+            for m in s.target.iter().chain(s.owner.iter()) {
+                if !self.members.contains_key(m) {
+                    return Err(DecodeError::Inconsistent(format!("shard {i} names unknown member {m}")));
+                }
+            }
+        }
+        self.timings.validate().map_err(DecodeError::Inconsistent)?;
+        Ok(())
+    }
+}
+
+/// A stream's routing: the `aggregate` of its routing hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StreamRouting {
+    /// [`ROUTING_SCHEMA_VERSION`] of the writer.
+    pub schema_version: u32,
+    /// The stream.
+    pub stream: StreamName,
+    /// +1 on every committed change.
+    pub routing_version: RoutingVersion,
+    /// Number of shards.
+    pub shard_count: u32,
+    /// How long producers may use this routing without a successful refresh.
+    pub routing_lease_ms: u64,
+    /// Redis time (ms) the routing was created.
+    pub created_at_ms: u64,
+}
+
+/// Default routing lease given to producers.
+pub const DEFAULT_ROUTING_LEASE_MS: u64 = 30_000;
+
+impl StreamRouting {
+    /// New routing at version 1.
+    pub fn new(stream: StreamName, shard_count: u32, now_ms: u64) -> Self {
+        StreamRouting {
+            schema_version: ROUTING_SCHEMA_VERSION,
+            stream,
+            routing_version: RoutingVersion(1),
+            shard_count,
+            routing_lease_ms: DEFAULT_ROUTING_LEASE_MS,
+            created_at_ms: now_ms,
+        }
+    }
+
+    /// Parses a stored routing document, refusing unknown schema versions.
+    ///
+    /// # Errors
+    /// [`DecodeError`] for malformed JSON, an unknown schema version or a zero shard count.
+    pub fn decode(json: &[u8]) -> Result<Self, DecodeError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Probe {
+            schema_version: u32,
+        }
+        let probe: Probe = serde_json::from_slice(json)?;
+        if probe.schema_version != ROUTING_SCHEMA_VERSION {
+            return Err(DecodeError::UnsupportedSchema {
+                found: probe.schema_version,
+                supported: ROUTING_SCHEMA_VERSION,
+            });
+        }
+        let r: StreamRouting = serde_json::from_slice(json)?;
+        if r.shard_count == 0 || r.shard_count > MAX_SHARDS {
+            return Err(DecodeError::Inconsistent(format!(
+                "shardCount {} out of range",
+                r.shard_count
+            )));
+        }
+        Ok(r)
+    }
+
+    /// The JSON stored in Redis.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("StreamRouting serializes: it holds only strings and numbers")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> GroupMetadata {
+        GroupMetadata::new(
+            StreamName::new("s").unwrap(),
+            GroupName::new("g").unwrap(),
+            2,
+            RoutingVersion(1),
+            GroupTimings::default(),
+            5,
+        )
+    }
+
+    #[test]
+    fn round_trips() {
+        let m = meta();
+        assert_eq!(GroupMetadata::decode(m.encode().as_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn unknown_schema_fails_closed() {
+        let json = meta().encode().replace("\"schemaVersion\":1", "\"schemaVersion\":2");
+        assert!(matches!(
+            GroupMetadata::decode(json.as_bytes()),
+            Err(DecodeError::UnsupportedSchema { found: 2, supported: 1 })
+        ));
+    }
+
+    #[test]
+    fn inconsistent_shard_table_is_refused() {
+        let json = meta().encode().replace("\"shardCount\":2", "\"shardCount\":3");
+        assert!(matches!(
+            GroupMetadata::decode(json.as_bytes()),
+            Err(DecodeError::Inconsistent(_))
+        ));
+        let json = meta().encode().replace("[{},{}]", "[{\"owner\":\"ghost\"},{}]");
+        assert!(matches!(
+            GroupMetadata::decode(json.as_bytes()),
+            Err(DecodeError::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_is_malformed() {
+        assert!(matches!(GroupMetadata::decode(b"{not json"), Err(DecodeError::Json(_))));
+        assert!(matches!(StreamRouting::decode(b"[]"), Err(DecodeError::Json(_))));
+    }
+
+    #[test]
+    fn timing_rules() {
+        assert!(GroupTimings::default().validate().is_ok());
+        let t = GroupTimings {
+            assignment_lease_ms: 20_000,
+            ..GroupTimings::default()
+        };
+        assert!(t.validate().unwrap_err().contains("must not exceed memberTtlMs"));
+        let t = GroupTimings {
+            heartbeat_interval_ms: 9_000,
+            ..GroupTimings::default()
+        };
+        assert!(t.validate().is_err());
+        let t = GroupTimings {
+            rebalance_timeout_ms: 1,
+            ..GroupTimings::default()
+        };
+        assert!(t.validate().is_err());
+    }
+}

@@ -1,0 +1,135 @@
+//! The status every coordinator response carries.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Outcome of a coordinator request, as a stable wire string.
+///
+/// The first three are answers to a well-formed heartbeat; the rest are errors, sent in an
+/// [`ErrorResponse`](crate::messages::ErrorResponse) with the HTTP status of [`Status::http_status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
+pub enum Status {
+    /// The response is the member's current assignment: start `assigned` shards, keep `pending` ones idle,
+    /// drain `revoke` ones.
+    Ok,
+    /// The client reported a metadata version higher than Redis stores (a lost write). Adopt this response as the
+    /// truth: keep only shards already being read that are still `assigned`, revoke the rest, start nothing.
+    SyncMetadata,
+    /// A metadata correction round is still open (other members unsynchronised, or revokes draining): keep
+    /// draining, start nothing new.
+    RevokePending,
+    /// The request's member epoch is stale: this incarnation was replaced or fenced. Stop every reader and rejoin
+    /// with epoch 0.
+    FencedMemberEpoch,
+    /// The member is not in the group (expired, removed, or lost with a metadata rollback). Stop every reader and
+    /// rejoin with epoch 0.
+    UnknownMember,
+    /// The group's metadata is missing or unreadable (unknown schema or layout version, corrupt JSON). The
+    /// coordinator fails closed and never rebuilds it from client reports; an operator recreates the group.
+    MetadataUnavailable,
+    /// This coordinator instance is shutting down: retry against another instance.
+    CoordinatorTerminating,
+    /// Redis could not be reached, or the group's mutex stayed busy: retry with backoff.
+    StoreUnavailable,
+    /// The request is malformed or breaks a rule (bad name, bad JSON, oversized body, impossible values).
+    InvalidRequest,
+    /// An admin mutation's `If-Match` revision is not the stored one: re-read and decide again.
+    RevisionConflict,
+    /// The group or stream to create exists already.
+    AlreadyExists,
+    /// The request lacks the bearer token this endpoint requires.
+    Unauthorized,
+}
+
+impl Status {
+    /// HTTP status code used with this status.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Status::Ok | Status::SyncMetadata | Status::RevokePending => 200,
+            Status::InvalidRequest => 400,
+            Status::Unauthorized => 401,
+            Status::FencedMemberEpoch | Status::UnknownMember | Status::AlreadyExists => 409,
+            Status::RevisionConflict => 412,
+            Status::MetadataUnavailable | Status::CoordinatorTerminating | Status::StoreUnavailable => 503,
+        }
+    }
+
+    /// Whether this is an error status (sent in an error body).
+    pub fn is_error(self) -> bool {
+        !matches!(self, Status::Ok | Status::SyncMetadata | Status::RevokePending)
+    }
+
+    /// Whether the same request may succeed if retried unchanged (against this or another coordinator).
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Status::CoordinatorTerminating | Status::StoreUnavailable | Status::MetadataUnavailable
+        )
+    }
+
+    /// Whether the client must drop its assignment and rejoin with epoch 0.
+    pub fn requires_rejoin(self) -> bool {
+        matches!(self, Status::FencedMemberEpoch | Status::UnknownMember)
+    }
+
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::SyncMetadata => "SYNC_METADATA",
+            Status::RevokePending => "REVOKE_PENDING",
+            Status::FencedMemberEpoch => "FENCED_MEMBER_EPOCH",
+            Status::UnknownMember => "UNKNOWN_MEMBER",
+            Status::MetadataUnavailable => "METADATA_UNAVAILABLE",
+            Status::CoordinatorTerminating => "COORDINATOR_TERMINATING",
+            Status::StoreUnavailable => "STORE_UNAVAILABLE",
+            Status::InvalidRequest => "INVALID_REQUEST",
+            Status::RevisionConflict => "REVISION_CONFLICT",
+            Status::AlreadyExists => "ALREADY_EXISTS",
+            Status::Unauthorized => "UNAUTHORIZED",
+        }
+    }
+
+    /// Every status, for documentation and exhaustive tests.
+    pub const ALL: [Status; 12] = [
+        Status::Ok,
+        Status::SyncMetadata,
+        Status::RevokePending,
+        Status::FencedMemberEpoch,
+        Status::UnknownMember,
+        Status::MetadataUnavailable,
+        Status::CoordinatorTerminating,
+        Status::StoreUnavailable,
+        Status::InvalidRequest,
+        Status::RevisionConflict,
+        Status::AlreadyExists,
+        Status::Unauthorized,
+    ];
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_strings_match_serde() {
+        for s in Status::ALL {
+            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{}\"", s.as_str()));
+        }
+    }
+
+    #[test]
+    fn only_heartbeat_answers_are_200() {
+        for s in Status::ALL {
+            assert_eq!(s.http_status() == 200, !s.is_error(), "{s}");
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Version and identity newtypes.
+//!
+//! Each counter has its own type so a routing version can never be compared with a metadata version by accident.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! counter {
+    ($(#[$doc:meta])* $name:ident($inner:ty)) => {
+        $(#[$doc])*
+        #[derive(
+            Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+        )]
+        #[serde(transparent)]
+        pub struct $name(pub $inner);
+
+        impl $name {
+            /// The value that follows this one.
+            #[must_use]
+            pub fn next(self) -> Self {
+                Self(self.0.saturating_add(1))
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+counter!(
+    /// Version of a group's metadata: +1 on every committed change of the group aggregate (held still during a
+    /// metadata correction round, see `docs/protocol.md`). Clients remember the highest one they saw.
+    MetadataVersion(u64)
+);
+counter!(
+    /// Version of a stream's routing (shard count, resharding records): +1 on every committed change.
+    RoutingVersion(u64)
+);
+counter!(
+    /// +1 whenever a group's target assignment changes. Identifies one rebalance decision.
+    AssignmentEpoch(u64)
+);
+counter!(
+    /// Compare-and-set counter of one Redis metadata hash: +1 on every write of the hash, whatever it changed.
+    /// Used as the ETag of admin reads and the `If-Match` of admin mutations.
+    StoreRevision(u64)
+);
+
+/// Epoch of one member incarnation's assignment. `0` asks to join, `-1` asks to leave; a live member holds the
+/// assignment epoch at which its target last changed, so a new incarnation always gets a higher one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MemberEpoch(pub i64);
+
+impl MemberEpoch {
+    /// The epoch a member sends to join (or rejoin after being fenced or forgotten).
+    pub const JOIN: MemberEpoch = MemberEpoch(0);
+    /// The epoch a member sends to leave the group.
+    pub const LEAVE: MemberEpoch = MemberEpoch(-1);
+
+    /// Whether this is the join request epoch.
+    pub fn is_join(self) -> bool {
+        self == Self::JOIN
+    }
+
+    /// Whether this is the leave request epoch.
+    pub fn is_leave(self) -> bool {
+        self == Self::LEAVE
+    }
+}
+
+impl fmt::Display for MemberEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<AssignmentEpoch> for MemberEpoch {
+    fn from(epoch: AssignmentEpoch) -> Self {
+        // Assignment epochs stay far below i64::MAX: they count rebalances.
+        MemberEpoch(i64::try_from(epoch.0).unwrap_or(i64::MAX))
+    }
+}
+
+/// One shard of a logical stream, `0..shard_count`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ShardId(pub u32);
+
+impl ShardId {
+    /// The shard's index as a `usize`, for indexing per-shard tables.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_serialize_as_plain_numbers() {
+        assert_eq!(serde_json::to_string(&MetadataVersion(7)).unwrap(), "7");
+        assert_eq!(serde_json::to_string(&MemberEpoch::LEAVE).unwrap(), "-1");
+        assert_eq!(serde_json::from_str::<ShardId>("3").unwrap(), ShardId(3));
+    }
+
+    #[test]
+    fn next_saturates() {
+        assert_eq!(MetadataVersion(u64::MAX).next(), MetadataVersion(u64::MAX));
+        assert_eq!(AssignmentEpoch(1).next(), AssignmentEpoch(2));
+    }
+
+    #[test]
+    fn member_epoch_from_assignment_epoch() {
+        assert_eq!(MemberEpoch::from(AssignmentEpoch(5)), MemberEpoch(5));
+        assert!(MemberEpoch(0).is_join());
+        assert!(MemberEpoch(-1).is_leave());
+    }
+}
