@@ -1,1 +1,24 @@
-//! placeholder
+//! The redis-stream-coord coordinator: a Redis-recorded state machine that assigns the shards of a sharded Redis
+//! Stream to the members of consumer groups, and serves producers their routing.
+//!
+//! # Layout
+//! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
+//! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
+//! * [`coordinator`]: critical sections (local lock, shutdown gate, mutex, load, decide, write, answer).
+//! * [`shutdown`]: the terminating gate.
+//! * [`startup`]: Redis version and command checks.
+//! * [`config`], [`error`], [`stats`].
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod coordinator;
+pub mod error;
+pub mod shutdown;
+pub mod startup;
+pub mod state_machine;
+pub mod stats;
+pub mod store;
+
+pub use config::Config;
+pub use coordinator::Coordinator;
+pub use error::{Error, StoreError};

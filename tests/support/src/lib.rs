@@ -1,1 +1,61 @@
-//! Test harness (filled in by the harness work).
+//! Test harness for redis-stream-coord: real `redis-server` processes on free
+//! loopback ports, rollback of keys, primary + replica pairs, a TCP fault proxy
+//! and helpers for waiting on conditions.
+//!
+//! Tests never mock Redis. Every [`RedisServer`] is a real `redis-server`
+//! process (found on `PATH`, or at the path in the `REDIS_SERVER_BIN`
+//! environment variable) with its own port, data directory and log file. The
+//! process is killed when the value is dropped, so a failing test leaves
+//! nothing behind.
+//!
+//! Every panic raised by the harness about a server carries that server's log
+//! text, so a failure in CI can be diagnosed from the test output alone.
+//!
+//! Nothing in this crate relies on a fixed sleep being long enough: readiness,
+//! replication and role changes are all polled with a deadline (see
+//! [`wait_until`] and [`wait_for`]).
+//!
+//! # Layout
+//!
+//! - [`server`] — [`RedisServer`] and its [`RedisServerBuilder`] (persistence,
+//!   renamed or disabled commands, replication, extra arguments), kill, graceful
+//!   stop, restart on the same port, logs, connections, and the rollback helpers
+//!   ([`RedisServer::dump_key`], [`RedisServer::restore_key`],
+//!   [`RedisServer::snapshot_keys`], [`RedisServer::restore_snapshot`]).
+//! - [`snapshot`] — [`Snapshot`], the point-in-time copy of every key matching
+//!   a pattern.
+//! - [`replica`] — [`ReplicaPair`], a primary and its replica, with
+//!   [`ReplicaPair::wait_replicated`] and [`ReplicaPair::promote_replica`] to
+//!   model a failover that loses the writes made after the replication cut.
+//! - [`proxy`] — [`FaultProxy`], a TCP forwarder whose [`Mode`] can pass, stall
+//!   or reset traffic.
+//! - [`wait`] — [`wait_until`] and [`wait_for`], polling with a deadline.
+//! - [`port`] — [`free_port`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn example() {
+//! use test_support::RedisServer;
+//!
+//! let server = RedisServer::builder().persistence(true).start().await;
+//! let mut con = server.connection().await;
+//! let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut con).await.unwrap();
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod port;
+pub mod proxy;
+pub mod replica;
+pub mod server;
+pub mod snapshot;
+pub mod wait;
+
+pub use port::free_port;
+pub use proxy::{FaultProxy, Mode};
+pub use replica::ReplicaPair;
+pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
+pub use snapshot::Snapshot;
+pub use wait::{wait_for, wait_until};

@@ -1,0 +1,829 @@
+//! The coordinator service: every operation as a critical section over Redis-recorded metadata.
+//!
+//! # Ordering contract
+//! For every mutation:
+//! 1. take the group's local lock (requests for one group queue here instead of spinning on Redis);
+//! 2. pass the shutdown gate (refused with `COORDINATOR_TERMINATING` once shutdown began);
+//! 3. take the group's Redis mutex and load (one script);
+//! 4. run the pure state machine with Redis `TIME`;
+//! 5. write with the revision compare-and-set (one script, which also releases the mutex);
+//! 6. answer from what was written. A conflict goes back to step 3; nothing is answered from an unwritten state.
+
+use protocol::messages::{
+    CreateGroupRequest, GroupDescription, GroupList, GroupRef, HeartbeatRequest, HeartbeatResponse,
+    RecreateGroupRequest, RoutingDescription, RoutingQuery, RoutingResponse,
+};
+use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting, MAX_SHARDS};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{MetadataVersion, Status, StoreRevision};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::error::{Error, StoreError};
+use crate::shutdown::ShutdownGate;
+use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
+use crate::stats::Stats;
+use crate::store::{self, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
+
+/// How many times a critical section reloads after losing a compare-and-set.
+const MAX_CAS_ATTEMPTS: usize = 5;
+
+/// A coordinator instance: cheap to clone, shared by the HTTP handlers and the tick loop.
+#[derive(Clone)]
+pub struct Coordinator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("redis", &self.inner.config.redis_url)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: Config,
+    store: Store,
+    gate: ShutdownGate,
+    stats: Stats,
+    /// Per-group local lock and cache of the last aggregate read or written (keyed by revision).
+    groups: StdMutex<HashMap<(StreamName, GroupName), Arc<GroupSlot>>>,
+    /// Redis time (ms) before which nobody is expired, after a Redis restart (run id change).
+    global_grace_until_ms: AtomicU64,
+    /// The last Redis run id seen.
+    run_id: StdMutex<Option<String>>,
+}
+
+#[derive(Default)]
+struct GroupSlot {
+    /// The "local monitor": one critical section per group at a time in this process.
+    lock: tokio::sync::Mutex<()>,
+    cache: StdMutex<Option<Cached>>,
+}
+
+#[derive(Clone)]
+struct Cached {
+    revision: StoreRevision,
+    meta: Arc<GroupMetadata>,
+    /// Highest metadata version this process has seen for the group (to notice a regression itself).
+    highest: MetadataVersion,
+    /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
+    grace_until_ms: u64,
+}
+
+impl Coordinator {
+    /// Connects to Redis, checks its version and commands, and returns a coordinator.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
+    pub async fn connect(config: Config) -> Result<Coordinator, Error> {
+        config.validate().map_err(Error::InvalidRequest)?;
+        let client = redis::Client::open(config.redis_url.as_str()).map_err(StoreError::from)?;
+        let conn = redis::aio::ConnectionManager::new(client)
+            .await
+            .map_err(StoreError::from)?;
+        let store = Store::new(conn);
+        crate::startup::check_redis(&store).await?;
+        let run_id = store.run_id().await?;
+        Ok(Coordinator {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                gate: ShutdownGate::new(),
+                stats: Stats::default(),
+                groups: StdMutex::new(HashMap::new()),
+                global_grace_until_ms: AtomicU64::new(0),
+                run_id: StdMutex::new(Some(run_id)),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The shutdown gate.
+    pub fn gate(&self) -> &ShutdownGate {
+        &self.inner.gate
+    }
+
+    /// Counters of what happened.
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Handles a consumer heartbeat (join, heartbeat or leave).
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] for fenced, unknown or invalid members; see [`Error`] for the rest.
+    pub async fn heartbeat(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, Error> {
+        let scope = LivenessScope::Member(&req.member_id);
+        let (t, _) = self
+            .group_section(stream, group, scope, |meta, live, clock, _| {
+                Ok(state_machine::apply(meta, live, Input::Heartbeat(req), clock))
+            })
+            .await?;
+        self.inner.stats.heartbeat(&t.outcome);
+        match t.outcome {
+            Outcome::Heartbeat(r) => Ok(r),
+            Outcome::Rejected(r) => Err(Error::Rejected {
+                status: r.status,
+                message: r.message,
+                member_epoch: r.member_epoch,
+            }),
+            Outcome::Done => Err(StoreError::Protocol("heartbeat produced no answer".into()).into()),
+        }
+    }
+
+    /// Runs one tick of a group: expiry, fencing, hold ends, routing adoption, closing a correction round.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn tick_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), Error> {
+        let routing = match self.inner.store.read_routing(stream).await? {
+            Some((_, json)) => match store::decode_routing(&json) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                    None
+                }
+            },
+            None => None,
+        };
+        self.group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
+            Ok(state_machine::apply(
+                meta,
+                live,
+                Input::Tick {
+                    routing: routing.as_ref(),
+                },
+                clock,
+            ))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Fences a member now (admin). Its shards move when its lease ends.
+    ///
+    /// # Errors
+    /// [`Error::RevisionConflict`] when `if_match` is stale; [`Error::Rejected`] for an unknown member.
+    pub async fn fence_member(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        member: &MemberId,
+        if_match: Option<StoreRevision>,
+    ) -> Result<GroupDescription, Error> {
+        let (t, _) = self
+            .group_section(stream, group, LivenessScope::All, |meta, live, clock, rev| {
+                check_if_match(if_match, rev)?;
+                Ok(state_machine::apply(meta, live, Input::FenceMember(member), clock))
+            })
+            .await?;
+        if let Outcome::Rejected(r) = t.outcome {
+            return Err(Error::Rejected {
+                status: r.status,
+                message: r.message,
+                member_epoch: None,
+            });
+        }
+        self.describe_group(stream, group).await
+    }
+
+    /// The admin view of a group, read without the mutex (a snapshot at one revision).
+    ///
+    /// # Errors
+    /// [`Error::MetadataUnavailable`] when the group is missing or unreadable.
+    pub async fn describe_group(&self, stream: &StreamName, group: &GroupName) -> Result<GroupDescription, Error> {
+        let keys = SectionKeys::group(stream, group);
+        let mut conn = self.inner.store.connection();
+        let ((rev, agg, schema, layout), live, (secs, micros)): (
+            (Option<u64>, Option<Vec<u8>>, Option<u32>, Option<u32>),
+            Vec<(String, String)>,
+            (u64, u64),
+        ) = redis::pipe()
+            .cmd("HMGET")
+            .arg(&keys.hash)
+            .arg(&["revision", "aggregate", "schemaVersion", "layoutVersion"])
+            .cmd("HGETALL")
+            .arg(&keys.liveness)
+            .cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(StoreError::from)?;
+        let (Some(rev), Some(agg)) = (rev, agg) else {
+            return Err(missing_group(stream, group));
+        };
+        let loaded = Loaded {
+            now_ms: secs * 1000 + micros / 1000,
+            revision: Some(StoreRevision(rev)),
+            liveness_revision: 0,
+            schema_version: schema,
+            layout_version: layout,
+            aggregate: None,
+            liveness: Vec::new(),
+        };
+        let meta = store::decode_group(&loaded, &agg).map_err(|e| self.unavailable(e))?;
+        let liveness: Liveness = live
+            .into_iter()
+            .filter_map(|(k, v)| Some((MemberId::new(k).ok()?, v.parse().ok()?)))
+            .collect();
+        Ok(state_machine::describe(
+            &meta,
+            &liveness,
+            StoreRevision(rev),
+            loaded.now_ms,
+        ))
+    }
+
+    /// Creates a group, and its stream's routing when the stream has none.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyExists`] when the group exists (or the index says it existed: use recreate);
+    /// [`Error::InvalidRequest`] for bad shard counts or timings.
+    pub async fn create_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &CreateGroupRequest,
+    ) -> Result<GroupDescription, Error> {
+        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
+        timings.validate().map_err(Error::InvalidRequest)?;
+        let indexed = self.inner.store.indexed_groups().await?;
+        if indexed.contains(&protocol::keys::groups_index_member(stream, group)) {
+            let exists = self.group_exists(stream, group).await?;
+            let msg = if exists {
+                format!("group {group} of stream {stream} exists")
+            } else {
+                format!("group {group} of stream {stream} existed and its metadata is lost: use recreate")
+            };
+            return Err(Error::AlreadyExists(msg));
+        }
+        let routing = self.ensure_routing(stream, req.shard_count).await?;
+        self.insert_group(stream, group, &routing, timings, false).await
+    }
+
+    /// Recreates a group whose metadata was lost (explicit operator action). The new group starts with an open
+    /// correction round, so no shard is handed out before one member TTL has passed (clients of the lost group
+    /// may still hold leases), and at a metadata version (Redis time in ms) above any version of the lost group.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] without `confirm`; [`Error::AlreadyExists`] while metadata exists.
+    pub async fn recreate_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &RecreateGroupRequest,
+    ) -> Result<GroupDescription, Error> {
+        if !req.confirm {
+            return Err(Error::InvalidRequest("recreate requires \"confirm\": true".into()));
+        }
+        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
+        timings.validate().map_err(Error::InvalidRequest)?;
+        if self.group_exists(stream, group).await? {
+            return Err(Error::AlreadyExists(format!(
+                "group {group} of stream {stream} has metadata; not recreating"
+            )));
+        }
+        let routing = self.ensure_routing(stream, Some(req.shard_count)).await?;
+        self.insert_group(stream, group, &routing, timings, true).await
+    }
+
+    /// Grows a stream by `count` shards. Groups adopt the new routing on their next tick.
+    ///
+    /// # Errors
+    /// [`Error::RevisionConflict`] when `if_match` is stale; [`Error::MetadataUnavailable`] when the stream has
+    /// no routing.
+    pub async fn add_shards(
+        &self,
+        stream: &StreamName,
+        count: u32,
+        if_match: Option<StoreRevision>,
+    ) -> Result<RoutingDescription, Error> {
+        if count == 0 {
+            return Err(Error::InvalidRequest("count must be at least 1".into()));
+        }
+        let keys = SectionKeys::routing(stream);
+        let (routing, rev) = self
+            .plain_section(&keys, |loaded| {
+                let Some(rev) = loaded.revision else {
+                    return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
+                };
+                check_if_match(if_match, rev)?;
+                let current = self.decode_loaded_routing(loaded)?;
+                if current.shard_count.saturating_add(count) > MAX_SHARDS {
+                    return Err(Error::InvalidRequest(format!(
+                        "a stream has at most {MAX_SHARDS} shards"
+                    )));
+                }
+                Ok(Some(state_machine::add_shards(&current, count)))
+            })
+            .await?;
+        let routing = routing.expect("add_shards always writes");
+        info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
+        Ok(routing_description(&routing, rev))
+    }
+
+    /// The routing a producer should use. `SYNC_METADATA` when the producer has seen a newer routing than Redis
+    /// stores (a lost write): it must adopt this older one.
+    ///
+    /// # Errors
+    /// [`Error::MetadataUnavailable`] when the stream has no routing or it is unreadable.
+    pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, Error> {
+        let (_, r) = self.read_routing(stream).await?;
+        let regressed = query.max_observed_version > r.routing_version || query.routing_version > r.routing_version;
+        if regressed {
+            self.inner.stats.routing_regressions.fetch_add(1, Ordering::Relaxed);
+            warn!(stream = %stream, reported = %query.max_observed_version, stored = %r.routing_version,
+                "producer reported a routing version above the stored one");
+        }
+        Ok(RoutingResponse {
+            status: if regressed { Status::SyncMetadata } else { Status::Ok },
+            stream: stream.clone(),
+            routing_version: r.routing_version,
+            shard_count: r.shard_count,
+            routing_lease_ms: r.routing_lease_ms,
+            refresh_interval_ms: (r.routing_lease_ms / 3).max(1),
+        })
+    }
+
+    /// The admin view of a stream's routing.
+    ///
+    /// # Errors
+    /// [`Error::MetadataUnavailable`] when the stream has no routing.
+    pub async fn describe_routing(&self, stream: &StreamName) -> Result<RoutingDescription, Error> {
+        let (rev, r) = self.read_routing(stream).await?;
+        Ok(routing_description(&r, rev))
+    }
+
+    /// Lists groups from the rebuildable index, rebuilding it by `SCAN` first when asked.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn list_groups(&self, rebuild: bool) -> Result<GroupList, Error> {
+        let raw = if rebuild {
+            self.inner.store.rebuild_index().await?
+        } else {
+            self.inner.store.indexed_groups().await?
+        };
+        let mut groups: Vec<GroupRef> = raw
+            .iter()
+            .filter_map(|s| {
+                let (stream, group) = s.split_once(':')?;
+                Some(GroupRef {
+                    stream: StreamName::new(stream).ok()?,
+                    group: GroupName::new(group).ok()?,
+                })
+            })
+            .collect();
+        groups.sort();
+        Ok(GroupList { groups })
+    }
+
+    /// Checks Redis's run id; a change (a restart that may have lost liveness) starts a global grace period.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn check_redis_restart(&self) -> Result<bool, Error> {
+        let run_id = self.inner.store.run_id().await?;
+        let changed = {
+            let mut last = self.inner.run_id.lock().expect("run id lock");
+            let changed = last.as_deref().is_some_and(|l| l != run_id);
+            *last = Some(run_id);
+            changed
+        };
+        if changed {
+            let mut conn = self.inner.store.connection();
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut conn)
+                .await
+                .map_err(StoreError::from)?;
+            let now = secs * 1000 + micros / 1000;
+            let grace = now + self.max_ttl_ms();
+            self.inner.global_grace_until_ms.fetch_max(grace, Ordering::AcqRel);
+            self.inner.stats.redis_restarts.fetch_add(1, Ordering::Relaxed);
+            warn!("Redis run id changed: no member expires for one member TTL");
+        }
+        Ok(changed)
+    }
+
+    fn max_ttl_ms(&self) -> u64 {
+        // Groups may have longer TTLs than the default; a global grace must cover the longest one we know.
+        let groups = self.inner.groups.lock().expect("groups lock");
+        groups
+            .values()
+            .filter_map(|s| {
+                s.cache
+                    .lock()
+                    .expect("cache lock")
+                    .as_ref()
+                    .map(|c| c.meta.timings.member_ttl_ms)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(self.inner.config.default_timings.member_ttl_ms)
+    }
+
+    fn slot(&self, stream: &StreamName, group: &GroupName) -> Arc<GroupSlot> {
+        let mut groups = self.inner.groups.lock().expect("groups lock");
+        groups.entry((stream.clone(), group.clone())).or_default().clone()
+    }
+
+    fn unavailable(&self, message: String) -> Error {
+        self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
+        Error::MetadataUnavailable(message)
+    }
+
+    /// Mutex + load, retrying while the mutex is busy, up to the critical-section deadline.
+    async fn acquire(
+        &self,
+        keys: &SectionKeys,
+        token: &str,
+        cached: Option<StoreRevision>,
+        scope: LivenessScope<'_>,
+    ) -> Result<Loaded, Error> {
+        let started = Instant::now();
+        let deadline = started + self.inner.config.critical_section_timeout;
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            let loaded = self
+                .inner
+                .store
+                .try_load(keys, token, self.inner.config.mutex_ttl, cached, scope)
+                .await?;
+            if let Some(loaded) = loaded {
+                self.inner.stats.observe_mutex_wait(started.elapsed());
+                return Ok(loaded);
+            }
+            if Instant::now() + backoff > deadline {
+                self.inner.stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
+                let waited_ms = started.elapsed().as_millis() as u64;
+                return Err(StoreError::MutexBusy {
+                    key: keys.mutex.clone(),
+                    waited_ms,
+                }
+                .into());
+            }
+            let jitter = Duration::from_micros(rand::random::<u64>() % 1000);
+            tokio::time::sleep(backoff + jitter).await;
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// The critical section of a group (see the module docs). `f` may refuse with an error after seeing the
+    /// loaded revision (admin `If-Match`); nothing is written then.
+    async fn group_section<F>(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        scope: LivenessScope<'_>,
+        mut f: F,
+    ) -> Result<(Transition, StoreRevision), Error>
+    where
+        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
+    {
+        let slot = self.slot(stream, group);
+        let _local = slot.lock.lock().await;
+        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
+        let keys = SectionKeys::group(stream, group);
+        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let cached = slot.cache.lock().expect("cache lock").clone();
+            let loaded = self
+                .acquire(&keys, &token, cached.as_ref().map(|c| c.revision), scope)
+                .await?;
+            let result = self.decide(stream, group, &slot, cached, &loaded, &mut f);
+            let (t, rev) = match result {
+                Ok(v) => v,
+                Err(e) => {
+                    self.release_quietly(&keys, &token).await;
+                    return Err(e);
+                }
+            };
+            if !t.writes() {
+                self.inner.store.release(&keys, &token).await?;
+                return Ok((t, rev));
+            }
+            let json = t.next.as_ref().map(GroupMetadata::encode);
+            let write = Write {
+                aggregate: json.as_deref(),
+                schema_version: store::schema_of_group(),
+                renew: t.renew.as_ref().map(|(m, l)| (m, *l)),
+                forget: &t.forget,
+                now_ms: loaded.now_ms,
+            };
+            match self
+                .inner
+                .store
+                .commit(&keys, &token, Some(rev), loaded.liveness_revision, &write)
+                .await?
+            {
+                Committed::Ok(new_rev) => {
+                    if let Some(next) = &t.next {
+                        let mut cache = slot.cache.lock().expect("cache lock");
+                        let (highest, grace) = cache.as_ref().map_or((next.metadata_version, 0), |c| {
+                            (c.highest.max(next.metadata_version), c.grace_until_ms)
+                        });
+                        *cache = Some(Cached {
+                            revision: new_rev,
+                            meta: Arc::new(next.clone()),
+                            highest,
+                            grace_until_ms: grace,
+                        });
+                    }
+                    self.log_events(stream, group, &t.events);
+                    return Ok((t, new_rev));
+                }
+                Committed::Conflict => {
+                    self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
+                    debug!(group = %group, "revision conflict; reloading");
+                    *slot.cache.lock().expect("cache lock") = None;
+                }
+            }
+        }
+        Err(StoreError::CasExhausted { key: keys.hash }.into())
+    }
+
+    /// Resolves the loaded metadata (cache or decode), the grace period, and runs `f`.
+    fn decide<F>(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        slot: &GroupSlot,
+        cached: Option<Cached>,
+        loaded: &Loaded,
+        f: &mut F,
+    ) -> Result<(Transition, StoreRevision), Error>
+    where
+        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
+    {
+        let Some(rev) = loaded.revision else {
+            *slot.cache.lock().expect("cache lock") = None;
+            return Err(missing_group(stream, group)).inspect_err(|_| {
+                self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
+            });
+        };
+        let meta = match (&loaded.aggregate, &cached) {
+            (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
+                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
+                self.unavailable(e)
+            })?,
+            (None, Some(c)) if c.revision == rev => c.meta.clone(),
+            (None, _) => return Err(StoreError::Protocol("aggregate missing from a changed revision".into()).into()),
+        };
+        let ttl = meta.timings.member_ttl_ms;
+        let now = loaded.now_ms;
+        // First sight of the group by this process, or a regression this process saw itself: grace.
+        let (highest, mut grace) = match &cached {
+            Some(c) => (c.highest, c.grace_until_ms),
+            None => (MetadataVersion(0), now + ttl),
+        };
+        if meta.metadata_version < highest {
+            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
+            warn!(group = %group, stored = %meta.metadata_version, seen = %highest,
+                "metadata version regressed under this coordinator: no expiry for one member TTL");
+            grace = grace.max(now + ttl);
+        }
+        *slot.cache.lock().expect("cache lock") = Some(Cached {
+            revision: rev,
+            meta: meta.clone(),
+            highest: highest.max(meta.metadata_version),
+            grace_until_ms: grace,
+        });
+        let clock = Clock {
+            now_ms: now,
+            expiry_allowed_from_ms: grace.max(self.inner.global_grace_until_ms.load(Ordering::Acquire)),
+        };
+        let liveness: Liveness = loaded.liveness.iter().cloned().collect::<BTreeMap<_, _>>();
+        let t = f(&meta, &liveness, clock, rev)?;
+        Ok((t, rev))
+    }
+
+    async fn release_quietly(&self, keys: &SectionKeys, token: &str) {
+        if let Err(e) = self.inner.store.release(keys, token).await {
+            warn!(mutex = %keys.mutex, error = %e, "mutex release failed; it expires by its TTL");
+        }
+    }
+
+    /// A critical section over a hash without liveness (stream routing, group creation). `f` returns the
+    /// routing to write, or `None` to write nothing.
+    async fn plain_section<F>(
+        &self,
+        keys: &SectionKeys,
+        mut f: F,
+    ) -> Result<(Option<StreamRouting>, StoreRevision), Error>
+    where
+        F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
+    {
+        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
+        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let loaded = self.acquire(keys, &token, None, LivenessScope::None).await?;
+            let next = match f(&loaded) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.release_quietly(keys, &token).await;
+                    return Err(e);
+                }
+            };
+            let Some(next) = next else {
+                self.inner.store.release(keys, &token).await?;
+                return Ok((None, loaded.revision.unwrap_or_default()));
+            };
+            let json = next.encode();
+            let write = Write {
+                aggregate: Some(&json),
+                schema_version: store::schema_of_routing(),
+                now_ms: loaded.now_ms,
+                ..Write::default()
+            };
+            match self
+                .inner
+                .store
+                .commit(keys, &token, loaded.revision, loaded.liveness_revision, &write)
+                .await?
+            {
+                Committed::Ok(rev) => return Ok((Some(next), rev)),
+                Committed::Conflict => {
+                    self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Err(StoreError::CasExhausted { key: keys.hash.clone() }.into())
+    }
+
+    fn decode_loaded_routing(&self, loaded: &Loaded) -> Result<StreamRouting, Error> {
+        store::check_versions(loaded, store::schema_of_routing()).map_err(|e| self.unavailable(e))?;
+        let json = loaded.aggregate.as_deref().unwrap_or_default();
+        store::decode_routing(json).map_err(|e| self.unavailable(e))
+    }
+
+    async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {
+        let Some((rev, json)) = self.inner.store.read_routing(stream).await? else {
+            return Err(self.unavailable(format!("stream {stream} has no routing (never created, or lost)")));
+        };
+        let r = store::decode_routing(&json).map_err(|e| self.unavailable(e))?;
+        Ok((rev, r))
+    }
+
+    /// The stream's routing, created with `shard_count` when missing; an existing one must match it.
+    async fn ensure_routing(&self, stream: &StreamName, shard_count: Option<u32>) -> Result<StreamRouting, Error> {
+        if let Some(n) = shard_count {
+            if n == 0 || n > MAX_SHARDS {
+                return Err(Error::InvalidRequest(format!("shardCount must be 1 to {MAX_SHARDS}")));
+            }
+        }
+        let keys = SectionKeys::routing(stream);
+        let lease_ms = self.inner.config.routing_lease.as_millis() as u64;
+        let mut existing = None;
+        let (created, _) = self
+            .plain_section(&keys, |loaded| {
+                if loaded.revision.is_some() {
+                    let current = self.decode_loaded_routing(loaded)?;
+                    if shard_count.is_some_and(|n| n != current.shard_count) {
+                        return Err(Error::InvalidRequest(format!(
+                            "stream {stream} has {} shards; use the add-shards endpoint to grow it",
+                            current.shard_count
+                        )));
+                    }
+                    existing = Some(current);
+                    return Ok(None);
+                }
+                let Some(n) = shard_count else {
+                    return Err(Error::InvalidRequest(format!(
+                        "stream {stream} is new: shardCount is required"
+                    )));
+                };
+                let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
+                r.routing_lease_ms = lease_ms;
+                Ok(Some(r))
+            })
+            .await?;
+        Ok(created.or(existing).expect("either created or read"))
+    }
+
+    async fn insert_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        routing: &StreamRouting,
+        timings: GroupTimings,
+        recreate: bool,
+    ) -> Result<GroupDescription, Error> {
+        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
+        let keys = SectionKeys::group(stream, group);
+        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let loaded = self.acquire(&keys, &token, None, LivenessScope::None).await?;
+        if loaded.revision.is_some() {
+            self.release_quietly(&keys, &token).await;
+            return Err(Error::AlreadyExists(format!("group {group} of stream {stream} exists")));
+        }
+        let mut meta = state_machine::create_group(stream.clone(), group.clone(), routing, timings, loaded.now_ms);
+        if recreate {
+            meta.metadata_version = MetadataVersion(loaded.now_ms);
+            meta.correction = Some(protocol::metadata::CorrectionRound {
+                started_at_ms: loaded.now_ms,
+                reported_max_version: meta.metadata_version,
+                synced: Default::default(),
+                claims: Default::default(),
+            });
+        }
+        let json = meta.encode();
+        let write = Write {
+            aggregate: Some(&json),
+            schema_version: store::schema_of_group(),
+            now_ms: loaded.now_ms,
+            ..Write::default()
+        };
+        // The liveness hash of a lost group may survive it: its entries name members the new group does not have
+        // and are ignored; clear them so they cannot lengthen a future member's lease.
+        let mut conn = self.inner.store.connection();
+        let _: () = redis::cmd("DEL")
+            .arg(&keys.liveness)
+            .query_async(&mut conn)
+            .await
+            .map_err(StoreError::from)?;
+        match self
+            .inner
+            .store
+            .commit(&keys, &token, None, loaded.liveness_revision, &write)
+            .await?
+        {
+            Committed::Ok(_) => {}
+            Committed::Conflict => {
+                return Err(Error::AlreadyExists(format!(
+                    "group {group} of stream {stream} was created concurrently"
+                )))
+            }
+        }
+        self.inner.store.index_group(stream, group).await?;
+        info!(stream = %stream, group = %group, recreate, "group created");
+        self.describe_group(stream, group).await
+    }
+
+    async fn group_exists(&self, stream: &StreamName, group: &GroupName) -> Result<bool, Error> {
+        let mut conn = self.inner.store.connection();
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(protocol::keys::group_metadata(stream, group))
+            .query_async(&mut conn)
+            .await
+            .map_err(StoreError::from)?;
+        Ok(n == 1)
+    }
+
+    fn log_events(&self, stream: &StreamName, group: &GroupName, events: &[Event]) {
+        for e in events {
+            self.inner.stats.event(e);
+            match e {
+                Event::ShardGranted { .. } | Event::ShardReleased { .. } => {
+                    debug!(stream = %stream, group = %group, event = ?e, "coordinator event")
+                }
+                _ => info!(stream = %stream, group = %group, event = ?e, "coordinator event"),
+            }
+        }
+    }
+}
+
+fn missing_group(stream: &StreamName, group: &GroupName) -> Error {
+    Error::MetadataUnavailable(format!(
+        "no metadata for group {group} of stream {stream}: never created, or lost; the coordinator does not rebuild \
+         it from heartbeats: recreate it explicitly"
+    ))
+}
+
+fn check_if_match(if_match: Option<StoreRevision>, stored: StoreRevision) -> Result<(), Error> {
+    match if_match {
+        Some(expected) if expected != stored => Err(Error::RevisionConflict {
+            expected,
+            found: stored,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn routing_description(r: &StreamRouting, revision: StoreRevision) -> RoutingDescription {
+    RoutingDescription {
+        stream: r.stream.clone(),
+        revision,
+        routing_version: r.routing_version,
+        shard_count: r.shard_count,
+        routing_lease_ms: r.routing_lease_ms,
+    }
+}

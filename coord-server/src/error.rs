@@ -1,0 +1,93 @@
+//! Errors of the coordinator. Every variant maps to one wire [`Status`] (see `http::error`).
+
+use protocol::{MemberEpoch, Status, StoreRevision};
+use thiserror::Error;
+
+/// An error from a coordinator operation.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The state machine refused the input (fenced or unknown member, invalid heartbeat); nothing was changed
+    /// on its account.
+    #[error("{status}: {message}")]
+    Rejected {
+        /// The wire status.
+        status: Status,
+        /// Why.
+        message: String,
+        /// For a fenced member: the epoch Redis records.
+        member_epoch: Option<MemberEpoch>,
+    },
+    /// The request is malformed or breaks a rule.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The group or stream metadata is missing or unreadable; the coordinator fails closed.
+    #[error("metadata unavailable: {0}")]
+    MetadataUnavailable(String),
+    /// An admin mutation's `If-Match` does not match the stored revision.
+    #[error("revision conflict: expected {expected}, stored {found}")]
+    RevisionConflict {
+        /// The revision the caller expected.
+        expected: StoreRevision,
+        /// The stored revision.
+        found: StoreRevision,
+    },
+    /// The group or stream to create exists already.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// This instance is shutting down.
+    #[error("coordinator is terminating")]
+    Terminating,
+    /// Redis failed or the group mutex stayed busy.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// The wire status of this error.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::Rejected { status, .. } => *status,
+            Error::InvalidRequest(_) => Status::InvalidRequest,
+            Error::MetadataUnavailable(_) => Status::MetadataUnavailable,
+            Error::RevisionConflict { .. } => Status::RevisionConflict,
+            Error::AlreadyExists(_) => Status::AlreadyExists,
+            Error::Terminating => Status::CoordinatorTerminating,
+            Error::Store(_) => Status::StoreUnavailable,
+        }
+    }
+
+    /// Whether the caller may retry the same request.
+    pub fn is_retryable(&self) -> bool {
+        self.status().is_retryable()
+    }
+}
+
+/// A failure talking to Redis.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A Redis command failed (connection, timeout, script error).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The group's mutex could not be acquired within the critical-section deadline.
+    #[error("mutex {key} stayed busy for {waited_ms} ms")]
+    MutexBusy {
+        /// The mutex key.
+        key: String,
+        /// How long we tried.
+        waited_ms: u64,
+    },
+    /// The compare-and-set lost to another writer more times than the retry budget allows.
+    #[error("revision compare-and-set kept failing on {key}")]
+    CasExhausted {
+        /// The metadata key.
+        key: String,
+    },
+    /// A reply had an unexpected shape (a bug or a foreign writer).
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+    /// The Redis server lacks a command or version the coordinator needs.
+    #[error("unsupported Redis: {0}")]
+    Unsupported(String),
+}

@@ -1,0 +1,92 @@
+//! Start-up checks: the Redis version and every command the coordinator and the SDKs need.
+//!
+//! A missing or renamed command fails start-up with a message naming it, before any client depends on it.
+//! There is no fallback: each command below is needed for correctness (XAUTOCLAIM, for instance, is how a new
+//! owner takes over the entries a previous owner left pending).
+
+use crate::error::StoreError;
+use crate::store::Store;
+
+/// Oldest supported Redis version: XAUTOCLAIM arrived in 6.2.
+pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
+
+/// Commands used by the coordinator (C), the consumer (K) and the producer (P).
+pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
+    ("EVALSHA", "C: critical-section scripts"),
+    ("EVAL", "C: loading critical-section scripts"),
+    ("SCRIPT", "C: loading critical-section scripts"),
+    ("TIME", "C: lease clock"),
+    ("INFO", "C: run id (Redis restart detection)"),
+    ("HSET", "C: metadata writes"),
+    ("HMGET", "C: metadata reads"),
+    ("HGETALL", "C: liveness reads"),
+    ("SET", "C: mutex"),
+    ("SCAN", "C: index rebuild"),
+    ("SADD", "C: index"),
+    ("XADD", "P: publishing"),
+    ("XGROUP", "K: consumer group creation"),
+    ("XREADGROUP", "K: reading"),
+    ("XACK", "K: acknowledging"),
+    ("XAUTOCLAIM", "K: re-delivering a previous owner's pending entries"),
+    ("XINFO", "K/ops: lag and pending inspection"),
+    ("XPENDING", "K: delivery counts"),
+];
+
+/// Checks the server version and commands.
+///
+/// # Errors
+/// [`StoreError::Unsupported`] naming the version or command; Redis errors.
+pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
+    let mut conn = store.connection();
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .map(str::trim)
+        .ok_or_else(|| StoreError::Unsupported("INFO server reports no redis_version".into()))?;
+    let parsed = parse_version(version)
+        .ok_or_else(|| StoreError::Unsupported(format!("cannot parse redis_version {version:?}")))?;
+    if parsed < MIN_REDIS_VERSION {
+        return Err(StoreError::Unsupported(format!(
+            "Redis {version} is too old: {}.{} or newer is required (XAUTOCLAIM)",
+            MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
+        )));
+    }
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO");
+    for (name, _) in REQUIRED_COMMANDS {
+        cmd.arg(*name);
+    }
+    let infos: Vec<redis::Value> = cmd.query_async(&mut conn).await?;
+    let missing: Vec<String> = REQUIRED_COMMANDS
+        .iter()
+        .zip(infos.iter().chain(std::iter::repeat(&redis::Value::Nil)))
+        .filter(|(_, v)| matches!(v, redis::Value::Nil))
+        .map(|((name, why), _)| format!("{name} ({why})"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(StoreError::Unsupported(format!(
+            "Redis lacks required commands (missing or renamed): {}",
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(parse_version("7.0.15"), Some((7, 0)));
+        assert_eq!(parse_version("6.2"), Some((6, 2)));
+        assert_eq!(parse_version("x"), None);
+        assert!(parse_version("6.0.9").unwrap() < MIN_REDIS_VERSION);
+    }
+}

@@ -1,0 +1,150 @@
+//! The metadata correction round: SYNC_METADATA -> REVOKE_PENDING -> OK.
+//!
+//! Redis may lose recent writes. A client that reports a version above the stored one (or reads a shard Redis
+//! records for someone else) is evidence that decisions were lost. Redis stays the source of truth: the
+//! coordinator opens a round instead of rebuilding anything, and
+//! * answers SYNC_METADATA (the stored view) to every member whose heartbeat carries another version;
+//! * marks a member synced once it heartbeats with the stored version, and answers REVOKE_PENDING while the round
+//!   is open: members keep the shards they already read that are still assigned, and start nothing new;
+//! * closes the round, and answers OK again, when every live member is synced, no member still claims a shard
+//!   Redis records for someone else, and one member TTL has passed since the round opened (members that joined in
+//!   the lost history are unknown to Redis; their leases, granted before the loss, have run out by then).
+//!
+//! The round is recorded in the aggregate but holds `metadataVersion` still: bumping it would hand out the very
+//! version numbers the clients saw in the lost history. The version moves again when the round closes.
+
+use protocol::names::MemberId;
+use protocol::{MetadataVersion, ShardId};
+use std::collections::BTreeSet;
+
+use protocol::metadata::CorrectionRound;
+
+use super::{Event, Tx};
+
+/// Opens a round (or raises the reported maximum of the open one).
+pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64) {
+    match &tx.get().correction {
+        None => {
+            tx.get_mut().correction = Some(CorrectionRound {
+                started_at_ms: now_ms,
+                reported_max_version: reported,
+                synced: BTreeSet::new(),
+                claims: Default::default(),
+            });
+            tx.events.push(Event::CorrectionOpened {
+                reported,
+                stored: tx.get().metadata_version,
+            });
+        }
+        Some(round) if reported > round.reported_max_version => {
+            tx.get_mut()
+                .correction
+                .as_mut()
+                .expect("matched Some")
+                .reported_max_version = reported;
+        }
+        Some(_) => {}
+    }
+}
+
+/// Whether a round is open.
+pub fn is_open(tx: &Tx<'_>) -> bool {
+    tx.get().correction.is_some()
+}
+
+/// Records that `id` heartbeated with the stored version.
+pub fn mark_synced(tx: &mut Tx<'_>, id: &MemberId) {
+    if tx.get().correction.as_ref().is_some_and(|r| !r.synced.contains(id)) {
+        tx.get_mut()
+            .correction
+            .as_mut()
+            .expect("checked")
+            .synced
+            .insert(id.clone());
+    }
+}
+
+/// Records shards `id` reads or drains although Redis records another owner.
+pub fn record_claims(tx: &mut Tx<'_>, id: &MemberId, shards: &[ShardId]) {
+    for &shard in shards {
+        let known = tx
+            .get()
+            .correction
+            .as_ref()
+            .is_some_and(|r| r.claims.get(&shard).is_some_and(|c| c.contains(id)));
+        if !known {
+            let round = tx
+                .get_mut()
+                .correction
+                .as_mut()
+                .expect("claims are recorded in an open round");
+            round.claims.entry(shard).or_default().insert(id.clone());
+            tx.events.push(Event::ForeignClaim {
+                shard,
+                member: id.clone(),
+            });
+        }
+    }
+}
+
+/// Clears `id`'s claim on `shard` (it reported the shard REVOKED).
+pub fn clear_claim(tx: &mut Tx<'_>, id: &MemberId, shard: ShardId) {
+    let has = tx
+        .get()
+        .correction
+        .as_ref()
+        .is_some_and(|r| r.claims.get(&shard).is_some_and(|c| c.contains(id)));
+    if has {
+        let round = tx.get_mut().correction.as_mut().expect("checked");
+        if let Some(c) = round.claims.get_mut(&shard) {
+            c.remove(id);
+            if c.is_empty() {
+                round.claims.remove(&shard);
+            }
+        }
+    }
+}
+
+/// Forgets a member that left the group (its claims and sync mark).
+pub fn forget(tx: &mut Tx<'_>, id: &MemberId) {
+    let present = tx
+        .get()
+        .correction
+        .as_ref()
+        .is_some_and(|r| r.synced.contains(id) || r.claims.values().any(|c| c.contains(id)));
+    if present {
+        let round = tx.get_mut().correction.as_mut().expect("checked");
+        round.synced.remove(id);
+        round.claims.retain(|_, c| {
+            c.remove(id);
+            !c.is_empty()
+        });
+    }
+}
+
+/// Members the round still waits for.
+pub fn unsynced(tx: &Tx<'_>) -> Vec<MemberId> {
+    let meta = tx.get();
+    let Some(round) = &meta.correction else {
+        return Vec::new();
+    };
+    meta.members
+        .iter()
+        .filter(|(id, m)| m.fenced_at_ms.is_none() && !round.synced.contains(*id))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// Closes the round when its three conditions hold. Returns whether it is closed now.
+pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
+    let meta = tx.get();
+    let Some(round) = &meta.correction else { return true };
+    let waited = now_ms >= round.started_at_ms.saturating_add(meta.timings.member_ttl_ms);
+    if waited && round.claims.is_empty() && unsynced(tx).is_empty() {
+        tx.get_mut().correction = None;
+        tx.events.push(Event::CorrectionClosed);
+        true
+    } else {
+        false
+    }
+}

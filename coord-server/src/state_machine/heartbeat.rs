@@ -1,0 +1,257 @@
+//! The heartbeat path: join (epoch 0), heartbeat, leave (epoch -1).
+//!
+//! Order of the checks, each explained where it is made:
+//! 1. reject malformed input before anything else;
+//! 2. a reported version above the stored one opens (or feeds) the correction round, whatever follows;
+//! 3. identify the incarnation: join, retry of a join, current epoch, previous epoch after a lost response;
+//! 4. apply REVOKED acks that match the recorded ownership (others change nothing);
+//! 5. advance the member's epoch once it has nothing left to drain;
+//! 6. inside a round: SYNC_METADATA until the member carries the stored version, then REVOKE_PENDING until the
+//!    round closes; outside: OK;
+//! 7. renew the member's lease (liveness hash) unless it is fenced.
+
+use protocol::messages::{HeartbeatRequest, RevokeState, MAX_INSTANCE_ID_LEN};
+use protocol::metadata::{MemberRecord, MAX_SHARDS};
+use protocol::names::MemberId;
+use protocol::{MemberEpoch, ShardId, Status};
+use std::collections::BTreeSet;
+
+use super::lease::{is_held, lease_end};
+use super::reconcile::{accept_revoked, has_revokes, settle, view};
+use super::{correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
+
+pub(super) fn heartbeat(
+    meta: &protocol::metadata::GroupMetadata,
+    liveness: &Liveness,
+    req: &HeartbeatRequest,
+    clock: Clock,
+) -> Transition {
+    let now = clock.now_ms;
+    let mut tx = Tx::new(meta, liveness);
+    if let Err(message) = validate(req) {
+        return tx.finish(None, Answer::reject(Status::InvalidRequest, message, None), now);
+    }
+    if req.member_epoch.is_leave() {
+        return leave(tx, req, now);
+    }
+
+    let stored = meta.metadata_version;
+    let reported = req.max_observed_version.max(req.metadata_version);
+    if reported > stored {
+        tx.events.push(Event::RegressionReported { reported, stored });
+        correction::open(&mut tx, reported, now);
+    }
+
+    let id = &req.member_id;
+    let existing = meta.members.get(id);
+    let joining = req.member_epoch.is_join()
+        && !existing.is_some_and(|m| m.instance_id == req.instance_id && m.fenced_at_ms.is_none());
+    if joining {
+        join(&mut tx, req, now);
+    } else if req.member_epoch.is_join() {
+        // Same instance, not fenced: a retry of a join whose answer was lost. Answer the recorded state.
+    } else {
+        let Some(member) = existing else {
+            let msg = format!("member {id} is not in the group (expired, removed, or lost with a Redis rollback)");
+            return tx.finish(None, Answer::reject(Status::UnknownMember, msg, None), now);
+        };
+        if member.fenced_at_ms.is_some() {
+            let msg = format!("member {id} was fenced; stop reading and rejoin with epoch 0");
+            return tx.finish(
+                None,
+                Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
+                now,
+            );
+        }
+        if !epoch_accepted(&tx, member, req, now) {
+            let msg = format!(
+                "member epoch {} of {id} is stale; the group records {}",
+                req.member_epoch, member.epoch
+            );
+            return tx.finish(
+                None,
+                Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
+                now,
+            );
+        }
+    }
+
+    for r in req.revoking.iter().filter(|r| r.state == RevokeState::Revoked) {
+        if correction::is_open(&tx) {
+            correction::clear_claim(&mut tx, id, r.shard);
+        }
+        if !accept_revoked(&mut tx, id, r.shard, now)
+            && tx
+                .get()
+                .shards
+                .get(r.shard.index())
+                .is_some_and(|s| s.owner.as_ref() == Some(id))
+        {
+            // Owned and targeted (or held): the ack does not match the recorded ownership.
+            tx.events.push(Event::StaleAckIgnored {
+                shard: r.shard,
+                member: id.clone(),
+            });
+        }
+    }
+
+    let claims = foreign_claims(&tx, req);
+    if !claims.is_empty() {
+        // A member reading a shard Redis records for someone else: a lost write whose version number was reused.
+        correction::open(&mut tx, stored, now);
+        correction::record_claims(&mut tx, id, &claims);
+    }
+
+    settle(&mut tx, now);
+    advance_epoch(&mut tx, id, now);
+
+    let status = if correction::is_open(&tx) {
+        if joining || req.metadata_version == tx.get().metadata_version {
+            correction::mark_synced(&mut tx, id);
+            if correction::try_close(&mut tx, now) {
+                Status::Ok
+            } else {
+                Status::RevokePending
+            }
+        } else {
+            Status::SyncMetadata
+        }
+    } else {
+        Status::Ok
+    };
+
+    let renew = Some((id.clone(), now.saturating_add(tx.get().timings.member_ttl_ms)));
+    tx.finish(renew, Answer::Member { id: id.clone(), status }, now)
+}
+
+fn validate(req: &HeartbeatRequest) -> Result<(), String> {
+    if req.instance_id.is_empty() || req.instance_id.len() > MAX_INSTANCE_ID_LEN {
+        return Err(format!("instanceId must be 1 to {MAX_INSTANCE_ID_LEN} bytes"));
+    }
+    if req.member_epoch.0 < -1 {
+        return Err(format!(
+            "memberEpoch {} is invalid (-1 leaves, 0 joins)",
+            req.member_epoch
+        ));
+    }
+    let too_many = (MAX_SHARDS as usize) * 2;
+    if req.owned.len() + req.revoking.len() > too_many {
+        return Err("too many shards reported".into());
+    }
+    if let Some(s) = req
+        .owned
+        .iter()
+        .chain(req.revoking.iter().map(|r| &r.shard))
+        .find(|s| s.0 >= MAX_SHARDS)
+    {
+        return Err(format!("shard {s} is out of range"));
+    }
+    Ok(())
+}
+
+/// Current epoch; or the previous one with nothing owned beyond what is assigned now (the answer that bumped
+/// the epoch was lost); or, inside a correction round, an epoch from the lost history (the answer will carry the
+/// recorded one).
+fn epoch_accepted(tx: &Tx<'_>, member: &MemberRecord, req: &HeartbeatRequest, now: u64) -> bool {
+    if req.member_epoch == member.epoch {
+        return true;
+    }
+    if Some(req.member_epoch) == member.previous_epoch {
+        let assigned: BTreeSet<ShardId> = view(tx.get(), &req.member_id, now).assigned.into_iter().collect();
+        return req.owned.iter().all(|s| assigned.contains(s));
+    }
+    req.member_epoch > member.epoch && correction::is_open(tx)
+}
+
+/// A new incarnation: a first join, a rejoin after fencing or expiry, or another process with the same member id.
+fn join(tx: &mut Tx<'_>, req: &HeartbeatRequest, now: u64) {
+    let id = &req.member_id;
+    // The predecessor may read the shards the member owns until its lease (or its own hold) ends.
+    let hold = tx.get().members.get(id).map(|old| {
+        let lease = lease_end(id, old, tx.liveness());
+        lease.max(old.hold_until_ms.unwrap_or(0))
+    });
+    let ttl = tx.get().timings.member_ttl_ms;
+    let record = MemberRecord {
+        instance_id: req.instance_id.clone(),
+        epoch: MemberEpoch::JOIN,
+        previous_epoch: None,
+        joined_at_ms: now,
+        lease_until_ms: now.saturating_add(ttl),
+        fenced_at_ms: None,
+        hold_until_ms: hold.filter(|h| *h > now),
+        revoking_since_ms: None,
+    };
+    tx.get_mut().members.insert(id.clone(), record);
+    tx.events.push(Event::MemberJoined(id.clone()));
+    target::recompute(tx, true);
+    let epoch = MemberEpoch::from(tx.get().assignment_epoch);
+    tx.get_mut().members.get_mut(id).expect("inserted above").epoch = epoch;
+}
+
+/// Moves the member to the current assignment epoch once it has nothing left to drain (so a lost answer never
+/// leaves the member with an epoch the coordinator has already moved past twice).
+fn advance_epoch(tx: &mut Tx<'_>, id: &MemberId, now: u64) {
+    let target_epoch = MemberEpoch::from(tx.get().assignment_epoch);
+    let Some(member) = tx.get().members.get(id) else { return };
+    if member.epoch < target_epoch && !has_revokes(tx.get(), id, now) && !is_held(member, now) {
+        let m = tx.get_mut().members.get_mut(id).expect("checked above");
+        m.previous_epoch = Some(m.epoch);
+        m.epoch = target_epoch;
+    }
+}
+
+/// Shards the member reports reading or draining that Redis records for another owner.
+fn foreign_claims(tx: &Tx<'_>, req: &HeartbeatRequest) -> Vec<ShardId> {
+    let meta = tx.get();
+    let draining = req
+        .revoking
+        .iter()
+        .filter(|r| r.state == RevokeState::Draining)
+        .map(|r| r.shard);
+    let mut claims: Vec<ShardId> = req
+        .owned
+        .iter()
+        .copied()
+        .chain(draining)
+        .filter(|s| {
+            meta.shards
+                .get(s.index())
+                .is_some_and(|r| r.owner.as_ref() != Some(&req.member_id))
+        })
+        .collect();
+    claims.sort_unstable();
+    claims.dedup();
+    claims
+}
+
+/// Leave: only the current incarnation may leave. The SDK sends it after stopping every reader, so its shards are
+/// released at once; if a predecessor may still be reading, the member is fenced instead and removed when the
+/// hold ends.
+fn leave(mut tx: Tx<'_>, req: &HeartbeatRequest, now: u64) -> Transition {
+    let id = &req.member_id;
+    let Some(member) = tx.get().members.get(id) else {
+        // Already gone: leaving is idempotent.
+        return tx.finish(None, Answer::Left { id: id.clone() }, now);
+    };
+    if member.instance_id != req.instance_id {
+        let msg = format!("instance {} is not the current incarnation of {id}", req.instance_id);
+        let epoch = Some(member.epoch);
+        return tx.finish(None, Answer::reject(Status::FencedMemberEpoch, msg, epoch), now);
+    }
+    if let Some(hold) = member.hold_until_ms.filter(|h| *h > now) {
+        let m = tx.get_mut().members.get_mut(id).expect("checked above");
+        m.fenced_at_ms = Some(now);
+        m.lease_until_ms = hold;
+        tx.events.push(Event::MemberFenced {
+            member: id.clone(),
+            reason: "left while a predecessor was held",
+        });
+    } else {
+        tx.remove_member(id);
+        tx.events.push(Event::MemberLeft(id.clone()));
+    }
+    target::recompute(&mut tx, true);
+    settle(&mut tx, now);
+    tx.finish(None, Answer::Left { id: id.clone() }, now)
+}

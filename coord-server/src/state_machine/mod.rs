@@ -1,0 +1,411 @@
+//! The coordinator's core: a pure state machine over a group's recorded metadata.
+//!
+//! ```text
+//! apply(metadata, liveness, input, clock) -> Transition { next metadata?, liveness writes, outcome, events }
+//! ```
+//!
+//! No I/O, no clock, no randomness: the caller loads the metadata under the group's Redis mutex, passes Redis
+//! `TIME` as the clock, writes `next` (and the liveness renewals) with the revision compare-and-set, and only then
+//! sends the outcome. The same inputs always give the same transition, so a lost response is repaired by the
+//! client's retry, and a model checker or property test can drive it as it is.
+//!
+//! # Layout
+//! * [`assignor`]: uniform sticky target assignment.
+//! * `target`: records new targets and assignment epochs.
+//! * `reconcile`: one member's view (assigned / pending / revoke) and ownership moves.
+//! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
+//! * `correction`: the metadata correction round.
+//! * `heartbeat`, `tick`, `admin`: the inputs.
+
+pub mod assignor;
+mod correction;
+mod heartbeat;
+mod lease;
+mod reconcile;
+mod target;
+mod tick;
+
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+use protocol::messages::{
+    CorrectionDescription, GroupDescription, HeartbeatRequest, HeartbeatResponse, MemberDescription, ShardDescription,
+};
+use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{MemberEpoch, MetadataVersion, RoutingVersion, ShardId, Status, StoreRevision};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+pub use reconcile::{view, MemberView};
+
+/// The coordinator's notion of time for one transition, from Redis `TIME`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    /// Redis time, in ms.
+    pub now_ms: u64,
+    /// No member is expired before this time: the grace after a coordinator start, a Redis restart (run id change)
+    /// or an observed metadata regression, when liveness facts may have been lost.
+    pub expiry_allowed_from_ms: u64,
+}
+
+impl Clock {
+    /// A clock with no grace period.
+    pub fn at(now_ms: u64) -> Self {
+        Clock {
+            now_ms,
+            expiry_allowed_from_ms: 0,
+        }
+    }
+}
+
+/// Lease ends renewed by heartbeats (the group's liveness hash), by member. A heartbeat transition needs only its
+/// own member's entry; a tick needs them all.
+pub type Liveness = BTreeMap<MemberId, u64>;
+
+/// What happened to the group.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A consumer heartbeat (join with epoch 0, leave with epoch -1).
+    Heartbeat(&'a HeartbeatRequest),
+    /// Periodic work: expiry, rebalance-timeout fencing, hold ends, routing adoption, closing a correction round.
+    Tick {
+        /// The stream's routing, when the caller loaded it (adopted if newer).
+        routing: Option<&'a StreamRouting>,
+    },
+    /// Admin: fence a member now. It gets FENCED_MEMBER_EPOCH from now on; its shards move when its lease ends.
+    FenceMember(&'a MemberId),
+}
+
+/// The result of one input: what to write, then what to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// The next aggregate, when it changed; `None`: write nothing to the aggregate.
+    pub next: Option<GroupMetadata>,
+    /// Liveness renewal to write with the same compare-and-set: (member, lease end in ms).
+    pub renew: Option<(MemberId, u64)>,
+    /// Liveness entries to delete (members that left the group).
+    pub forget: Vec<MemberId>,
+    /// The answer, valid only once the writes above succeeded.
+    pub outcome: Outcome,
+    /// What happened, for logs and metrics.
+    pub events: Vec<Event>,
+}
+
+impl Transition {
+    /// Whether anything must be written.
+    pub fn writes(&self) -> bool {
+        self.next.is_some() || self.renew.is_some() || !self.forget.is_empty()
+    }
+}
+
+/// The answer of a transition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answer to a heartbeat.
+    Heartbeat(HeartbeatResponse),
+    /// The input was refused; nothing in `next` depends on it being accepted.
+    Rejected(Rejection),
+    /// Tick or admin input done.
+    Done,
+}
+
+/// A refused input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The error status.
+    pub status: Status,
+    /// Why, for people.
+    pub message: String,
+    /// The epoch Redis records, for FENCED_MEMBER_EPOCH.
+    pub member_epoch: Option<MemberEpoch>,
+}
+
+/// Something a transition did, for logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A client reported a higher version than stored.
+    RegressionReported {
+        /// The client's version.
+        reported: MetadataVersion,
+        /// The stored version.
+        stored: MetadataVersion,
+    },
+    /// A correction round opened.
+    CorrectionOpened {
+        /// Highest reported version.
+        reported: MetadataVersion,
+        /// Stored version.
+        stored: MetadataVersion,
+    },
+    /// The correction round closed.
+    CorrectionClosed,
+    /// A member reads or drains a shard Redis records for someone else.
+    ForeignClaim {
+        /// The shard.
+        shard: ShardId,
+        /// The member.
+        member: MemberId,
+    },
+    /// A member joined (or a new incarnation replaced an old one).
+    MemberJoined(MemberId),
+    /// A member left.
+    MemberLeft(MemberId),
+    /// A member's lease ran out and it was removed.
+    MemberExpired(MemberId),
+    /// A member was fenced.
+    MemberFenced {
+        /// The member.
+        member: MemberId,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A shard's owner released it.
+    ShardReleased {
+        /// The shard.
+        shard: ShardId,
+        /// Its previous owner.
+        from: MemberId,
+    },
+    /// A shard became owned by its target.
+    ShardGranted {
+        /// The shard.
+        shard: ShardId,
+        /// Its new owner.
+        to: MemberId,
+    },
+    /// A REVOKED ack did not match the recorded ownership and was ignored.
+    StaleAckIgnored {
+        /// The shard.
+        shard: ShardId,
+        /// The member.
+        member: MemberId,
+    },
+    /// The group adopted a newer stream routing.
+    RoutingAdopted {
+        /// The new routing version.
+        version: RoutingVersion,
+        /// The new shard count.
+        shard_count: u32,
+    },
+    /// A newer routing could not be adopted (fewer shards than the group has).
+    RoutingRefused {
+        /// The refused routing version.
+        version: RoutingVersion,
+    },
+}
+
+/// A copy-on-write draft of the next metadata: reads see the latest state, and the first write clones.
+#[derive(Debug)]
+pub struct Tx<'a> {
+    meta: Cow<'a, GroupMetadata>,
+    liveness: &'a Liveness,
+    /// Events so far.
+    pub events: Vec<Event>,
+    /// Liveness entries to delete.
+    pub forget: Vec<MemberId>,
+}
+
+impl<'a> Tx<'a> {
+    fn new(meta: &'a GroupMetadata, liveness: &'a Liveness) -> Self {
+        Tx {
+            meta: Cow::Borrowed(meta),
+            liveness,
+            events: Vec::new(),
+            forget: Vec::new(),
+        }
+    }
+
+    /// The draft as it stands.
+    pub fn get(&self) -> &GroupMetadata {
+        &self.meta
+    }
+
+    /// The draft, for writing (clones on first use).
+    pub fn get_mut(&mut self) -> &mut GroupMetadata {
+        self.meta.to_mut()
+    }
+
+    /// The liveness entries the caller loaded.
+    pub fn liveness(&self) -> &Liveness {
+        self.liveness
+    }
+
+    /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
+    fn remove_member(&mut self, id: &MemberId) {
+        reconcile::release_all(self, id);
+        correction::forget(self, id);
+        self.get_mut().members.remove(id);
+        self.forget.push(id.clone());
+    }
+
+    /// Ends the transition: bumps the metadata version if anything changed, then derives the answer from the
+    /// metadata that will be written (never from the draft before the bump).
+    fn finish(self, renew: Option<(MemberId, u64)>, answer: Answer, now_ms: u64) -> Transition {
+        let Tx {
+            meta, events, forget, ..
+        } = self;
+        let (next, outcome) = match meta {
+            Cow::Borrowed(recorded) => (None, answer.outcome(recorded, now_ms)),
+            Cow::Owned(mut next) => {
+                // Held still while a round is open: see `correction`.
+                if next.correction.is_none() {
+                    next.metadata_version = next.metadata_version.next();
+                }
+                let outcome = answer.outcome(&next, now_ms);
+                (Some(next), outcome)
+            }
+        };
+        Transition {
+            next,
+            renew,
+            forget,
+            outcome,
+            events,
+        }
+    }
+}
+
+/// What to answer, derived from the recorded metadata by [`Tx::finish`].
+enum Answer {
+    Member { id: MemberId, status: Status },
+    Left { id: MemberId },
+    Rejected(Rejection),
+    Done,
+}
+
+impl Answer {
+    fn outcome(self, recorded: &GroupMetadata, now_ms: u64) -> Outcome {
+        match self {
+            Answer::Member { id, status } => Outcome::Heartbeat(response(recorded, &id, status, now_ms)),
+            Answer::Left { id } => {
+                let mut r = response(recorded, &id, Status::Ok, now_ms);
+                r.member_epoch = MemberEpoch::LEAVE;
+                Outcome::Heartbeat(r)
+            }
+            Answer::Rejected(r) => Outcome::Rejected(r),
+            Answer::Done => Outcome::Done,
+        }
+    }
+
+    fn reject(status: Status, message: impl Into<String>, member_epoch: Option<MemberEpoch>) -> Self {
+        Answer::Rejected(Rejection {
+            status,
+            message: message.into(),
+            member_epoch,
+        })
+    }
+}
+
+/// Applies one input to a group's metadata. Pure: see the module docs for the caller's duties.
+pub fn apply(meta: &GroupMetadata, liveness: &Liveness, input: Input<'_>, clock: Clock) -> Transition {
+    match input {
+        Input::Heartbeat(req) => heartbeat::heartbeat(meta, liveness, req, clock),
+        Input::Tick { routing } => tick::tick(meta, liveness, routing, clock),
+        Input::FenceMember(id) => tick::fence_by_admin(meta, liveness, id, clock),
+    }
+}
+
+/// A new group's metadata.
+pub fn create_group(
+    stream: StreamName,
+    group: GroupName,
+    routing: &StreamRouting,
+    timings: GroupTimings,
+    now_ms: u64,
+) -> GroupMetadata {
+    GroupMetadata::new(
+        stream,
+        group,
+        routing.shard_count,
+        routing.routing_version,
+        timings,
+        now_ms,
+    )
+}
+
+/// The routing after adding `count` shards.
+pub fn add_shards(routing: &StreamRouting, count: u32) -> StreamRouting {
+    StreamRouting {
+        shard_count: routing.shard_count.saturating_add(count),
+        routing_version: routing.routing_version.next(),
+        ..routing.clone()
+    }
+}
+
+/// The admin view of a group.
+pub fn describe(meta: &GroupMetadata, liveness: &Liveness, revision: StoreRevision, now_ms: u64) -> GroupDescription {
+    let members = meta
+        .members
+        .iter()
+        .map(|(id, m)| {
+            let v = view(meta, id, now_ms);
+            MemberDescription {
+                member_id: id.clone(),
+                epoch: m.epoch,
+                instance_id: m.instance_id.clone(),
+                lease_until_ms: lease::lease_end(id, m, liveness),
+                fenced: m.fenced_at_ms.is_some(),
+                assigned: v.assigned,
+                pending: v.pending,
+                revoke: v.revoke,
+            }
+        })
+        .collect();
+    let shards = meta
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ShardDescription {
+            shard: ShardId(i as u32),
+            target: s.target.clone(),
+            owner: s.owner.clone(),
+        })
+        .collect();
+    let correction = meta.correction.as_ref().map(|r| CorrectionDescription {
+        started_at_ms: r.started_at_ms,
+        reported_max_version: r.reported_max_version,
+        synced: r.synced.iter().cloned().collect(),
+        unsynced: meta
+            .members
+            .iter()
+            .filter(|(id, m)| m.fenced_at_ms.is_none() && !r.synced.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect(),
+    });
+    GroupDescription {
+        stream: meta.stream.clone(),
+        group: meta.group.clone(),
+        revision,
+        metadata_version: meta.metadata_version,
+        assignment_epoch: meta.assignment_epoch,
+        routing_version: meta.routing_version,
+        shard_count: meta.shard_count,
+        timings: meta.timings,
+        members,
+        shards,
+        correction,
+    }
+}
+
+fn response(meta: &GroupMetadata, id: &MemberId, status: Status, now_ms: u64) -> HeartbeatResponse {
+    let v = view(meta, id, now_ms);
+    HeartbeatResponse {
+        status,
+        member_id: id.clone(),
+        member_epoch: meta.members.get(id).map_or(MemberEpoch::LEAVE, |m| m.epoch),
+        metadata_version: meta.metadata_version,
+        assignment_epoch: meta.assignment_epoch,
+        assigned: v.assigned,
+        pending: v.pending,
+        revoke: v.revoke,
+        heartbeat_interval_ms: meta.timings.heartbeat_interval_ms,
+        assignment_lease_ms: meta.timings.assignment_lease_ms,
+        shard_count: meta.shard_count,
+        routing_version: meta.routing_version,
+    }
+}

@@ -1,0 +1,125 @@
+//! One member's view of the shard table, and the ownership moves the table allows.
+//!
+//! A shard moves in two steps. The assignor changes its `target`; its `owner` changes only when the previous
+//! owner released it (REVOKED ack, expiry, or removal after fencing), and then at once to the target, in the same
+//! write. So for a member:
+//! * `assigned`: owner and target (and no predecessor incarnation may still read it): it may read;
+//! * `pending`: target but not owner (or held): it waits;
+//! * `revoke`: owner but not target: it must drain (the DRAIN instruction).
+
+use protocol::metadata::GroupMetadata;
+use protocol::names::MemberId;
+use protocol::ShardId;
+
+use super::lease::is_held;
+use super::{Event, Tx};
+
+/// What one member may do with each shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberView {
+    /// May read.
+    pub assigned: Vec<ShardId>,
+    /// Targeted, not yet released by the previous owner.
+    pub pending: Vec<ShardId>,
+    /// Must drain and report REVOKED.
+    pub revoke: Vec<ShardId>,
+}
+
+/// The member's view at `now_ms`.
+pub fn view(meta: &GroupMetadata, id: &MemberId, now_ms: u64) -> MemberView {
+    let mut v = MemberView::default();
+    let held = meta.members.get(id).is_some_and(|m| is_held(m, now_ms));
+    for (i, s) in meta.shards.iter().enumerate() {
+        let shard = ShardId(i as u32);
+        let owner = s.owner.as_ref() == Some(id);
+        let target = s.target.as_ref() == Some(id);
+        match (owner, target) {
+            (true, true) if !held => v.assigned.push(shard),
+            (true, true) | (false, true) => v.pending.push(shard),
+            (true, false) if !held => v.revoke.push(shard),
+            // Held shards of a predecessor are neither readable nor revocable by this incarnation.
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Whether the member still has a shard to drain.
+pub fn has_revokes(meta: &GroupMetadata, id: &MemberId, now_ms: u64) -> bool {
+    if meta.members.get(id).is_some_and(|m| is_held(m, now_ms)) {
+        return false;
+    }
+    meta.shards
+        .iter()
+        .any(|s| s.owner.as_ref() == Some(id) && s.target.as_ref() != Some(id))
+}
+
+/// Applies a REVOKED ack: releases the shard only if `id` owns it, is not its target and is not held.
+/// Returns whether the ack was accepted; a stale or duplicate ack changes nothing.
+pub fn accept_revoked(tx: &mut Tx<'_>, id: &MemberId, shard: ShardId, now_ms: u64) -> bool {
+    let meta = tx.get();
+    let Some(s) = meta.shards.get(shard.index()) else {
+        return false;
+    };
+    let held = meta.members.get(id).is_some_and(|m| is_held(m, now_ms));
+    if s.owner.as_ref() != Some(id) || s.target.as_ref() == Some(id) || held {
+        return false;
+    }
+    tx.get_mut().shards[shard.index()].owner = None;
+    tx.events.push(Event::ShardReleased {
+        shard,
+        from: id.clone(),
+    });
+    true
+}
+
+/// Releases every shard `id` owns (the member left, expired, or was removed after fencing).
+pub fn release_all(tx: &mut Tx<'_>, id: &MemberId) {
+    let owned: Vec<usize> = tx
+        .get()
+        .shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.owner.as_ref() == Some(id))
+        .map(|(i, _)| i)
+        .collect();
+    for i in owned {
+        tx.get_mut().shards[i].owner = None;
+        tx.events.push(Event::ShardReleased {
+            shard: ShardId(i as u32),
+            from: id.clone(),
+        });
+    }
+}
+
+/// Brings the table to its settled form: every free shard goes to its target, and each member's
+/// `revokingSinceMs` says whether it has something to drain. Writes only what differs.
+pub fn settle(tx: &mut Tx<'_>, now_ms: u64) {
+    let grants: Vec<usize> = tx
+        .get()
+        .shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.owner.is_none() && s.target.is_some())
+        .map(|(i, _)| i)
+        .collect();
+    for i in grants {
+        let shard = tx.get_mut().shards.get_mut(i).expect("index from the same table");
+        shard.owner = shard.target.clone();
+        let to = shard.owner.clone().expect("filtered on target.is_some()");
+        tx.events.push(Event::ShardGranted {
+            shard: ShardId(i as u32),
+            to,
+        });
+    }
+    let ids: Vec<MemberId> = tx.get().members.keys().cloned().collect();
+    for id in ids {
+        let draining = has_revokes(tx.get(), &id, now_ms);
+        let since = tx.get().members[&id].revoking_since_ms;
+        match (draining, since) {
+            (true, None) => tx.get_mut().members.get_mut(&id).expect("listed").revoking_since_ms = Some(now_ms),
+            (false, Some(_)) => tx.get_mut().members.get_mut(&id).expect("listed").revoking_since_ms = None,
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Periodic work and admin fencing.
+//!
+//! A tick changes nothing unless something is due, so the coordinator can run it often without writing:
+//! * members whose lease ran out (fenced or not) are removed and their shards released, never during a grace
+//!   period;
+//! * members past their rebalance timeout with shards still to drain are fenced: no more renewals, and their
+//!   shards move when the lease they were last granted ends (the same bound as expiry);
+//! * in a correction round, members still claiming a shard after the rebalance timeout are fenced likewise;
+//! * a predecessor's hold that ended releases the shards it held to their targets;
+//! * a newer stream routing is adopted (shards are only ever added);
+//! * a correction round whose conditions hold is closed.
+
+use protocol::metadata::{GroupMetadata, ShardRecord, StreamRouting};
+use protocol::names::MemberId;
+
+use super::lease::{is_expired, lease_end, rebalance_timed_out};
+use super::reconcile::settle;
+use super::{correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use protocol::Status;
+
+pub(super) fn tick(
+    meta: &GroupMetadata,
+    liveness: &Liveness,
+    routing: Option<&StreamRouting>,
+    clock: Clock,
+) -> Transition {
+    let now = clock.now_ms;
+    let mut tx = Tx::new(meta, liveness);
+    let mut membership_changed = false;
+
+    let expired: Vec<MemberId> = meta
+        .members
+        .iter()
+        .filter(|(id, m)| is_expired(id, m, liveness, clock))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in expired {
+        tx.remove_member(&id);
+        tx.events.push(Event::MemberExpired(id));
+        membership_changed = true;
+    }
+
+    let timeout = meta.timings.rebalance_timeout_ms;
+    let round_overdue = meta
+        .correction
+        .as_ref()
+        .is_some_and(|r| now >= r.started_at_ms.saturating_add(timeout));
+    let to_fence: Vec<(MemberId, &'static str)> = tx
+        .get()
+        .members
+        .iter()
+        .filter(|(_, m)| m.fenced_at_ms.is_none())
+        .filter_map(|(id, m)| {
+            if rebalance_timed_out(m, timeout, now) {
+                Some((id.clone(), "rebalance timeout"))
+            } else if round_overdue && claims_of(tx.get(), id) {
+                Some((id.clone(), "correction round claim not released"))
+            } else {
+                None
+            }
+        })
+        .collect();
+    for (id, reason) in to_fence {
+        fence(&mut tx, &id, reason, now);
+        membership_changed = true;
+    }
+
+    let ended: Vec<MemberId> = tx
+        .get()
+        .members
+        .iter()
+        .filter(|(_, m)| m.hold_until_ms.is_some_and(|h| now >= h))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in ended {
+        end_hold(&mut tx, &id);
+    }
+
+    if let Some(r) = routing.filter(|r| r.routing_version > meta.routing_version) {
+        if r.shard_count >= meta.shard_count {
+            let next = tx.get_mut();
+            next.routing_version = r.routing_version;
+            next.shards.resize(r.shard_count as usize, ShardRecord::default());
+            next.shard_count = r.shard_count;
+            tx.events.push(Event::RoutingAdopted {
+                version: r.routing_version,
+                shard_count: r.shard_count,
+            });
+            membership_changed = true;
+        } else {
+            tx.events.push(Event::RoutingRefused {
+                version: r.routing_version,
+            });
+        }
+    }
+
+    if membership_changed {
+        target::recompute(&mut tx, true);
+    }
+    settle(&mut tx, now);
+    correction::try_close(&mut tx, now);
+    tx.finish(None, Answer::Done, now)
+}
+
+/// Admin fencing: the member gets FENCED_MEMBER_EPOCH from now on; its shards move when its lease ends.
+pub(super) fn fence_by_admin(meta: &GroupMetadata, liveness: &Liveness, id: &MemberId, clock: Clock) -> Transition {
+    let now = clock.now_ms;
+    let mut tx = Tx::new(meta, liveness);
+    match meta.members.get(id) {
+        None => {
+            let msg = format!("member {id} is not in the group");
+            tx.finish(None, Answer::reject(Status::UnknownMember, msg, None), now)
+        }
+        Some(m) if m.fenced_at_ms.is_some() => tx.finish(None, Answer::Done, now),
+        Some(_) => {
+            fence(&mut tx, id, "admin", now);
+            target::recompute(&mut tx, true);
+            settle(&mut tx, now);
+            tx.finish(None, Answer::Done, now)
+        }
+    }
+}
+
+fn claims_of(meta: &GroupMetadata, id: &MemberId) -> bool {
+    meta.correction
+        .as_ref()
+        .is_some_and(|r| r.claims.values().any(|c| c.contains(id)))
+}
+
+/// Stops renewing the member's lease; it stays (owning its shards) until the lease it was last granted ends.
+fn fence(tx: &mut Tx<'_>, id: &MemberId, reason: &'static str, now: u64) {
+    let lease = lease_end(id, &tx.get().members[id], tx.liveness());
+    let now_fenced = tx.get().members[id].fenced_at_ms.is_none();
+    if now_fenced {
+        let m = tx.get_mut().members.get_mut(id).expect("listed");
+        m.fenced_at_ms = Some(now);
+        m.lease_until_ms = lease;
+        tx.events.push(Event::MemberFenced {
+            member: id.clone(),
+            reason,
+        });
+    }
+}
+
+/// The predecessor's lease is over: shards it held go to their targets (or back to this incarnation).
+fn end_hold(tx: &mut Tx<'_>, id: &MemberId) {
+    let moving: Vec<usize> = tx
+        .get()
+        .shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.owner.as_ref() == Some(id) && s.target.as_ref() != Some(id))
+        .map(|(i, _)| i)
+        .collect();
+    tx.get_mut().members.get_mut(id).expect("listed").hold_until_ms = None;
+    for i in moving {
+        tx.get_mut().shards[i].owner = None;
+        tx.events.push(Event::ShardReleased {
+            shard: protocol::ShardId(i as u32),
+            from: id.clone(),
+        });
+    }
+}

@@ -1,0 +1,81 @@
+//! Counters of what the coordinator did, readable by tests and exported as metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::state_machine::{Event, Outcome};
+use protocol::Status;
+
+/// Monotonic counters (and one gauge-like maximum). All relaxed: they are observations, not synchronisation.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Heartbeats answered OK.
+    pub heartbeats_ok: AtomicU64,
+    /// Heartbeats answered SYNC_METADATA.
+    pub heartbeats_sync: AtomicU64,
+    /// Heartbeats answered REVOKE_PENDING.
+    pub heartbeats_revoke_pending: AtomicU64,
+    /// Heartbeats refused (fenced, unknown, invalid).
+    pub heartbeats_rejected: AtomicU64,
+    /// Clients reported a metadata version above the stored one.
+    pub client_version_ahead: AtomicU64,
+    /// Correction rounds opened.
+    pub corrections_opened: AtomicU64,
+    /// The stored metadata version went below one this process had seen.
+    pub metadata_regressions: AtomicU64,
+    /// Producers reported a routing version above the stored one.
+    pub routing_regressions: AtomicU64,
+    /// Compare-and-set conflicts (another writer won; the section reloaded).
+    pub revision_conflicts: AtomicU64,
+    /// Requests that could not get their group's mutex in time.
+    pub mutex_timeouts: AtomicU64,
+    /// Total mutex wait, in microseconds.
+    pub mutex_wait_micros: AtomicU64,
+    /// Requests answered METADATA_UNAVAILABLE.
+    pub metadata_unavailable: AtomicU64,
+    /// Of those, unreadable metadata (unknown schema/layout, corrupt JSON).
+    pub metadata_corrupt: AtomicU64,
+    /// Members expired.
+    pub members_expired: AtomicU64,
+    /// Members fenced.
+    pub members_fenced: AtomicU64,
+    /// Redis restarts noticed (run id change).
+    pub redis_restarts: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn heartbeat(&self, outcome: &Outcome) {
+        let counter = match outcome {
+            Outcome::Heartbeat(r) => match r.status {
+                Status::SyncMetadata => &self.heartbeats_sync,
+                Status::RevokePending => &self.heartbeats_revoke_pending,
+                _ => &self.heartbeats_ok,
+            },
+            Outcome::Rejected(_) => &self.heartbeats_rejected,
+            Outcome::Done => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn event(&self, e: &Event) {
+        let counter = match e {
+            Event::RegressionReported { .. } => &self.client_version_ahead,
+            Event::CorrectionOpened { .. } => &self.corrections_opened,
+            Event::MemberExpired(_) => &self.members_expired,
+            Event::MemberFenced { .. } => &self.members_fenced,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn observe_mutex_wait(&self, waited: Duration) {
+        self.mutex_wait_micros
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
