@@ -1,0 +1,221 @@
+//! The coordinator HTTP client shared by both SDKs.
+//!
+//! It holds several coordinator URLs (for rolling updates: `1 -> 2 -> 1` coordinators). A call goes to the URL
+//! that worked last; a connection error, a timeout, or `503 COORDINATOR_TERMINATING` moves on to the next URL at
+//! once, within the same call, so a terminating instance costs one extra request, not one heartbeat interval.
+//! Every call is idempotent on the coordinator side, so retrying it elsewhere is safe.
+
+use protocol::messages::{ErrorResponse, HeartbeatRequest, HeartbeatResponse, RoutingQuery, RoutingResponse};
+use protocol::names::{GroupName, StreamName};
+use protocol::{MemberEpoch, Status};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use thiserror::Error;
+
+/// A coordinator call failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CoordError {
+    /// The coordinator answered with an error status.
+    #[error("coordinator answered {status}: {message}")]
+    Status {
+        /// The wire status.
+        status: Status,
+        /// The coordinator's explanation.
+        message: String,
+        /// For `FENCED_MEMBER_EPOCH`: the epoch the coordinator records.
+        member_epoch: Option<MemberEpoch>,
+    },
+    /// No coordinator URL could be reached (connection refused, reset, timeout).
+    #[error("no coordinator reachable (last tried {url}): {source}")]
+    Unreachable {
+        /// The last URL tried.
+        url: String,
+        /// The last transport error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer could not be understood (not our JSON): a proxy or a version mismatch.
+    #[error("unexpected answer from {url}: {detail}")]
+    Decode {
+        /// The URL.
+        url: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The client was configured wrongly.
+    #[error("invalid coordinator client configuration: {0}")]
+    Config(String),
+}
+
+impl CoordError {
+    /// The coordinator's status, when it answered.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            CoordError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying later may succeed (outage, terminating, metadata unavailable, store unavailable).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CoordError::Status { status, .. } => status.is_retryable(),
+            CoordError::Unreachable { .. } | CoordError::Decode { .. } => true,
+            CoordError::Config(_) => false,
+        }
+    }
+
+    /// Whether the member must stop everything and rejoin with epoch 0.
+    pub fn requires_rejoin(&self) -> bool {
+        self.status().is_some_and(Status::requires_rejoin)
+    }
+}
+
+/// HTTP client for the coordinator's `/v1` API, with failover over several URLs.
+#[derive(Debug)]
+pub struct CoordClient {
+    http: reqwest::Client,
+    urls: Vec<String>,
+    current: AtomicUsize,
+    token: Option<String>,
+}
+
+impl CoordClient {
+    /// A client over `urls` (base URLs such as `http://127.0.0.1:7400`), each request bounded by `timeout`.
+    ///
+    /// # Errors
+    /// [`CoordError::Config`] without URLs, or with a URL that is not `http(s)://...`.
+    pub fn new(urls: Vec<String>, timeout: Duration, token: Option<String>) -> Result<Self, CoordError> {
+        if urls.is_empty() {
+            return Err(CoordError::Config("at least one coordinator URL is required".into()));
+        }
+        let urls: Vec<String> = urls.into_iter().map(|u| u.trim_end_matches('/').to_owned()).collect();
+        if let Some(bad) = urls
+            .iter()
+            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+        {
+            return Err(CoordError::Config(format!(
+                "coordinator URL {bad:?} must start with http:// or https://"
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(2)))
+            .build()
+            .map_err(|e| CoordError::Config(e.to_string()))?;
+        Ok(CoordClient {
+            http,
+            urls,
+            current: AtomicUsize::new(0),
+            token,
+        })
+    }
+
+    /// The configured URLs.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// Sends a heartbeat (join with epoch 0, leave with epoch -1).
+    ///
+    /// # Errors
+    /// [`CoordError`]; `Status` errors carry the coordinator's typed status.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call may or may not have reached the coordinator, which is harmless because a
+    /// heartbeat is idempotent.
+    pub async fn heartbeat(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, CoordError> {
+        let path = format!("/v1/streams/{stream}/groups/{group}/heartbeat");
+        self.call(|http, base| http.post(format!("{base}{path}")).json(req))
+            .await
+    }
+
+    /// Fetches a stream's routing, carrying the producer's current and highest observed routing versions.
+    ///
+    /// # Errors
+    /// [`CoordError`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the call only reads.
+    pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, CoordError> {
+        let path = format!(
+            "/v1/streams/{stream}/routing?routingVersion={}&maxObservedVersion={}",
+            query.routing_version, query.max_observed_version
+        );
+        self.call(|http, base| http.get(format!("{base}{path}"))).await
+    }
+
+    async fn call<T, F>(&self, build: F) -> Result<T, CoordError>
+    where
+        T: serde::de::DeserializeOwned,
+        F: Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    {
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last_err = None;
+        for attempt in 0..self.urls.len() {
+            let i = (start + attempt) % self.urls.len();
+            let base = &self.urls[i];
+            let mut req = build(&self.http, base);
+            if let Some(token) = &self.token {
+                req = req.bearer_auth(token);
+            }
+            match req.send().await {
+                Err(e) => {
+                    tracing::debug!(url = %base, error = %e, "coordinator unreachable; trying the next URL");
+                    last_err = Some(CoordError::Unreachable {
+                        url: base.clone(),
+                        source: e,
+                    });
+                }
+                Ok(resp) => {
+                    let http_status = resp.status();
+                    let body = match resp.bytes().await {
+                        Ok(b) => b,
+                        Err(e) => {
+                            last_err = Some(CoordError::Unreachable {
+                                url: base.clone(),
+                                source: e,
+                            });
+                            continue;
+                        }
+                    };
+                    if http_status.is_success() {
+                        self.current.store(i, Ordering::Relaxed);
+                        return serde_json::from_slice(&body).map_err(|e| CoordError::Decode {
+                            url: base.clone(),
+                            detail: e.to_string(),
+                        });
+                    }
+                    let err = match serde_json::from_slice::<ErrorResponse>(&body) {
+                        Ok(e) => CoordError::Status {
+                            status: e.status,
+                            message: e.message,
+                            member_epoch: e.member_epoch,
+                        },
+                        Err(_) => CoordError::Decode {
+                            url: base.clone(),
+                            detail: format!("HTTP {http_status} with a body that is not an ErrorResponse"),
+                        },
+                    };
+                    let fail_over = matches!(err.status(), Some(Status::CoordinatorTerminating))
+                        || matches!(err, CoordError::Decode { .. });
+                    if !fail_over {
+                        self.current.store(i, Ordering::Relaxed);
+                        return Err(err);
+                    }
+                    tracing::debug!(url = %base, "coordinator terminating or answering garbage; trying the next URL");
+                    last_err = Some(err);
+                }
+            }
+        }
+        // Next call starts from the URL after the one that failed first.
+        self.current.store((start + 1) % self.urls.len(), Ordering::Relaxed);
+        Err(last_err.expect("at least one URL was tried"))
+    }
+}
