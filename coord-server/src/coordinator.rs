@@ -239,6 +239,8 @@ impl Coordinator {
             layout_version: layout,
             aggregate: None,
             liveness: Vec::new(),
+            stored_run_id: String::new(),
+            run_id: String::new(),
         };
         let meta = store::decode_group(&loaded, &agg).map_err(|e| self.unavailable(e))?;
         let liveness: Liveness = live
@@ -528,6 +530,7 @@ impl Coordinator {
                 renew: t.renew.as_ref().map(|(m, l)| (m, *l)),
                 forget: &t.forget,
                 now_ms: loaded.now_ms,
+                run_id: &loaded.run_id,
             };
             match self
                 .inner
@@ -595,11 +598,21 @@ impl Coordinator {
             Some(c) => (c.highest, c.grace_until_ms),
             None => (MetadataVersion(0), now + ttl),
         };
-        if meta.metadata_version < highest {
+        let mut suspected_loss = None;
+        let round_covers = meta.correction.as_ref().is_some_and(|r| r.reported_max_version >= highest);
+        if meta.metadata_version < highest && !round_covers {
             self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
             warn!(group = %group, stored = %meta.metadata_version, seen = %highest,
-                "metadata version regressed under this coordinator: no expiry for one member TTL");
+                "metadata version regressed under this coordinator: correction round, no expiry for one member TTL");
             grace = grace.max(now + ttl);
+            suspected_loss = Some(highest);
+        }
+        if loaded.run_id_changed() {
+            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
+            warn!(group = %group, stored_run_id = %loaded.stored_run_id, run_id = %loaded.run_id,
+                "group metadata outlived a Redis restart or failover: correction round, no expiry for one member TTL");
+            grace = grace.max(now + ttl);
+            suspected_loss = Some(suspected_loss.unwrap_or(meta.metadata_version).max(meta.metadata_version));
         }
         *slot.cache.lock().expect("cache lock") = Some(Cached {
             revision: rev,
@@ -610,6 +623,7 @@ impl Coordinator {
         let clock = Clock {
             now_ms: now,
             expiry_allowed_from_ms: grace.max(self.inner.global_grace_until_ms.load(Ordering::Acquire)),
+            suspected_loss,
         };
         let liveness: Liveness = loaded.liveness.iter().cloned().collect::<BTreeMap<_, _>>();
         let t = f(&meta, &liveness, clock, rev)?;
@@ -652,6 +666,7 @@ impl Coordinator {
                 aggregate: Some(&json),
                 schema_version: store::schema_of_routing(),
                 now_ms: loaded.now_ms,
+                run_id: &loaded.run_id,
                 ..Write::default()
             };
             match self
@@ -750,6 +765,7 @@ impl Coordinator {
             aggregate: Some(&json),
             schema_version: store::schema_of_group(),
             now_ms: loaded.now_ms,
+            run_id: &loaded.run_id,
             ..Write::default()
         };
         // The liveness hash of a lost group may survive it: its entries name members the new group does not have

@@ -3,8 +3,10 @@
 //!
 //! A critical section costs two round trips:
 //! 1. `LOAD` (one script): take the mutex (`SET NX PX`), read Redis `TIME`, the hash's `revision`,
-//!    `livenessRevision`, `schemaVersion` and `layoutVersion`, the aggregate only when the revision differs
-//!    from the one the caller has cached, and the liveness entries the input needs.
+//!    `livenessRevision`, `schemaVersion`, `layoutVersion` and `runId`, the server's current run id, the
+//!    aggregate only when the revision differs from the one the caller has cached, and the liveness entries the
+//!    input needs. A stored `runId` other than the server's means the metadata outlived a Redis restart or
+//!    failover, which may have lost recent writes: the coordinator opens a correction round.
 //! 2. `COMMIT` (one script): check both revisions, write the aggregate (bumping `revision`) and/or the liveness
 //!    renewal (bumping `livenessRevision`, never `revision`, so a no-change heartbeat keeps the cached aggregate
 //!    valid), then release the mutex if we still hold it. Or `RELEASE` alone when nothing changed.
@@ -30,7 +32,8 @@ const LOAD: &str = r#"
 local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
 if not ok then return {0} end
 local t = redis.call('TIME')
-local f = redis.call('HMGET', KEYS[1], 'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion')
+local f = redis.call('HMGET', KEYS[1], 'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion', 'runId')
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 local agg = ''
 if f[1] and f[1] ~= ARGV[3] then agg = redis.call('HGET', KEYS[1], 'aggregate') or '' end
 local live = {}
@@ -40,7 +43,7 @@ elseif ARGV[4] ~= '' then
   local v = redis.call('HGET', KEYS[2], ARGV[4])
   if v then live = {ARGV[4], v} end
 end
-return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live}
+return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run}
 "#;
 
 const COMMIT: &str = r#"
@@ -58,14 +61,14 @@ local newrev = rev
 if ARGV[4] ~= '' then
   newrev = tostring((tonumber(rev) or 0) + 1)
   redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'revision', newrev, 'schemaVersion', ARGV[5],
-    'layoutVersion', ARGV[6], 'updatedAt', ARGV[7])
+    'layoutVersion', ARGV[6], 'updatedAt', ARGV[7], 'runId', ARGV[10])
 end
 if ARGV[8] ~= '' then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '0')
   if tonumber(ARGV[9]) > cur then redis.call('HSET', KEYS[2], ARGV[8], ARGV[9]) end
   redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1)
 end
-for i = 10, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+for i = 11, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
 release()
 return {1, newrev}
 "#;
@@ -135,6 +138,17 @@ pub struct Loaded {
     pub aggregate: Option<Vec<u8>>,
     /// Liveness entries read: member -> lease end ms (unparsable entries are skipped).
     pub liveness: Vec<(MemberId, u64)>,
+    /// Redis run id the aggregate was last written under (empty when unknown).
+    pub stored_run_id: String,
+    /// The server's run id now.
+    pub run_id: String,
+}
+
+impl Loaded {
+    /// Whether the stored metadata was written by another Redis server incarnation (restart or failover).
+    pub fn run_id_changed(&self) -> bool {
+        !self.stored_run_id.is_empty() && !self.run_id.is_empty() && self.stored_run_id != self.run_id
+    }
 }
 
 /// What to write in `COMMIT`.
@@ -150,6 +164,8 @@ pub struct Write<'a> {
     pub forget: &'a [MemberId],
     /// Redis time of the write (the `updatedAt` field).
     pub now_ms: u64,
+    /// The server's run id, recorded with the aggregate.
+    pub run_id: &'a str,
 }
 
 /// Result of `COMMIT`.
@@ -254,6 +270,8 @@ impl Store {
             layout_version,
             aggregate,
             liveness,
+            stored_run_id: text(&reply, 9)?,
+            run_id: text(&reply, 10)?,
         }))
     }
 
@@ -281,7 +299,8 @@ impl Store {
             .arg(LAYOUT_VERSION)
             .arg(write.now_ms)
             .arg(write.renew.map(|(m, _)| m.to_string()).unwrap_or_default())
-            .arg(write.renew.map(|(_, l)| l).unwrap_or(0));
+            .arg(write.renew.map(|(_, l)| l).unwrap_or(0))
+            .arg(write.run_id);
         for m in write.forget {
             inv.arg(m.as_str());
         }

@@ -11,7 +11,10 @@
 //!   the lost history are unknown to Redis; their leases, granted before the loss, have run out by then).
 //!
 //! The round is recorded in the aggregate but holds `metadataVersion` still: bumping it would hand out the very
-//! version numbers the clients saw in the lost history. The version moves again when the round closes.
+//! version numbers the clients saw in the lost history. When the round closes the version moves past the highest
+//! reported one: the lost numbers are retired, never reused for other content. That is not "bumping Redis to match
+//! a client": nothing is rebuilt from client reports, and it happens only after every live member adopted what
+//! Redis holds.
 
 use protocol::names::MemberId;
 use protocol::{MetadataVersion, ShardId};
@@ -21,8 +24,10 @@ use protocol::metadata::CorrectionRound;
 
 use super::{Event, Tx};
 
-/// Opens a round (or raises the reported maximum of the open one).
-pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64) {
+/// Opens a round, or feeds the open one. New evidence of a loss (a higher reported version, or `restart_wait`
+/// for the coordinator's own suspicion) restarts the one-TTL wait: leases granted in the newly lost history
+/// run from then.
+pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64, restart_wait: bool) {
     match &tx.get().correction {
         None => {
             tx.get_mut().correction = Some(CorrectionRound {
@@ -31,17 +36,12 @@ pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64) {
                 synced: BTreeSet::new(),
                 claims: Default::default(),
             });
-            tx.events.push(Event::CorrectionOpened {
-                reported,
-                stored: tx.get().metadata_version,
-            });
+            tx.events.push(Event::CorrectionOpened { reported, stored: tx.get().metadata_version });
         }
-        Some(round) if reported > round.reported_max_version => {
-            tx.get_mut()
-                .correction
-                .as_mut()
-                .expect("matched Some")
-                .reported_max_version = reported;
+        Some(round) if reported > round.reported_max_version || (restart_wait && round.started_at_ms < now_ms) => {
+            let round = tx.get_mut().correction.as_mut().expect("matched Some");
+            round.reported_max_version = round.reported_max_version.max(reported);
+            round.started_at_ms = now_ms;
         }
         Some(_) => {}
     }
@@ -122,6 +122,16 @@ pub fn forget(tx: &mut Tx<'_>, id: &MemberId) {
     }
 }
 
+/// Forgets `id`'s claims (its predecessor incarnation's lease ended).
+pub fn forget_claims(tx: &mut Tx<'_>, id: &MemberId) {
+    if tx.get().correction.as_ref().is_some_and(|r| r.claims.values().any(|c| c.contains(id))) {
+        tx.get_mut().correction.as_mut().expect("checked").claims.retain(|_, c| {
+            c.remove(id);
+            !c.is_empty()
+        });
+    }
+}
+
 /// Members the round still waits for.
 pub fn unsynced(tx: &Tx<'_>) -> Vec<MemberId> {
     let meta = tx.get();
@@ -141,7 +151,12 @@ pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
     let Some(round) = &meta.correction else { return true };
     let waited = now_ms >= round.started_at_ms.saturating_add(meta.timings.member_ttl_ms);
     if waited && round.claims.is_empty() && unsynced(tx).is_empty() {
-        tx.get_mut().correction = None;
+        // Retire the lost version numbers: the next version is above every version a client reported, so a number
+        // never names two different contents and the clients' remembered maximum stops reopening rounds.
+        let retired = round.reported_max_version.max(meta.metadata_version);
+        let next = tx.get_mut();
+        next.metadata_version = retired;
+        next.correction = None;
         tx.events.push(Event::CorrectionClosed);
         true
     } else {

@@ -1,1 +1,127 @@
+//! Test harness for the pure core, in the role of Kafka's `GroupMetadataManagerTestContext`: it keeps the
+//! recorded metadata and liveness, a fake Redis clock, and applies transitions as the store would.
 
+use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
+use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{MemberEpoch, MetadataVersion, ShardId};
+
+use super::{apply, create_group, Clock, Input, Liveness, Outcome, Rejection, Transition};
+
+pub const TTL: u64 = 10_000;
+pub const INTERVAL: u64 = 1_000;
+pub const REBALANCE: u64 = 5_000;
+pub const LEASE: u64 = 8_000;
+
+pub fn member(name: &str) -> MemberId {
+    MemberId::new(name).unwrap()
+}
+
+pub fn shards(ids: &[u32]) -> Vec<ShardId> {
+    ids.iter().map(|&i| ShardId(i)).collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct Harness {
+    pub meta: GroupMetadata,
+    pub liveness: Liveness,
+    pub now: u64,
+    pub grace_until: u64,
+    /// What the coordinator suspects after a Redis rollback it noticed (cleared once a write recorded it).
+    pub suspected: Option<MetadataVersion>,
+    pub writes: usize,
+}
+
+impl Harness {
+    pub fn new(shard_count: u32) -> Self {
+        let stream = StreamName::new("s").unwrap();
+        let routing = StreamRouting::new(stream.clone(), shard_count, 1_000);
+        let timings = GroupTimings {
+            member_ttl_ms: TTL,
+            heartbeat_interval_ms: INTERVAL,
+            rebalance_timeout_ms: REBALANCE,
+            assignment_lease_ms: LEASE,
+        };
+        let meta = create_group(stream, GroupName::new("g").unwrap(), &routing, timings, 1_000);
+        Harness { meta, liveness: Liveness::new(), now: 1_000, grace_until: 0, suspected: None, writes: 0 }
+    }
+
+    pub fn clock(&self) -> Clock {
+        Clock { now_ms: self.now, expiry_allowed_from_ms: self.grace_until, suspected_loss: self.suspected }
+    }
+
+    /// Applies an input and records its writes, as the store's compare-and-set would.
+    pub fn apply(&mut self, input: Input<'_>) -> Transition {
+        let t = apply(&self.meta, &self.liveness, input, self.clock());
+        self.record(&t);
+        t
+    }
+
+    pub fn record(&mut self, t: &Transition) {
+        if let Some(next) = &t.next {
+            assert!(next.metadata_version >= self.meta.metadata_version, "metadata version went down");
+            assert!(next.assignment_epoch >= self.meta.assignment_epoch, "assignment epoch went down");
+            self.meta = next.clone();
+            self.writes += 1;
+            // The write records the current Redis run id: the suspicion is recorded (as an open round).
+            self.suspected = None;
+        }
+        if let Some((m, lease)) = &t.renew {
+            let e = self.liveness.entry(m.clone()).or_insert(0);
+            *e = (*e).max(*lease);
+        }
+        for m in &t.forget {
+            self.liveness.remove(m);
+        }
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now += ms;
+    }
+
+    pub fn tick(&mut self) -> Transition {
+        self.apply(Input::Tick { routing: None })
+    }
+
+    pub fn send(&mut self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Rejection> {
+        match self.apply(Input::Heartbeat(req)).outcome {
+            Outcome::Heartbeat(r) => Ok(r),
+            Outcome::Rejected(r) => Err(r),
+            Outcome::Done => panic!("heartbeat without answer"),
+        }
+    }
+
+    /// A join from a fresh instance named after the member.
+    pub fn join(&mut self, name: &str) -> HeartbeatResponse {
+        self.send(&req(name, 0, MetadataVersion(0), &[], &[])).expect("join accepted")
+    }
+
+    pub fn owner(&self, shard: u32) -> Option<&str> {
+        self.meta.shards[shard as usize].owner.as_ref().map(|m| m.as_str())
+    }
+
+    pub fn target(&self, shard: u32) -> Option<&str> {
+        self.meta.shards[shard as usize].target.as_ref().map(|m| m.as_str())
+    }
+}
+
+/// A heartbeat request from instance `"<name>-i"`.
+pub fn req(name: &str, epoch: i64, version: MetadataVersion, owned: &[u32], revoked: &[u32]) -> HeartbeatRequest {
+    HeartbeatRequest {
+        member_id: member(name),
+        instance_id: format!("{name}-i"),
+        member_epoch: MemberEpoch(epoch),
+        metadata_version: version,
+        max_observed_version: version,
+        owned: shards(owned),
+        revoking: revoked.iter().map(|&s| RevokingShard { shard: ShardId(s), state: RevokeState::Revoked }).collect(),
+    }
+}
+
+/// The heartbeat a well-behaved client sends after applying `last`: it reads what is assigned.
+pub fn follow_up(last: &HeartbeatResponse, revoked: &[u32]) -> HeartbeatRequest {
+    let owned: Vec<u32> = last.assigned.iter().map(|s| s.0).collect();
+    let mut r = req(last.member_id.as_str(), last.member_epoch.0, last.metadata_version, &owned, revoked);
+    r.max_observed_version = last.metadata_version;
+    r
+}

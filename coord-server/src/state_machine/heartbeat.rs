@@ -31,6 +31,7 @@ pub(super) fn heartbeat(
     if let Err(message) = validate(req) {
         return tx.finish(None, Answer::reject(Status::InvalidRequest, message, None), now);
     }
+    tx.open_round_if_suspected(clock);
     if req.member_epoch.is_leave() {
         return leave(tx, req, now);
     }
@@ -39,7 +40,7 @@ pub(super) fn heartbeat(
     let reported = req.max_observed_version.max(req.metadata_version);
     if reported > stored {
         tx.events.push(Event::RegressionReported { reported, stored });
-        correction::open(&mut tx, reported, now);
+        correction::open(&mut tx, reported, now, false);
     }
 
     let id = &req.member_id;
@@ -98,7 +99,7 @@ pub(super) fn heartbeat(
     let claims = foreign_claims(&tx, req);
     if !claims.is_empty() {
         // A member reading a shard Redis records for someone else: a lost write whose version number was reused.
-        correction::open(&mut tx, stored, now);
+        correction::open(&mut tx, stored, now, false);
         correction::record_claims(&mut tx, id, &claims);
     }
 
@@ -133,6 +134,11 @@ fn validate(req: &HeartbeatRequest) -> Result<(), String> {
             "memberEpoch {} is invalid (-1 leaves, 0 joins)",
             req.member_epoch
         ));
+    }
+    // Versions beyond 2^53 are not exact in JSON numbers of other languages, and no group gets there.
+    let limit = 1u64 << 53;
+    if req.metadata_version.0 > limit || req.max_observed_version.0 > limit {
+        return Err("metadataVersion and maxObservedVersion must be at most 2^53".into());
     }
     let too_many = (MAX_SHARDS as usize) * 2;
     if req.owned.len() + req.revoking.len() > too_many {

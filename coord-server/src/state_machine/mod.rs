@@ -51,15 +51,17 @@ pub struct Clock {
     /// No member is expired before this time: the grace after a coordinator start, a Redis restart (run id change)
     /// or an observed metadata regression, when liveness facts may have been lost.
     pub expiry_allowed_from_ms: u64,
+    /// Set when the caller has its own evidence that Redis lost writes: the stored metadata was last written under
+    /// another Redis run id (restart or failover), or this coordinator saw a higher version before. The value is
+    /// the highest version known to have existed. The transition opens a correction round, as a client report
+    /// would.
+    pub suspected_loss: Option<MetadataVersion>,
 }
 
 impl Clock {
-    /// A clock with no grace period.
+    /// A clock with no grace period and no suspected loss.
     pub fn at(now_ms: u64) -> Self {
-        Clock {
-            now_ms,
-            expiry_allowed_from_ms: 0,
-        }
+        Clock { now_ms, expiry_allowed_from_ms: 0, suspected_loss: None }
     }
 }
 
@@ -128,6 +130,13 @@ pub struct Rejection {
 /// Something a transition did, for logs and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// The coordinator suspects lost writes (Redis run id change, or it saw a higher version itself).
+    LossSuspected {
+        /// The highest version known to have existed.
+        known: MetadataVersion,
+        /// The stored version.
+        stored: MetadataVersion,
+    },
     /// A client reported a higher version than stored.
     RegressionReported {
         /// The client's version.
@@ -236,6 +245,15 @@ impl<'a> Tx<'a> {
     }
 
     /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
+    /// Opens a correction round when the caller suspects lost writes (see [`Clock::suspected_loss`]).
+    fn open_round_if_suspected(&mut self, clock: Clock) {
+        if let Some(known) = clock.suspected_loss {
+            let stored = self.get().metadata_version;
+            self.events.push(Event::LossSuspected { known, stored });
+            correction::open(self, known.max(stored), clock.now_ms, true);
+        }
+    }
+
     fn remove_member(&mut self, id: &MemberId) {
         reconcile::release_all(self, id);
         correction::forget(self, id);

@@ -1,1 +1,262 @@
+//! Property test: random sequences of joins, heartbeats, lost answers, drains, crashes, leaves, time, ticks,
+//! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. After every step:
+//! no shard is read (or drained) by two clients whose leases are valid; after a quiet period with stable
+//! membership every shard is read by exactly one live client.
+
+use proptest::prelude::*;
+use protocol::messages::{HeartbeatRequest, RevokeState, RevokingShard};
+use protocol::names::MemberId;
+use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::harness::{Harness, INTERVAL, TTL};
+use super::{Input, Liveness, Outcome};
+use protocol::metadata::GroupMetadata;
+
+const MEMBERS: u8 = 4;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join(u8),
+    Heartbeat { m: u8, lose: bool },
+    Drain(u8),
+    Crash { m: u8, keep_versions: bool },
+    Leave(u8),
+    Advance(u16),
+    Tick,
+    Snapshot,
+    Rollback,
+    CoordinatorRestart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..MEMBERS).prop_map(Op::Join),
+        10 => (0..MEMBERS, prop::bool::weighted(0.2)).prop_map(|(m, lose)| Op::Heartbeat { m, lose }),
+        4 => (0..MEMBERS).prop_map(Op::Drain),
+        1 => (0..MEMBERS, any::<bool>()).prop_map(|(m, keep_versions)| Op::Crash { m, keep_versions }),
+        1 => (0..MEMBERS).prop_map(Op::Leave),
+        6 => (1u16..4000).prop_map(Op::Advance),
+        4 => Just(Op::Tick),
+        1 => Just(Op::Snapshot),
+        1 => Just(Op::Rollback),
+        1 => Just(Op::CoordinatorRestart),
+    ]
+}
+
+/// A consumer process, following the SDK's rules.
+#[derive(Debug, Clone, Default)]
+struct Client {
+    alive: bool,
+    incarnation: u32,
+    epoch: MemberEpoch,
+    version: MetadataVersion,
+    max_observed: MetadataVersion,
+    reading: BTreeSet<ShardId>,
+    draining: BTreeSet<ShardId>,
+    revoked: BTreeSet<ShardId>,
+    lease_until: u64,
+}
+
+struct World {
+    h: Harness,
+    clients: Vec<Client>,
+    snapshot: Option<(GroupMetadata, Liveness)>,
+}
+
+fn name(m: u8) -> MemberId {
+    MemberId::new(format!("m{m}")).unwrap()
+}
+
+impl World {
+    fn new(shards: u32) -> Self {
+        World { h: Harness::new(shards), clients: vec![Client::default(); MEMBERS as usize], snapshot: None }
+    }
+
+    fn request(&self, m: u8) -> HeartbeatRequest {
+        let c = &self.clients[m as usize];
+        let revoking = c
+            .draining
+            .iter()
+            .map(|&shard| RevokingShard { shard, state: RevokeState::Draining })
+            .chain(c.revoked.iter().map(|&shard| RevokingShard { shard, state: RevokeState::Revoked }))
+            .collect();
+        HeartbeatRequest {
+            member_id: name(m),
+            instance_id: format!("m{m}-{}", c.incarnation),
+            member_epoch: c.epoch,
+            metadata_version: c.version,
+            max_observed_version: c.max_observed.max(c.version),
+            owned: c.reading.iter().copied().collect(),
+            revoking,
+        }
+    }
+
+    fn heartbeat(&mut self, m: u8, lose: bool) {
+        if !self.clients[m as usize].alive {
+            return;
+        }
+        let sent_at = self.h.now;
+        let req = self.request(m);
+        let t = self.h.apply(Input::Heartbeat(&req));
+        if lose {
+            return;
+        }
+        let c = &mut self.clients[m as usize];
+        match t.outcome {
+            Outcome::Heartbeat(r) => {
+                c.epoch = r.member_epoch;
+                c.version = r.metadata_version;
+                c.max_observed = c.max_observed.max(r.metadata_version);
+                c.lease_until = sent_at + r.assignment_lease_ms;
+                let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
+                let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
+                let stop: Vec<ShardId> = c.reading.difference(&assigned).copied().collect();
+                for s in stop {
+                    c.reading.remove(&s);
+                    c.draining.insert(s);
+                }
+                // Keep reporting REVOKED only while the coordinator still lists the shard to revoke.
+                c.revoked.retain(|s| revoke.contains(s));
+                // A revoke instruction for a shard we do not hold is acknowledged at once.
+                for s in &revoke {
+                    if !c.reading.contains(s) && !c.draining.contains(s) {
+                        c.revoked.insert(*s);
+                    }
+                }
+                if r.status == Status::Ok {
+                    for s in &assigned {
+                        c.draining.remove(s);
+                        c.revoked.remove(s);
+                        c.reading.insert(*s);
+                    }
+                }
+            }
+            Outcome::Rejected(r) => {
+                assert!(r.status.requires_rejoin(), "unexpected rejection {r:?}");
+                c.reading.clear();
+                c.draining.clear();
+                c.revoked.clear();
+                c.epoch = MemberEpoch::JOIN;
+            }
+            Outcome::Done => unreachable!(),
+        }
+    }
+
+    fn step(&mut self, op: &Op) {
+        match *op {
+            Op::Join(m) => {
+                let c = &mut self.clients[m as usize];
+                if !c.alive {
+                    let max = c.max_observed;
+                    *c = Client { alive: true, incarnation: c.incarnation + 1, max_observed: max, ..Client::default() };
+                }
+                self.heartbeat(m, false);
+            }
+            Op::Heartbeat { m, lose } => self.heartbeat(m, lose),
+            Op::Drain(m) => {
+                let c = &mut self.clients[m as usize];
+                let done: Vec<ShardId> = std::mem::take(&mut c.draining).into_iter().collect();
+                c.revoked.extend(done);
+            }
+            Op::Crash { m, keep_versions } => {
+                let c = &mut self.clients[m as usize];
+                let max = if keep_versions { c.max_observed.max(c.version) } else { MetadataVersion(0) };
+                *c = Client { alive: false, incarnation: c.incarnation, max_observed: max, ..Client::default() };
+            }
+            Op::Leave(m) => {
+                if !self.clients[m as usize].alive {
+                    return;
+                }
+                let c = &mut self.clients[m as usize];
+                c.reading.clear();
+                c.draining.clear();
+                let mut req = self.request(m);
+                req.member_epoch = MemberEpoch::LEAVE;
+                self.h.apply(Input::Heartbeat(&req));
+                let c = &mut self.clients[m as usize];
+                *c = Client { alive: false, incarnation: c.incarnation, max_observed: c.max_observed, ..Client::default() };
+            }
+            Op::Advance(ms) => self.h.advance(u64::from(ms)),
+            Op::Tick => {
+                self.h.tick();
+            }
+            Op::Snapshot => self.snapshot = Some((self.h.meta.clone(), self.h.liveness.clone())),
+            Op::Rollback => {
+                if let Some((meta, live)) = self.snapshot.take() {
+                    // A failover or restart: the coordinator notices by the run id stored with the metadata, or
+                    // by its own memory of a higher version.
+                    self.h.suspected = Some(self.h.meta.metadata_version.max(meta.metadata_version));
+                    self.h.meta = meta;
+                    self.h.liveness = live;
+                    // The coordinator notices the regression (or restarts): grace.
+                    self.h.grace_until = self.h.now + TTL;
+                }
+            }
+            Op::CoordinatorRestart => self.h.grace_until = self.h.now + TTL,
+        }
+        self.expire_client_leases();
+    }
+
+    /// The SDK rule: when the lease runs out without an answer, stop reading everything (in-flight work is cut).
+    fn expire_client_leases(&mut self) {
+        let now = self.h.now;
+        for c in &mut self.clients {
+            if c.alive && now >= c.lease_until && (!c.reading.is_empty() || !c.draining.is_empty()) {
+                let stopped: Vec<ShardId> = c.reading.iter().chain(c.draining.iter()).copied().collect();
+                c.reading.clear();
+                c.draining.clear();
+                c.revoked.extend(stopped);
+            }
+        }
+    }
+
+    fn check_no_split(&self, history: &[Op]) {
+        let mut readers: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
+        for (i, c) in self.clients.iter().enumerate().filter(|(_, c)| c.alive) {
+            for s in c.reading.iter().chain(c.draining.iter()) {
+                readers.entry(*s).or_default().push(i);
+            }
+        }
+        for (shard, who) in readers {
+            assert!(who.len() <= 1, "shard {shard} is read by clients {who:?} at {}\nops: {history:#?}", self.h.now);
+        }
+    }
+
+    /// No more faults: everyone heartbeats regularly and drains promptly.
+    fn settle(&mut self, history: &[Op]) {
+        for _ in 0..60 {
+            self.h.advance(INTERVAL);
+            for m in 0..MEMBERS {
+                self.step(&Op::Drain(m));
+                self.heartbeat(m, false);
+                self.check_no_split(history);
+            }
+            self.h.tick();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_split_ownership_and_eventual_assignment(shards in 1u32..7, ops in prop::collection::vec(op(), 1..80)) {
+        let mut w = World::new(shards);
+        let mut history = Vec::new();
+        for op in &ops {
+            history.push(op.clone());
+            w.step(op);
+            w.check_no_split(&history);
+        }
+        w.settle(&history);
+        let alive: Vec<&Client> = w.clients.iter().filter(|c| c.alive).collect();
+        if !alive.is_empty() {
+            for s in 0..w.h.meta.shard_count {
+                let n = alive.iter().filter(|c| c.reading.contains(&ShardId(s))).count();
+                prop_assert_eq!(n, 1, "shard {} read by {} clients after settling; ops {:#?}; meta {:#?}", s, n, history, w.h.meta);
+            }
+        }
+    }
+}
 

@@ -6,14 +6,14 @@
 //! * members past their rebalance timeout with shards still to drain are fenced: no more renewals, and their
 //!   shards move when the lease they were last granted ends (the same bound as expiry);
 //! * in a correction round, members still claiming a shard after the rebalance timeout are fenced likewise;
-//! * a predecessor's hold that ended releases the shards it held to their targets;
+//! * a predecessor's hold that ended is cleared (its shards become the new incarnation's to read or revoke);
 //! * a newer stream routing is adopted (shards are only ever added);
 //! * a correction round whose conditions hold is closed.
 
 use protocol::metadata::{GroupMetadata, ShardRecord, StreamRouting};
 use protocol::names::MemberId;
 
-use super::lease::{is_expired, lease_end, rebalance_timed_out};
+use super::lease::{is_expired, is_held, lease_end, rebalance_timed_out};
 use super::reconcile::settle;
 use super::{correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
 use protocol::Status;
@@ -26,6 +26,7 @@ pub(super) fn tick(
 ) -> Transition {
     let now = clock.now_ms;
     let mut tx = Tx::new(meta, liveness);
+    tx.open_round_if_suspected(clock);
     let mut membership_changed = false;
 
     let expired: Vec<MemberId> = meta
@@ -53,7 +54,8 @@ pub(super) fn tick(
         .filter_map(|(id, m)| {
             if rebalance_timed_out(m, timeout, now) {
                 Some((id.clone(), "rebalance timeout"))
-            } else if round_overdue && claims_of(tx.get(), id) {
+            } else if round_overdue && !is_held(m, now) && claims_of(tx.get(), id) {
+                // A held member's claims are its predecessor's: they end with the hold, not by fencing.
                 Some((id.clone(), "correction round claim not released"))
             } else {
                 None
@@ -142,22 +144,11 @@ fn fence(tx: &mut Tx<'_>, id: &MemberId, reason: &'static str, now: u64) {
     }
 }
 
-/// The predecessor's lease is over: shards it held go to their targets (or back to this incarnation).
+/// The predecessor's lease is over. From the hold's end the member's view already treats the shards it owns as
+/// its own (readable where targeted, to be revoked elsewhere), so the tick only clears the field: releasing here
+/// could take a shard from under the new incarnation, which may have started reading it at the hold's end.
 fn end_hold(tx: &mut Tx<'_>, id: &MemberId) {
-    let moving: Vec<usize> = tx
-        .get()
-        .shards
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.owner.as_ref() == Some(id) && s.target.as_ref() != Some(id))
-        .map(|(i, _)| i)
-        .collect();
     tx.get_mut().members.get_mut(id).expect("listed").hold_until_ms = None;
-    for i in moving {
-        tx.get_mut().shards[i].owner = None;
-        tx.events.push(Event::ShardReleased {
-            shard: protocol::ShardId(i as u32),
-            from: id.clone(),
-        });
-    }
+    // What the predecessor claimed in a correction round ended with its lease.
+    correction::forget_claims(tx, id);
 }
