@@ -1,0 +1,96 @@
+//! The cost of the steady state, measured on a real redis-server with `INFO commandstats`: a no-change heartbeat
+//! is two round trips (the LOAD and COMMIT scripts), writes no aggregate and leaves the revision alone.
+
+use coord_server::{Config, Coordinator};
+use protocol::messages::{CreateGroupRequest, HeartbeatRequest};
+use protocol::metadata::GroupTimings;
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{MemberEpoch, MetadataVersion, Status};
+use std::collections::BTreeMap;
+use test_support::RedisServer;
+
+async fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    let info = server.info("commandstats").await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn no_change_heartbeat_is_two_round_trips_and_writes_no_aggregate() {
+    let server = RedisServer::start().await;
+    let coordinator = Coordinator::connect(Config::new(server.url())).await.unwrap();
+    let (stream, group) = (StreamName::new("orders").unwrap(), GroupName::new("billing").unwrap());
+    let timings = GroupTimings {
+        member_ttl_ms: 60_000,
+        heartbeat_interval_ms: 1_000,
+        rebalance_timeout_ms: 60_000,
+        assignment_lease_ms: 50_000,
+    };
+    coordinator
+        .create_group(
+            &stream,
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(64),
+                timings: Some(timings),
+            },
+        )
+        .await
+        .unwrap();
+    let mut req = HeartbeatRequest {
+        member_id: MemberId::new("m1").unwrap(),
+        instance_id: "i1".into(),
+        member_epoch: MemberEpoch::JOIN,
+        metadata_version: MetadataVersion(0),
+        max_observed_version: MetadataVersion(0),
+        owned: vec![],
+        revoking: vec![],
+    };
+    let joined = coordinator.heartbeat(&stream, &group, &req).await.unwrap();
+    assert_eq!(joined.status, Status::Ok);
+    assert_eq!(joined.assigned.len(), 64);
+    req.member_epoch = joined.member_epoch;
+    req.metadata_version = joined.metadata_version;
+    req.max_observed_version = joined.metadata_version;
+    req.owned = joined.assigned.clone();
+    // Warm the cache (first sight) and the script cache.
+    coordinator.heartbeat(&stream, &group, &req).await.unwrap();
+    let revision_before = coordinator.describe_group(&stream, &group).await.unwrap().revision;
+
+    let before = commandstats(&server).await;
+    const N: u64 = 50;
+    for _ in 0..N {
+        let r = coordinator.heartbeat(&stream, &group, &req).await.unwrap();
+        assert_eq!(
+            r.metadata_version, joined.metadata_version,
+            "no metadata change in the steady state"
+        );
+        assert_eq!(r.assigned, joined.assigned);
+    }
+    let after = commandstats(&server).await;
+    let delta = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+
+    // Round trips: the client sends only EVALSHA (LOAD, COMMIT); every other command runs inside the scripts.
+    assert_eq!(delta("evalsha"), 2 * N, "LOAD + COMMIT per heartbeat");
+    assert_eq!(delta("eval") + delta("script"), 0, "scripts stay cached");
+    // At most one liveness HSET per heartbeat (none when the lease end did not move within the millisecond).
+    assert!(delta("hset") <= N, "hset calls: {}", delta("hset"));
+    let revision_after = coordinator.describe_group(&stream, &group).await.unwrap().revision;
+    assert_eq!(
+        revision_before, revision_after,
+        "no aggregate write: the revision did not move"
+    );
+    println!(
+        "commandstats deltas over {N} no-change heartbeats: {:?}",
+        after
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, d)| *d > 0)
+            .collect::<Vec<_>>()
+    );
+}
