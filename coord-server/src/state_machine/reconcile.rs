@@ -10,6 +10,7 @@
 use protocol::metadata::GroupMetadata;
 use protocol::names::MemberId;
 use protocol::ShardId;
+use std::collections::BTreeSet;
 
 use super::lease::is_held;
 use super::{Event, Tx};
@@ -112,14 +113,24 @@ pub fn settle(tx: &mut Tx<'_>, now_ms: u64) {
             to,
         });
     }
-    let ids: Vec<MemberId> = tx.get().members.keys().cloned().collect();
-    for id in ids {
-        let draining = has_revokes(tx.get(), &id, now_ms);
-        let since = tx.get().members[&id].revoking_since_ms;
-        match (draining, since) {
-            (true, None) => tx.get_mut().members.get_mut(&id).expect("listed").revoking_since_ms = Some(now_ms),
-            (false, Some(_)) => tx.get_mut().members.get_mut(&id).expect("listed").revoking_since_ms = None,
-            _ => {}
-        }
+    // One pass over the shards (not one per member): this runs on every write of a large group.
+    let meta = tx.get();
+    let draining: BTreeSet<&MemberId> = meta
+        .shards
+        .iter()
+        .filter_map(|s| s.owner.as_ref().filter(|o| s.target.as_ref() != Some(*o)))
+        .filter(|o| !meta.members.get(*o).is_some_and(|m| is_held(m, now_ms)))
+        .collect();
+    let changes: Vec<(MemberId, Option<u64>)> = meta
+        .members
+        .iter()
+        .filter_map(|(id, m)| match (draining.contains(id), m.revoking_since_ms) {
+            (true, None) => Some((id.clone(), Some(now_ms))),
+            (false, Some(_)) => Some((id.clone(), None)),
+            _ => None,
+        })
+        .collect();
+    for (id, since) in changes {
+        tx.get_mut().members.get_mut(&id).expect("listed").revoking_since_ms = since;
     }
 }
