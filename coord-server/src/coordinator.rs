@@ -214,11 +214,7 @@ impl Coordinator {
     pub async fn describe_group(&self, stream: &StreamName, group: &GroupName) -> Result<GroupDescription, Error> {
         let keys = SectionKeys::group(stream, group);
         let mut conn = self.inner.store.connection();
-        let ((rev, agg, schema, layout), live, (secs, micros)): (
-            (Option<u64>, Option<Vec<u8>>, Option<u32>, Option<u32>),
-            Vec<(String, String)>,
-            (u64, u64),
-        ) = redis::pipe()
+        let ((rev, agg, schema, layout), live, (secs, micros)): DescribeReply = redis::pipe()
             .cmd("HMGET")
             .arg(&keys.hash)
             .arg(&["revision", "aggregate", "schemaVersion", "layoutVersion"])
@@ -474,6 +470,7 @@ impl Coordinator {
                 self.inner.stats.observe_mutex_wait(started.elapsed());
                 return Ok(loaded);
             }
+            self.inner.stats.mutex_busy.fetch_add(1, Ordering::Relaxed);
             if Instant::now() + backoff > deadline {
                 self.inner.stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
                 let waited_ms = started.elapsed().as_millis() as u64;
@@ -599,7 +596,10 @@ impl Coordinator {
             None => (MetadataVersion(0), now + ttl),
         };
         let mut suspected_loss = None;
-        let round_covers = meta.correction.as_ref().is_some_and(|r| r.reported_max_version >= highest);
+        let round_covers = meta
+            .correction
+            .as_ref()
+            .is_some_and(|r| r.reported_max_version >= highest);
         if meta.metadata_version < highest && !round_covers {
             self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
             warn!(group = %group, stored = %meta.metadata_version, seen = %highest,
@@ -612,7 +612,11 @@ impl Coordinator {
             warn!(group = %group, stored_run_id = %loaded.stored_run_id, run_id = %loaded.run_id,
                 "group metadata outlived a Redis restart or failover: correction round, no expiry for one member TTL");
             grace = grace.max(now + ttl);
-            suspected_loss = Some(suspected_loss.unwrap_or(meta.metadata_version).max(meta.metadata_version));
+            suspected_loss = Some(
+                suspected_loss
+                    .unwrap_or(meta.metadata_version)
+                    .max(meta.metadata_version),
+            );
         }
         *slot.cache.lock().expect("cache lock") = Some(Cached {
             revision: rev,
@@ -816,6 +820,13 @@ impl Coordinator {
         }
     }
 }
+
+/// Reply of the describe pipeline: the metadata hash fields, the liveness hash, Redis `TIME`.
+type DescribeReply = (
+    (Option<u64>, Option<Vec<u8>>, Option<u32>, Option<u32>),
+    Vec<(String, String)>,
+    (u64, u64),
+);
 
 fn missing_group(stream: &StreamName, group: &GroupName) -> Error {
     Error::MetadataUnavailable(format!(

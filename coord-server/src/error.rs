@@ -41,6 +41,15 @@ pub enum Error {
     /// Redis failed or the group mutex stayed busy.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The HTTP listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -54,6 +63,7 @@ impl Error {
             Error::AlreadyExists(_) => Status::AlreadyExists,
             Error::Terminating => Status::CoordinatorTerminating,
             Error::Store(_) => Status::StoreUnavailable,
+            Error::Listen { .. } => Status::InvalidRequest,
         }
     }
 

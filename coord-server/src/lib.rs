@@ -5,6 +5,9 @@
 //! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
 //! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
 //! * [`coordinator`]: critical sections (local lock, shutdown gate, mutex, load, decide, write, answer).
+//! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
+//! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
+//! * [`tick`]: the loop that ticks every group.
 //! * [`shutdown`]: the terminating gate.
 //! * [`startup`]: Redis version and command checks.
 //! * [`config`], [`error`], [`stats`].
@@ -13,11 +16,14 @@
 pub mod config;
 pub mod coordinator;
 pub mod error;
+pub mod http;
+pub mod server;
 pub mod shutdown;
 pub mod startup;
 pub mod state_machine;
 pub mod stats;
 pub mod store;
+pub mod tick;
 
 pub use config::Config;
 pub use coordinator::Coordinator;

@@ -1,1 +1,197 @@
-fn main() {}
+//! The `coord-server` binary: flags and environment into a [`Config`], logging, signals, and [`serve`].
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use coord_server::server::serve;
+use coord_server::{Config, Coordinator};
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tracing::{error, info, warn};
+
+/// The redis-stream-coord coordinator: assigns the shards of sharded Redis Streams to the members of consumer
+/// groups and serves producers their routing.
+///
+/// Unset timings keep the library defaults (see `coord_server::Config`).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Redis URL.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// HTTP listen address.
+    #[arg(long, env = "COORD_LISTEN", default_value = "127.0.0.1:7400")]
+    listen: SocketAddr,
+    /// How often every group is ticked (expiry, fencing, routing adoption), in ms.
+    #[arg(long, env = "COORD_TICK_INTERVAL_MS")]
+    tick_interval_ms: Option<u64>,
+    /// Default member lease TTL of new groups, in ms.
+    #[arg(long, env = "COORD_MEMBER_TTL_MS")]
+    member_ttl_ms: Option<u64>,
+    /// Default heartbeat interval of new groups, in ms.
+    #[arg(long, env = "COORD_HEARTBEAT_INTERVAL_MS")]
+    heartbeat_interval_ms: Option<u64>,
+    /// Default rebalance timeout of new groups (drain time before fencing), in ms.
+    #[arg(long, env = "COORD_REBALANCE_TIMEOUT_MS")]
+    rebalance_timeout_ms: Option<u64>,
+    /// Default consumer assignment lease of new groups, in ms (at most the member TTL).
+    #[arg(long, env = "COORD_ASSIGNMENT_LEASE_MS")]
+    assignment_lease_ms: Option<u64>,
+    /// Routing lease given to producers of new streams, in ms.
+    #[arg(long, env = "COORD_ROUTING_LEASE_MS")]
+    routing_lease_ms: Option<u64>,
+    /// Deadline of one HTTP request, in ms.
+    #[arg(long, env = "COORD_REQUEST_TIMEOUT_MS")]
+    request_timeout_ms: Option<u64>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "COORD_BODY_LIMIT_BYTES")]
+    body_limit_bytes: Option<usize>,
+    /// Bearer token required by admin endpoints. Without it, anyone who reaches the port can fence members,
+    /// recreate groups and add shards.
+    #[arg(long, env = "COORD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Bearer token required by the consumer and producer endpoints.
+    #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
+    client_token: Option<String>,
+    /// Log output format (the level comes from RUST_LOG, default `info`).
+    #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Args {
+    fn config(&self) -> Config {
+        let mut config = Config::new(self.redis_url.clone());
+        config.listen = self.listen;
+        let ms = Duration::from_millis;
+        if let Some(v) = self.tick_interval_ms {
+            config.tick_interval = ms(v);
+        }
+        if let Some(v) = self.routing_lease_ms {
+            config.routing_lease = ms(v);
+        }
+        if let Some(v) = self.request_timeout_ms {
+            config.request_timeout = ms(v);
+        }
+        if let Some(v) = self.body_limit_bytes {
+            config.body_limit_bytes = v;
+        }
+        let t = &mut config.default_timings;
+        if let Some(v) = self.member_ttl_ms {
+            t.member_ttl_ms = v;
+        }
+        if let Some(v) = self.heartbeat_interval_ms {
+            t.heartbeat_interval_ms = v;
+        }
+        if let Some(v) = self.rebalance_timeout_ms {
+            t.rebalance_timeout_ms = v;
+        }
+        if let Some(v) = self.assignment_lease_ms {
+            t.assignment_lease_ms = v;
+        }
+        config.admin_token = self.admin_token.clone().filter(|t| !t.is_empty());
+        config.client_token = self.client_token.clone().filter(|t| !t.is_empty());
+        config
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only help a person at a terminal; in a log collector they are noise.
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            // Without a handler we could never shut down gracefully; keep running rather than exit at once.
+            error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(e) => {
+                error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("SIGINT received"),
+        () = terminate => info!("SIGTERM received"),
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let config = args.config();
+    // Checked here too so a bad flag is reported as such, not as a failure to reach Redis.
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    if config.admin_token.is_none() {
+        warn!(
+            "NO ADMIN TOKEN (--admin-token / COORD_ADMIN_TOKEN): anyone who reaches {} can fence members, recreate \
+             groups and add shards",
+            config.listen
+        );
+    }
+    let listen = config.listen;
+    let coordinator = Coordinator::connect(config)
+        .await
+        .with_context(|| format!("cannot start against Redis at {}", redact(&args.redis_url)))?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    info!(addr = %listener.local_addr().unwrap_or(listen), "coordinator listening");
+    serve(coordinator, listener, shutdown_signal())
+        .await
+        .context("HTTP server failed")?;
+    info!("coordinator stopped");
+    Ok(())
+}
+
+/// The URL without its userinfo, so a password never reaches the logs.
+fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => url.to_owned(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Plain stderr as well as the log: an operator reading a crash loop sees the reason first.
+            error!("{e:#}");
+            eprintln!("coord-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

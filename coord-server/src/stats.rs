@@ -28,6 +28,8 @@ pub struct Stats {
     pub routing_regressions: AtomicU64,
     /// Compare-and-set conflicts (another writer won; the section reloaded).
     pub revision_conflicts: AtomicU64,
+    /// Mutex acquisitions that found it held by another section and retried.
+    pub mutex_busy: AtomicU64,
     /// Requests that could not get their group's mutex in time.
     pub mutex_timeouts: AtomicU64,
     /// Total mutex wait, in microseconds.

@@ -36,7 +36,10 @@ pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64, restart_wai
                 synced: BTreeSet::new(),
                 claims: Default::default(),
             });
-            tx.events.push(Event::CorrectionOpened { reported, stored: tx.get().metadata_version });
+            tx.events.push(Event::CorrectionOpened {
+                reported,
+                stored: tx.get().metadata_version,
+            });
         }
         Some(round) if reported > round.reported_max_version || (restart_wait && round.started_at_ms < now_ms) => {
             let round = tx.get_mut().correction.as_mut().expect("matched Some");
@@ -124,11 +127,21 @@ pub fn forget(tx: &mut Tx<'_>, id: &MemberId) {
 
 /// Forgets `id`'s claims (its predecessor incarnation's lease ended).
 pub fn forget_claims(tx: &mut Tx<'_>, id: &MemberId) {
-    if tx.get().correction.as_ref().is_some_and(|r| r.claims.values().any(|c| c.contains(id))) {
-        tx.get_mut().correction.as_mut().expect("checked").claims.retain(|_, c| {
-            c.remove(id);
-            !c.is_empty()
-        });
+    if tx
+        .get()
+        .correction
+        .as_ref()
+        .is_some_and(|r| r.claims.values().any(|c| c.contains(id)))
+    {
+        tx.get_mut()
+            .correction
+            .as_mut()
+            .expect("checked")
+            .claims
+            .retain(|_, c| {
+                c.remove(id);
+                !c.is_empty()
+            });
     }
 }
 

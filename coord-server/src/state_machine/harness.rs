@@ -43,11 +43,22 @@ impl Harness {
             assignment_lease_ms: LEASE,
         };
         let meta = create_group(stream, GroupName::new("g").unwrap(), &routing, timings, 1_000);
-        Harness { meta, liveness: Liveness::new(), now: 1_000, grace_until: 0, suspected: None, writes: 0 }
+        Harness {
+            meta,
+            liveness: Liveness::new(),
+            now: 1_000,
+            grace_until: 0,
+            suspected: None,
+            writes: 0,
+        }
     }
 
     pub fn clock(&self) -> Clock {
-        Clock { now_ms: self.now, expiry_allowed_from_ms: self.grace_until, suspected_loss: self.suspected }
+        Clock {
+            now_ms: self.now,
+            expiry_allowed_from_ms: self.grace_until,
+            suspected_loss: self.suspected,
+        }
     }
 
     /// Applies an input and records its writes, as the store's compare-and-set would.
@@ -59,8 +70,14 @@ impl Harness {
 
     pub fn record(&mut self, t: &Transition) {
         if let Some(next) = &t.next {
-            assert!(next.metadata_version >= self.meta.metadata_version, "metadata version went down");
-            assert!(next.assignment_epoch >= self.meta.assignment_epoch, "assignment epoch went down");
+            assert!(
+                next.metadata_version >= self.meta.metadata_version,
+                "metadata version went down"
+            );
+            assert!(
+                next.assignment_epoch >= self.meta.assignment_epoch,
+                "assignment epoch went down"
+            );
             self.meta = next.clone();
             self.writes += 1;
             // The write records the current Redis run id: the suspicion is recorded (as an open round).
@@ -93,7 +110,8 @@ impl Harness {
 
     /// A join from a fresh instance named after the member.
     pub fn join(&mut self, name: &str) -> HeartbeatResponse {
-        self.send(&req(name, 0, MetadataVersion(0), &[], &[])).expect("join accepted")
+        self.send(&req(name, 0, MetadataVersion(0), &[], &[]))
+            .expect("join accepted")
     }
 
     pub fn owner(&self, shard: u32) -> Option<&str> {
@@ -114,14 +132,26 @@ pub fn req(name: &str, epoch: i64, version: MetadataVersion, owned: &[u32], revo
         metadata_version: version,
         max_observed_version: version,
         owned: shards(owned),
-        revoking: revoked.iter().map(|&s| RevokingShard { shard: ShardId(s), state: RevokeState::Revoked }).collect(),
+        revoking: revoked
+            .iter()
+            .map(|&s| RevokingShard {
+                shard: ShardId(s),
+                state: RevokeState::Revoked,
+            })
+            .collect(),
     }
 }
 
 /// The heartbeat a well-behaved client sends after applying `last`: it reads what is assigned.
 pub fn follow_up(last: &HeartbeatResponse, revoked: &[u32]) -> HeartbeatRequest {
     let owned: Vec<u32> = last.assigned.iter().map(|s| s.0).collect();
-    let mut r = req(last.member_id.as_str(), last.member_epoch.0, last.metadata_version, &owned, revoked);
+    let mut r = req(
+        last.member_id.as_str(),
+        last.member_epoch.0,
+        last.metadata_version,
+        &owned,
+        revoked,
+    );
     r.max_observed_version = last.metadata_version;
     r
 }

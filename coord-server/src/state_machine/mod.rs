@@ -61,7 +61,11 @@ pub struct Clock {
 impl Clock {
     /// A clock with no grace period and no suspected loss.
     pub fn at(now_ms: u64) -> Self {
-        Clock { now_ms, expiry_allowed_from_ms: 0, suspected_loss: None }
+        Clock {
+            now_ms,
+            expiry_allowed_from_ms: 0,
+            suspected_loss: None,
+        }
     }
 }
 

@@ -70,7 +70,11 @@ fn name(m: u8) -> MemberId {
 
 impl World {
     fn new(shards: u32) -> Self {
-        World { h: Harness::new(shards), clients: vec![Client::default(); MEMBERS as usize], snapshot: None }
+        World {
+            h: Harness::new(shards),
+            clients: vec![Client::default(); MEMBERS as usize],
+            snapshot: None,
+        }
     }
 
     fn request(&self, m: u8) -> HeartbeatRequest {
@@ -78,8 +82,14 @@ impl World {
         let revoking = c
             .draining
             .iter()
-            .map(|&shard| RevokingShard { shard, state: RevokeState::Draining })
-            .chain(c.revoked.iter().map(|&shard| RevokingShard { shard, state: RevokeState::Revoked }))
+            .map(|&shard| RevokingShard {
+                shard,
+                state: RevokeState::Draining,
+            })
+            .chain(c.revoked.iter().map(|&shard| RevokingShard {
+                shard,
+                state: RevokeState::Revoked,
+            }))
             .collect();
         HeartbeatRequest {
             member_id: name(m),
@@ -149,7 +159,12 @@ impl World {
                 let c = &mut self.clients[m as usize];
                 if !c.alive {
                     let max = c.max_observed;
-                    *c = Client { alive: true, incarnation: c.incarnation + 1, max_observed: max, ..Client::default() };
+                    *c = Client {
+                        alive: true,
+                        incarnation: c.incarnation + 1,
+                        max_observed: max,
+                        ..Client::default()
+                    };
                 }
                 self.heartbeat(m, false);
             }
@@ -161,8 +176,17 @@ impl World {
             }
             Op::Crash { m, keep_versions } => {
                 let c = &mut self.clients[m as usize];
-                let max = if keep_versions { c.max_observed.max(c.version) } else { MetadataVersion(0) };
-                *c = Client { alive: false, incarnation: c.incarnation, max_observed: max, ..Client::default() };
+                let max = if keep_versions {
+                    c.max_observed.max(c.version)
+                } else {
+                    MetadataVersion(0)
+                };
+                *c = Client {
+                    alive: false,
+                    incarnation: c.incarnation,
+                    max_observed: max,
+                    ..Client::default()
+                };
             }
             Op::Leave(m) => {
                 if !self.clients[m as usize].alive {
@@ -175,7 +199,12 @@ impl World {
                 req.member_epoch = MemberEpoch::LEAVE;
                 self.h.apply(Input::Heartbeat(&req));
                 let c = &mut self.clients[m as usize];
-                *c = Client { alive: false, incarnation: c.incarnation, max_observed: c.max_observed, ..Client::default() };
+                *c = Client {
+                    alive: false,
+                    incarnation: c.incarnation,
+                    max_observed: c.max_observed,
+                    ..Client::default()
+                };
             }
             Op::Advance(ms) => self.h.advance(u64::from(ms)),
             Op::Tick => {
@@ -219,7 +248,11 @@ impl World {
             }
         }
         for (shard, who) in readers {
-            assert!(who.len() <= 1, "shard {shard} is read by clients {who:?} at {}\nops: {history:#?}", self.h.now);
+            assert!(
+                who.len() <= 1,
+                "shard {shard} is read by clients {who:?} at {}\nops: {history:#?}",
+                self.h.now
+            );
         }
     }
 
@@ -259,4 +292,3 @@ proptest! {
         }
     }
 }
-

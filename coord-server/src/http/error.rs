@@ -1,0 +1,232 @@
+//! Every error answer of the HTTP API: one typed [`ErrorResponse`] body, whatever produced it.
+//!
+//! [`error_response`] is the one mapping from a coordinator [`Error`] to an HTTP status and a wire [`Status`].
+//! The constructors below cover what never reaches the coordinator (rejected extractors, a missing token, an
+//! unknown route, a request that ran out of time), so a client parses one shape for every failure and never
+//! meets axum's plain-text defaults.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use protocol::messages::ErrorResponse;
+use protocol::Status;
+use tracing::{debug, warn};
+
+use crate::error::Error;
+
+/// Suggested wait after `COORDINATOR_TERMINATING`: another instance can usually answer at once.
+const RETRY_TERMINATING_MS: u64 = 200;
+/// Suggested wait after `STORE_UNAVAILABLE`: a busy mutex or a Redis hiccup usually clears within a second.
+const RETRY_STORE_MS: u64 = 1_000;
+/// Suggested wait after `METADATA_UNAVAILABLE`: only an operator fixes it, so retrying fast only adds load.
+const RETRY_METADATA_MS: u64 = 5_000;
+
+/// An error answer: the HTTP status plus the typed body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    http: StatusCode,
+    body: ErrorResponse,
+}
+
+/// Maps a coordinator error to its HTTP answer: the HTTP status is [`Status::http_status`] of
+/// [`Error::status`], and retryable statuses carry a `retryAfterMs` (also sent as a `Retry-After` header).
+pub fn error_response(err: &Error) -> ApiError {
+    let status = err.status();
+    let member_epoch = match err {
+        Error::Rejected { member_epoch, .. } => *member_epoch,
+        _ => None,
+    };
+    let message = match err {
+        // The status is already in the body; repeating it in the message only adds noise.
+        Error::Rejected { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    let mut api = ApiError::new(status, message);
+    api.body.member_epoch = member_epoch;
+    api
+}
+
+impl ApiError {
+    /// An error with the HTTP status of `status` and the default retry hint for it.
+    fn new(status: Status, message: impl Into<String>) -> Self {
+        let http = StatusCode::from_u16(status.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let retry_after_ms = match status {
+            Status::CoordinatorTerminating => Some(RETRY_TERMINATING_MS),
+            Status::StoreUnavailable => Some(RETRY_STORE_MS),
+            Status::MetadataUnavailable => Some(RETRY_METADATA_MS),
+            _ => None,
+        };
+        ApiError {
+            http,
+            body: ErrorResponse {
+                status,
+                message: message.into(),
+                member_epoch: None,
+                retry_after_ms,
+            },
+        }
+    }
+
+    fn with_http(mut self, http: StatusCode) -> Self {
+        self.http = http;
+        self
+    }
+
+    /// `400 INVALID_REQUEST`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(Status::InvalidRequest, message)
+    }
+
+    /// `401 UNAUTHORIZED`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError::new(Status::Unauthorized, message)
+    }
+
+    /// `404 INVALID_REQUEST`: no route has this path.
+    pub fn not_found(path: &str) -> Self {
+        ApiError::invalid(format!("no route for {path}")).with_http(StatusCode::NOT_FOUND)
+    }
+
+    /// `405 INVALID_REQUEST`: the path exists, but not with this method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        ApiError::invalid(format!("{method} is not allowed on {path}")).with_http(StatusCode::METHOD_NOT_ALLOWED)
+    }
+
+    /// `413 INVALID_REQUEST`: the body is larger than the configured limit.
+    pub fn too_large(detail: impl std::fmt::Display) -> Self {
+        ApiError::invalid(format!("request body too large: {detail}")).with_http(StatusCode::PAYLOAD_TOO_LARGE)
+    }
+
+    /// `503 STORE_UNAVAILABLE`: the request did not finish within the request timeout. A mutation may still
+    /// complete after this answer; the client's retry gets the recorded result.
+    pub fn timed_out(timeout: std::time::Duration) -> Self {
+        ApiError::new(
+            Status::StoreUnavailable,
+            format!("request did not complete within {} ms", timeout.as_millis()),
+        )
+    }
+
+    /// `500 STORE_UNAVAILABLE`: the task running the operation failed (a bug). Retryable: whatever it wrote
+    /// is recorded, and the retry answers from Redis.
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(Status::StoreUnavailable, message).with_http(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The HTTP status.
+    pub fn http_status(&self) -> StatusCode {
+        self.http
+    }
+
+    /// The typed body.
+    pub fn body(&self) -> &ErrorResponse {
+        &self.body
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        error_response(&err)
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        // The body limit surfaces here (axum's limit is enforced while the extractor buffers the body).
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::too_large(rejection.body_text());
+        }
+        ApiError::invalid(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::invalid(rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::invalid(rejection.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.http.is_server_error() {
+            warn!(status = %self.body.status, message = %self.body.message, "request failed");
+        } else {
+            debug!(status = %self.body.status, message = %self.body.message, "request refused");
+        }
+        let retry_after = self.body.retry_after_ms.map(|ms| {
+            // Retry-After counts whole seconds; round up so a client never retries earlier than suggested.
+            HeaderValue::from(ms.div_ceil(1000))
+        });
+        let mut response = (self.http, Json(self.body)).into_response();
+        if let Some(value) = retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::StoreError;
+
+    #[test]
+    fn every_error_keeps_its_wire_status_and_http_code() {
+        let cases = [
+            (Error::Terminating, 503),
+            (Error::MetadataUnavailable("gone".into()), 503),
+            (Error::InvalidRequest("bad".into()), 400),
+            (Error::AlreadyExists("g".into()), 409),
+            (
+                Error::RevisionConflict {
+                    expected: protocol::StoreRevision(1),
+                    found: protocol::StoreRevision(2),
+                },
+                412,
+            ),
+            (
+                Error::Store(StoreError::MutexBusy {
+                    key: "k".into(),
+                    waited_ms: 1,
+                }),
+                503,
+            ),
+        ];
+        for (err, code) in cases {
+            let api = error_response(&err);
+            assert_eq!(api.http_status().as_u16(), code, "{err}");
+            assert_eq!(api.body().status, err.status());
+            assert_eq!(
+                api.body().retry_after_ms.is_some(),
+                err.status().is_retryable(),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn fenced_rejection_carries_the_recorded_epoch() {
+        let err = Error::Rejected {
+            status: Status::FencedMemberEpoch,
+            message: "stale".into(),
+            member_epoch: Some(protocol::MemberEpoch(7)),
+        };
+        let api = error_response(&err);
+        assert_eq!(api.http_status(), StatusCode::CONFLICT);
+        assert_eq!(api.body().member_epoch, Some(protocol::MemberEpoch(7)));
+        assert_eq!(api.body().message, "stale");
+    }
+
+    #[test]
+    fn retry_after_header_rounds_up_to_seconds() {
+        let response = ApiError::new(Status::CoordinatorTerminating, "bye").into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+}

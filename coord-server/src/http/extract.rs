@@ -1,0 +1,227 @@
+//! Extractors that turn a request into validated values, or into a typed [`ApiError`].
+//!
+//! axum's own extractors answer failures in plain text; these wrap them so every refusal is an
+//! `INVALID_REQUEST` (or `UNAUTHORIZED`) [`ErrorResponse`](protocol::messages::ErrorResponse).
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use axum::Json;
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{NameError, StoreRevision};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::AppState;
+
+/// A JSON body (`Content-Type: application/json`), decoded strictly: the wire types deny unknown fields.
+pub(super) struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let Json(value) = Json::<T>::from_request(req, state).await?;
+        Ok(JsonBody(value))
+    }
+}
+
+/// A query string decoded into `T`.
+pub(super) struct QueryParams<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for QueryParams<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
+        Ok(QueryParams(value))
+    }
+}
+
+/// `{stream}` of the path.
+pub(super) struct StreamPath(pub StreamName);
+
+/// `{stream}` and `{group}` of the path.
+pub(super) struct GroupPath {
+    pub stream: StreamName,
+    pub group: GroupName,
+}
+
+/// `{stream}`, `{group}` and `{member}` of the path.
+pub(super) struct MemberPath {
+    pub stream: StreamName,
+    pub group: GroupName,
+    pub member: MemberId,
+}
+
+async fn path_params<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<Vec<(String, String)>, ApiError> {
+    let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state).await?;
+    Ok(params)
+}
+
+/// Validates one named path segment. Names go into Redis hash tags, so a bad one must stop here.
+fn segment<T>(
+    params: &[(String, String)],
+    key: &str,
+    parse: fn(String) -> Result<T, NameError>,
+) -> Result<T, ApiError> {
+    let raw = params
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| ApiError::invalid(format!("path parameter {{{key}}} is missing")))?;
+    parse(raw).map_err(|e| ApiError::invalid(format!("path parameter {{{key}}}: {e}")))
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for StreamPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let params = path_params(parts, state).await?;
+        Ok(StreamPath(segment(&params, "stream", StreamName::new)?))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for GroupPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let params = path_params(parts, state).await?;
+        Ok(GroupPath {
+            stream: segment(&params, "stream", StreamName::new)?,
+            group: segment(&params, "group", GroupName::new)?,
+        })
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for MemberPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let params = path_params(parts, state).await?;
+        Ok(MemberPath {
+            stream: segment(&params, "stream", StreamName::new)?,
+            group: segment(&params, "group", GroupName::new)?,
+            member: segment(&params, "member", MemberId::new)?,
+        })
+    }
+}
+
+/// The `If-Match` revision of an admin mutation; `None` when absent or `*` (no precondition).
+pub(super) struct IfMatch(pub Option<StoreRevision>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(header::IF_MATCH) else {
+            return Ok(IfMatch(None));
+        };
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::invalid("If-Match is not visible ASCII"))?;
+        parse_if_match(text).map(IfMatch)
+    }
+}
+
+/// Accepts the ETag we send (`"42"`) and, for hand-written requests, the bare revision (`42`). Weak tags and
+/// lists are refused: a revision check is a strong comparison of exactly one value.
+fn parse_if_match(text: &str) -> Result<Option<StoreRevision>, ApiError> {
+    let text = text.trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let inner = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text);
+    inner
+        .parse::<u64>()
+        .map(|rev| Some(StoreRevision(rev)))
+        .map_err(|_| ApiError::invalid(format!("If-Match {text:?} is not a revision (expected \"<number>\")")))
+}
+
+/// The ETag of a revision: the decimal number in double quotes.
+pub(super) fn etag(revision: StoreRevision) -> String {
+    format!("\"{}\"", revision.0)
+}
+
+/// Admin endpoints: requires `Authorization: Bearer <admin_token>` when the coordinator has one.
+pub(super) struct AdminAuth;
+
+/// Consumer and producer endpoints: requires `Authorization: Bearer <client_token>` when the coordinator has one.
+pub(super) struct ClientAuth;
+
+impl FromRequestParts<AppState> for AdminAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        check_bearer(parts, state.coordinator.config().admin_token.as_deref(), "admin")?;
+        Ok(AdminAuth)
+    }
+}
+
+impl FromRequestParts<AppState> for ClientAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        check_bearer(parts, state.coordinator.config().client_token.as_deref(), "client")?;
+        Ok(ClientAuth)
+    }
+}
+
+fn check_bearer(parts: &Parts, expected: Option<&str>, kind: &str) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
+    let presented = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::unauthorized(format!("the {kind} bearer token is not valid"))),
+        None => Err(ApiError::unauthorized(format!(
+            "this endpoint requires Authorization: Bearer <{kind} token>"
+        ))),
+    }
+}
+
+/// Compares without stopping at the first difference, so response timing does not reveal a token prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_match_accepts_quoted_bare_and_star() {
+        assert_eq!(parse_if_match("\"42\"").unwrap(), Some(StoreRevision(42)));
+        assert_eq!(parse_if_match(" 7 ").unwrap(), Some(StoreRevision(7)));
+        assert_eq!(parse_if_match("*").unwrap(), None);
+        assert_eq!(etag(StoreRevision(42)), "\"42\"");
+    }
+
+    #[test]
+    fn if_match_refuses_malformed_values() {
+        for bad in ["", "\"\"", "W/\"4\"", "\"4\", \"5\"", "abc", "-1", "\"4"] {
+            assert!(parse_if_match(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

@@ -1,0 +1,169 @@
+//! The coordinator's HTTP/JSON API: versioned under `/v1`, camelCase JSON bodies from [`protocol::messages`],
+//! typed [`ErrorResponse`](protocol::messages::ErrorResponse) bodies for every failure.
+//!
+//! # Layout
+//! * `heartbeat`: consumer join, heartbeat and leave.
+//! * `routing`: the producers' routing fetch.
+//! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
+//! * `health`: `/healthz` and `/readyz`.
+//! * `extract`: validated path names, strict JSON, `If-Match`, bearer tokens.
+//! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
+//!
+//! # Ordering contract
+//! Mutations run in a task of their own: a client that disconnects, or a request that hits the request timeout,
+//! stops waiting for the answer but never cuts a critical section in half (which would leave the group's Redis
+//! mutex held until its TTL). The answer is sent only after the section wrote to Redis.
+//!
+//! [`ROUTES`] lists every route; [`router`] is built from that list and nothing else, and a test checks the list
+//! against `openapi.json`.
+
+mod admin;
+pub mod error;
+mod extract;
+mod health;
+mod heartbeat;
+mod routing;
+
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::routing::{delete, get, post, MethodRouter};
+use axum::{BoxError, Router};
+use std::future::Future;
+use std::time::Duration;
+use tower::ServiceBuilder;
+use tower_http::trace::TraceLayer;
+
+use crate::coordinator::Coordinator;
+use crate::error::Error;
+pub use error::{error_response, ApiError};
+
+/// `POST`: join, heartbeat or leave.
+pub const HEARTBEAT: &str = "/v1/streams/{stream}/groups/{group}/heartbeat";
+/// `GET`: producer routing fetch.
+pub const ROUTING: &str = "/v1/streams/{stream}/routing";
+/// `GET`: stream routing description.
+pub const STREAM: &str = "/v1/streams/{stream}";
+/// `POST`: add shards.
+pub const SHARDS: &str = "/v1/streams/{stream}/shards";
+/// `POST`: create, `GET`: describe a group.
+pub const GROUP: &str = "/v1/streams/{stream}/groups/{group}";
+/// `POST`: recreate a lost group.
+pub const RECREATE: &str = "/v1/streams/{stream}/groups/{group}/recreate";
+/// `DELETE`: fence a member.
+pub const MEMBER: &str = "/v1/streams/{stream}/groups/{group}/members/{member}";
+/// `POST`: fence a member.
+pub const FENCE: &str = "/v1/streams/{stream}/groups/{group}/members/{member}/fence";
+/// `GET`: list groups.
+pub const GROUPS: &str = "/v1/groups";
+/// `GET`: liveness probe.
+pub const HEALTHZ: &str = "/healthz";
+/// `GET`: readiness probe.
+pub const READYZ: &str = "/readyz";
+
+/// Every route as (method, path template), in the order of the OpenAPI document.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", HEARTBEAT),
+    ("GET", ROUTING),
+    ("GET", STREAM),
+    ("POST", SHARDS),
+    ("POST", GROUP),
+    ("GET", GROUP),
+    ("POST", RECREATE),
+    ("POST", FENCE),
+    ("DELETE", MEMBER),
+    ("GET", GROUPS),
+    ("GET", HEALTHZ),
+    ("GET", READYZ),
+];
+
+/// Every route as (method, path template); the router serves exactly these.
+pub fn routes() -> &'static [(&'static str, &'static str)] {
+    ROUTES
+}
+
+/// The handler of one listed route. `None` only for a pair missing here, which the router refuses to start with.
+fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
+    Some(match (method, path) {
+        ("POST", HEARTBEAT) => post(heartbeat::heartbeat),
+        ("GET", ROUTING) => get(routing::fetch_routing),
+        ("GET", STREAM) => get(admin::describe_stream),
+        ("POST", SHARDS) => post(admin::add_shards),
+        ("POST", GROUP) => post(admin::create_group),
+        ("GET", GROUP) => get(admin::describe_group),
+        ("POST", RECREATE) => post(admin::recreate_group),
+        ("POST", FENCE) => post(admin::fence_member),
+        ("DELETE", MEMBER) => delete(admin::fence_member),
+        ("GET", GROUPS) => get(admin::list_groups),
+        ("GET", HEALTHZ) => get(health::healthz),
+        ("GET", READYZ) => get(health::readyz),
+        _ => return None,
+    })
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct AppState {
+    coordinator: Coordinator,
+}
+
+impl AppState {
+    /// Runs a mutation to completion in its own task (see the module docs), after a fast refusal once shutdown
+    /// began: the coordinator checks the gate again after the group's local lock, but a request queued behind a
+    /// section in flight should not wait for it only to be refused.
+    async fn mutate<T, F, Fut>(&self, op: F) -> Result<T, ApiError>
+    where
+        F: FnOnce(Coordinator) -> Fut,
+        Fut: Future<Output = Result<T, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.coordinator.gate().is_terminating() {
+            return Err(Error::Terminating.into());
+        }
+        match tokio::spawn(op(self.coordinator.clone())).await {
+            Ok(result) => result.map_err(ApiError::from),
+            Err(e) => Err(ApiError::internal(format!("the operation failed: {e}"))),
+        }
+    }
+}
+
+/// The router of the whole API, with the body limit and request timeout of the coordinator's configuration.
+///
+/// # Panics
+/// If a pair of [`ROUTES`] has no handler: a programming error caught by every test that builds a router.
+pub fn router(coordinator: Coordinator) -> Router {
+    let config = coordinator.config();
+    let timeout = config.request_timeout;
+    let body_limit = config.body_limit_bytes;
+    let app = ROUTES.iter().fold(Router::new(), |app, &(method, path)| {
+        let handler = endpoint(method, path).unwrap_or_else(|| panic!("no handler for {method} {path}"));
+        app.route(path, handler)
+    });
+    app.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // axum enforces this while an extractor buffers the body, so an oversized body is refused by
+        // `JsonBody` as a typed 413 instead of a plain-text one.
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(move |e: BoxError| timed_out(e, timeout)))
+                .timeout(timeout),
+        )
+        .layer(TraceLayer::new_for_http())
+        .with_state(AppState { coordinator })
+}
+
+async fn timed_out(err: BoxError, timeout: Duration) -> ApiError {
+    if err.is::<tower::timeout::error::Elapsed>() {
+        ApiError::timed_out(timeout)
+    } else {
+        ApiError::internal(format!("request failed: {err}"))
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(req.uri().path())
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
+}

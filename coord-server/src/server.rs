@@ -1,0 +1,182 @@
+//! The coordinator process in one piece: HTTP server, tick loop and their shutdown, embeddable in tests and
+//! demos ([`CoordinatorHandle`]) or driven by a shutdown future ([`serve`], as mini-redis's `server::run`).
+//!
+//! # Shutdown order
+//! When the shutdown future completes:
+//! 1. the gate begins terminating: `/readyz` answers 503 and new mutations get `503 COORDINATOR_TERMINATING`
+//!    (the server keeps accepting, so clients learn to go elsewhere instead of getting connection errors);
+//! 2. the tick loop stops scheduling;
+//! 3. critical sections already entered finish (their write and mutex release complete);
+//! 4. the HTTP server stops accepting and waits for open requests to be answered.
+//!
+//! # Example
+//! ```no_run
+//! # async fn example() -> Result<(), coord_server::Error> {
+//! use coord_server::{server::CoordinatorHandle, Config};
+//!
+//! let mut config = Config::new("redis://127.0.0.1:6379");
+//! config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+//! let coordinator = CoordinatorHandle::spawn(config).await?;
+//! println!("coordinator at {}", coordinator.url());
+//! coordinator.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::error::Error;
+use crate::{http, tick};
+
+/// Serves the API on `listener` and runs the tick loop until `shutdown` completes, then shuts down in the order
+/// of the module docs.
+///
+/// The tick loop runs inside this future (not in a task of its own), so dropping the future stops it at once.
+///
+/// # Errors
+/// I/O errors of the server.
+///
+/// # Cancel safety
+/// Dropping the future is an abrupt stop: no new connection is accepted and the tick loop stops, but requests
+/// already accepted run on in their own tasks.
+pub async fn serve(
+    coordinator: Coordinator,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let stop_ticks = CancellationToken::new();
+    let ticks_stopped = CancellationToken::new();
+    let ticks = {
+        let coordinator = coordinator.clone();
+        let stop = stop_ticks.clone();
+        let stopped = ticks_stopped.clone();
+        async move {
+            tick::run(coordinator, stop).await;
+            stopped.cancel();
+        }
+    };
+    let drained = {
+        let gate = coordinator.gate().clone();
+        let stop = stop_ticks.clone();
+        async move {
+            shutdown.await;
+            info!("shutting down: refusing new mutations");
+            gate.begin();
+            stop.cancel();
+            ticks_stopped.cancelled().await;
+            gate.wait_idle().await;
+            info!("critical sections finished; closing the HTTP server");
+        }
+    };
+    let app = http::router(coordinator);
+    let server = async move {
+        let result = axum::serve(listener, app).with_graceful_shutdown(drained).await;
+        // Also when the server fails on its own: the tick loop must not outlive it.
+        stop_ticks.cancel();
+        result
+    };
+    let (result, ()) = tokio::join!(server, ticks);
+    result
+}
+
+/// An in-process coordinator: HTTP server plus tick loop on a task it owns.
+///
+/// Dropping the handle begins a graceful shutdown in the background; it cannot wait for it, so call
+/// [`CoordinatorHandle::shutdown`] to know when it is done.
+#[derive(Debug)]
+pub struct CoordinatorHandle {
+    /// Shared with the handlers; tests read its stats and store through [`CoordinatorHandle::coordinator`].
+    coordinator: Coordinator,
+    /// The bound address (the real port when the configuration asked for port 0).
+    addr: SocketAddr,
+    /// Completes the shutdown future given to [`serve`].
+    shutdown: CancellationToken,
+    /// The task running [`serve`]; `None` once taken by `shutdown` or `abort`.
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl CoordinatorHandle {
+    /// Connects to Redis (checking its version and commands), binds `config.listen` and starts serving.
+    ///
+    /// # Errors
+    /// Those of [`Coordinator::connect`]; a listen address that cannot be bound is reported as
+    /// [`Error::InvalidRequest`] (a configuration error).
+    pub async fn spawn(config: Config) -> Result<CoordinatorHandle, Error> {
+        let listen = config.listen;
+        let coordinator = Coordinator::connect(config).await?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| Error::Listen { addr: listen, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::InvalidRequest(format!("cannot read the bound address of {listen}: {e}")))?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(coordinator.clone(), listener, shutdown.clone().cancelled_owned()));
+        info!(%addr, "coordinator listening");
+        Ok(CoordinatorHandle {
+            coordinator,
+            addr,
+            shutdown,
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL, `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The coordinator behind the server.
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
+    }
+
+    /// Shuts down gracefully (see the module docs) and waits until the server has stopped.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => info!(addr = %self.addr, "coordinator stopped"),
+                Ok(Err(e)) => warn!(addr = %self.addr, error = %e, "coordinator server failed"),
+                Err(e) => warn!(addr = %self.addr, error = %e, "coordinator task failed"),
+            }
+        }
+    }
+
+    /// Enters terminating mode only: `/readyz` turns unready and new mutations are refused, while the server keeps
+    /// answering. For observing the terminating state; [`CoordinatorHandle::shutdown`] completes it.
+    pub fn begin_shutdown(&self) {
+        self.coordinator.gate().begin();
+    }
+
+    /// Stops at once, like a crash: the server and the tick loop are aborted, nothing is waited for and nothing is
+    /// cleaned up in Redis (a mutex held by a tick stays until its TTL).
+    ///
+    /// axum serves each connection on a task of its own, which aborting cannot reach; the gate is closed so a
+    /// kept-alive connection to this instance gets `COORDINATOR_TERMINATING` instead of a live coordinator.
+    pub fn abort(mut self) {
+        self.coordinator.gate().begin();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for CoordinatorHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
