@@ -20,14 +20,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::config::Config;
 use crate::error::{Error, StoreError};
 use crate::shutdown::ShutdownGate;
+use crate::spans::{self, Boundary};
 use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
+
+/// How often the tick loop rebuilds the groups index by `SCAN`.
+pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
 
 /// How many times a critical section reloads after losing a compare-and-set.
 const MAX_CAS_ATTEMPTS: usize = 5;
@@ -57,23 +61,27 @@ struct Inner {
     global_grace_until_ms: AtomicU64,
     /// The last Redis run id seen.
     run_id: StdMutex<Option<String>>,
+    /// When the tick loop last rebuilt the groups index.
+    index_rebuilt_at: StdMutex<Option<Instant>>,
 }
 
 #[derive(Default)]
 struct GroupSlot {
     /// The "local monitor": one critical section per group at a time in this process.
     lock: tokio::sync::Mutex<()>,
-    cache: StdMutex<Option<Cached>>,
+    cache: StdMutex<GroupMemory>,
 }
 
-#[derive(Clone)]
-struct Cached {
-    revision: StoreRevision,
-    meta: Arc<GroupMetadata>,
+/// What this process remembers about a group between critical sections.
+#[derive(Clone, Default)]
+struct GroupMemory {
+    /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
+    aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
     /// Highest metadata version this process has seen for the group (to notice a regression itself).
     highest: MetadataVersion,
     /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
-    grace_until_ms: u64,
+    /// `None` until the first load.
+    grace_until_ms: Option<u64>,
 }
 
 impl Coordinator {
@@ -88,7 +96,9 @@ impl Coordinator {
             .await
             .map_err(StoreError::from)?;
         let store = Store::new(conn);
-        crate::startup::check_redis(&store).await?;
+        crate::startup::check_redis(&store)
+            .await
+            .inspect_err(crate::metrics::count_startup_failure)?;
         let run_id = store.run_id().await?;
         Ok(Coordinator {
             inner: Arc::new(Inner {
@@ -99,6 +109,7 @@ impl Coordinator {
                 groups: StdMutex::new(HashMap::new()),
                 global_grace_until_ms: AtomicU64::new(0),
                 run_id: StdMutex::new(Some(run_id)),
+                index_rebuilt_at: StdMutex::new(None),
             }),
         })
     }
@@ -138,6 +149,7 @@ impl Coordinator {
             .group_section(stream, group, scope, |meta, live, clock, _| {
                 Ok(state_machine::apply(meta, live, Input::Heartbeat(req), clock))
             })
+            .instrument(spans::heartbeat(stream, group, &req.member_id, req.member_epoch))
             .await?;
         self.inner.stats.heartbeat(&t.outcome);
         match t.outcome {
@@ -167,6 +179,7 @@ impl Coordinator {
             None => None,
         };
         self.group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
+            self.inner.stats.metrics().observe_group(meta, live, clock.now_ms);
             Ok(state_machine::apply(
                 meta,
                 live,
@@ -176,6 +189,7 @@ impl Coordinator {
                 clock,
             ))
         })
+        .instrument(spans::section("tick", stream, Some(group)))
         .await?;
         Ok(())
     }
@@ -196,6 +210,7 @@ impl Coordinator {
                 check_if_match(if_match, rev)?;
                 Ok(state_machine::apply(meta, live, Input::FenceMember(member), clock))
             })
+            .instrument(spans::section("fence", stream, Some(group)))
             .await?;
         if let Outcome::Rejected(r) = t.outcome {
             return Err(Error::Rejected {
@@ -237,6 +252,7 @@ impl Coordinator {
             liveness: Vec::new(),
             stored_run_id: String::new(),
             run_id: String::new(),
+            liveness_missing: false,
         };
         let meta = store::decode_group(&loaded, &agg).map_err(|e| self.unavailable(e))?;
         let liveness: Liveness = live
@@ -274,8 +290,14 @@ impl Coordinator {
             };
             return Err(Error::AlreadyExists(msg));
         }
-        let routing = self.ensure_routing(stream, req.shard_count).await?;
-        self.insert_group(stream, group, &routing, timings, false).await
+        let span = spans::section("create", stream, Some(group));
+        let routing = self
+            .ensure_routing(stream, req.shard_count)
+            .instrument(span.clone())
+            .await?;
+        self.insert_group(stream, group, &routing, timings, false)
+            .instrument(span)
+            .await
     }
 
     /// Recreates a group whose metadata was lost (explicit operator action). The new group starts with an open
@@ -300,8 +322,14 @@ impl Coordinator {
                 "group {group} of stream {stream} has metadata; not recreating"
             )));
         }
-        let routing = self.ensure_routing(stream, Some(req.shard_count)).await?;
-        self.insert_group(stream, group, &routing, timings, true).await
+        let span = spans::section("recreate", stream, Some(group));
+        let routing = self
+            .ensure_routing(stream, Some(req.shard_count))
+            .instrument(span.clone())
+            .await?;
+        self.insert_group(stream, group, &routing, timings, true)
+            .instrument(span)
+            .await
     }
 
     /// Grows a stream by `count` shards. Groups adopt the new routing on their next tick.
@@ -333,6 +361,7 @@ impl Coordinator {
                 }
                 Ok(Some(state_machine::add_shards(&current, count)))
             })
+            .instrument(spans::section("add_shards", stream, None))
             .await?;
         let routing = routing.expect("add_shards always writes");
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
@@ -395,6 +424,37 @@ impl Coordinator {
         Ok(GroupList { groups })
     }
 
+    /// The groups the tick loop visits: the index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost
+    /// or incomplete index must not stop expiry), plus every group this process has served.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn groups_to_tick(&self) -> Result<Vec<GroupRef>, Error> {
+        let rebuild = {
+            let mut last = self.inner.index_rebuilt_at.lock().expect("index lock");
+            let due = last.is_none_or(|t| t.elapsed() >= INDEX_REBUILD_PERIOD);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        let mut groups = self.list_groups(rebuild).await?.groups;
+        let known: Vec<GroupRef> = {
+            let slots = self.inner.groups.lock().expect("groups lock");
+            slots
+                .keys()
+                .map(|(stream, group)| GroupRef {
+                    stream: stream.clone(),
+                    group: group.clone(),
+                })
+                .collect()
+        };
+        groups.extend(known);
+        groups.sort();
+        groups.dedup();
+        Ok(groups)
+    }
+
     /// Checks Redis's run id; a change (a restart that may have lost liveness) starts a global grace period.
     ///
     /// # Errors
@@ -431,8 +491,9 @@ impl Coordinator {
                 s.cache
                     .lock()
                     .expect("cache lock")
+                    .aggregate
                     .as_ref()
-                    .map(|c| c.meta.timings.member_ttl_ms)
+                    .map(|(_, meta)| meta.timings.member_ttl_ms)
             })
             .max()
             .unwrap_or(0)
@@ -446,6 +507,7 @@ impl Coordinator {
 
     fn unavailable(&self, message: String) -> Error {
         self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
+        self.inner.stats.metrics().metadata_unreadable(&message);
         Error::MetadataUnavailable(message)
     }
 
@@ -504,20 +566,23 @@ impl Coordinator {
         let keys = SectionKeys::group(stream, group);
         let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let cached = slot.cache.lock().expect("cache lock").clone();
-            let loaded = self
-                .acquire(&keys, &token, cached.as_ref().map(|c| c.revision), scope)
-                .await?;
-            let result = self.decide(stream, group, &slot, cached, &loaded, &mut f);
+            let memory = slot.cache.lock().expect("cache lock").clone();
+            let cached_revision = memory.aggregate.as_ref().map(|(rev, _)| *rev);
+            let loaded = self.acquire(&keys, &token, cached_revision, scope).await?;
+            spans::reached(Boundary::Loaded, loaded.revision);
+            let result = self.decide(stream, group, &slot, memory, &loaded, &mut f);
             let (t, rev) = match result {
                 Ok(v) => v,
                 Err(e) => {
                     self.release_quietly(&keys, &token).await;
+                    spans::reached(Boundary::Released, loaded.revision);
                     return Err(e);
                 }
             };
+            spans::reached(Boundary::Decided, Some(rev));
             if !t.writes() {
                 self.inner.store.release(&keys, &token).await?;
+                spans::reached(Boundary::Released, Some(rev));
                 return Ok((t, rev));
             }
             let json = t.next.as_ref().map(GroupMetadata::encode);
@@ -537,24 +602,19 @@ impl Coordinator {
             {
                 Committed::Ok(new_rev) => {
                     if let Some(next) = &t.next {
-                        let mut cache = slot.cache.lock().expect("cache lock");
-                        let (highest, grace) = cache.as_ref().map_or((next.metadata_version, 0), |c| {
-                            (c.highest.max(next.metadata_version), c.grace_until_ms)
-                        });
-                        *cache = Some(Cached {
-                            revision: new_rev,
-                            meta: Arc::new(next.clone()),
-                            highest,
-                            grace_until_ms: grace,
-                        });
+                        let mut memory = slot.cache.lock().expect("cache lock");
+                        memory.highest = memory.highest.max(next.metadata_version);
+                        memory.aggregate = Some((new_rev, Arc::new(next.clone())));
                     }
+                    spans::reached(Boundary::Committed, Some(new_rev));
                     self.log_events(stream, group, &t.events);
                     return Ok((t, new_rev));
                 }
                 Committed::Conflict => {
                     self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
                     debug!(group = %group, "revision conflict; reloading");
-                    *slot.cache.lock().expect("cache lock") = None;
+                    // Only the cached aggregate is stale; what this process saw (highest version, grace) stays.
+                    slot.cache.lock().expect("cache lock").aggregate = None;
                 }
             }
         }
@@ -567,7 +627,7 @@ impl Coordinator {
         stream: &StreamName,
         group: &GroupName,
         slot: &GroupSlot,
-        cached: Option<Cached>,
+        memory: GroupMemory,
         loaded: &Loaded,
         f: &mut F,
     ) -> Result<(Transition, StoreRevision), Error>
@@ -575,26 +635,27 @@ impl Coordinator {
         F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
     {
         let Some(rev) = loaded.revision else {
-            *slot.cache.lock().expect("cache lock") = None;
+            slot.cache.lock().expect("cache lock").aggregate = None;
             return Err(missing_group(stream, group)).inspect_err(|_| {
                 self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
             });
         };
-        let meta = match (&loaded.aggregate, &cached) {
+        let meta = match (&loaded.aggregate, &memory.aggregate) {
             (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
                 self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
                 self.unavailable(e)
             })?,
-            (None, Some(c)) if c.revision == rev => c.meta.clone(),
-            (None, _) => return Err(StoreError::Protocol("aggregate missing from a changed revision".into()).into()),
+            (None, Some((cached_rev, meta))) if *cached_rev == rev => meta.clone(),
+            (None, _) => {
+                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
+                return Err(self.unavailable(format!("group {group} metadata hash has a revision but no aggregate")));
+            }
         };
         let ttl = meta.timings.member_ttl_ms;
         let now = loaded.now_ms;
-        // First sight of the group by this process, or a regression this process saw itself: grace.
-        let (highest, mut grace) = match &cached {
-            Some(c) => (c.highest, c.grace_until_ms),
-            None => (MetadataVersion(0), now + ttl),
-        };
+        // First sight of the group by this process: grace (liveness facts may predate this process).
+        let mut grace = memory.grace_until_ms.unwrap_or(now + ttl);
+        let highest = memory.highest;
         let mut suspected_loss = None;
         let round_covers = meta
             .correction
@@ -618,12 +679,23 @@ impl Coordinator {
                     .max(meta.metadata_version),
             );
         }
-        *slot.cache.lock().expect("cache lock") = Some(Cached {
-            revision: rev,
-            meta: meta.clone(),
-            highest: highest.max(meta.metadata_version),
-            grace_until_ms: grace,
-        });
+        if loaded.liveness_missing && !meta.members.is_empty() {
+            // Every member's join wrote a liveness entry: a missing hash was deleted or evicted, not empty.
+            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
+            warn!(group = %group, "liveness hash missing while the group has members: no expiry for one member TTL");
+            grace = grace.max(now + ttl);
+            suspected_loss = Some(
+                suspected_loss
+                    .unwrap_or(meta.metadata_version)
+                    .max(meta.metadata_version),
+            );
+        }
+        {
+            let mut memory = slot.cache.lock().expect("cache lock");
+            memory.aggregate = Some((rev, meta.clone()));
+            memory.highest = highest.max(meta.metadata_version);
+            memory.grace_until_ms = Some(grace);
+        }
         let clock = Clock {
             now_ms: now,
             expiry_allowed_from_ms: grace.max(self.inner.global_grace_until_ms.load(Ordering::Acquire)),
@@ -654,15 +726,19 @@ impl Coordinator {
         let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
         for _ in 0..MAX_CAS_ATTEMPTS {
             let loaded = self.acquire(keys, &token, None, LivenessScope::None).await?;
+            spans::reached(Boundary::Loaded, loaded.revision);
             let next = match f(&loaded) {
                 Ok(n) => n,
                 Err(e) => {
                     self.release_quietly(keys, &token).await;
+                    spans::reached(Boundary::Released, loaded.revision);
                     return Err(e);
                 }
             };
+            spans::reached(Boundary::Decided, loaded.revision);
             let Some(next) = next else {
                 self.inner.store.release(keys, &token).await?;
+                spans::reached(Boundary::Released, loaded.revision);
                 return Ok((None, loaded.revision.unwrap_or_default()));
             };
             let json = next.encode();
@@ -679,7 +755,10 @@ impl Coordinator {
                 .commit(keys, &token, loaded.revision, loaded.liveness_revision, &write)
                 .await?
             {
-                Committed::Ok(rev) => return Ok((Some(next), rev)),
+                Committed::Ok(rev) => {
+                    spans::reached(Boundary::Committed, Some(rev));
+                    return Ok((Some(next), rev));
+                }
                 Committed::Conflict => {
                     self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
                 }
@@ -750,9 +829,14 @@ impl Coordinator {
         let keys = SectionKeys::group(stream, group);
         let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
         let loaded = self.acquire(&keys, &token, None, LivenessScope::None).await?;
-        if loaded.revision.is_some() {
+        spans::reached(Boundary::Loaded, loaded.revision);
+        // A hash in any form (even without a revision: damaged) is never overwritten by a create.
+        if loaded.revision.is_some() || self.group_exists(stream, group).await? {
             self.release_quietly(&keys, &token).await;
-            return Err(Error::AlreadyExists(format!("group {group} of stream {stream} exists")));
+            spans::reached(Boundary::Released, loaded.revision);
+            return Err(Error::AlreadyExists(format!(
+                "group {group} of stream {stream} has a metadata hash"
+            )));
         }
         let mut meta = state_machine::create_group(stream.clone(), group.clone(), routing, timings, loaded.now_ms);
         if recreate {
@@ -786,7 +870,7 @@ impl Coordinator {
             .commit(&keys, &token, None, loaded.liveness_revision, &write)
             .await?
         {
-            Committed::Ok(_) => {}
+            Committed::Ok(rev) => spans::reached(Boundary::Committed, Some(rev)),
             Committed::Conflict => {
                 return Err(Error::AlreadyExists(format!(
                     "group {group} of stream {stream} was created concurrently"
@@ -811,6 +895,7 @@ impl Coordinator {
     fn log_events(&self, stream: &StreamName, group: &GroupName, events: &[Event]) {
         for e in events {
             self.inner.stats.event(e);
+            self.inner.stats.metrics().group_event(stream, group, e);
             match e {
                 Event::ShardGranted { .. } | Event::ShardReleased { .. } => {
                     debug!(stream = %stream, group = %group, event = ?e, "coordinator event")

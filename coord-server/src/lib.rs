@@ -10,6 +10,8 @@
 //! * [`tick`]: the loop that ticks every group.
 //! * [`shutdown`]: the terminating gate.
 //! * [`startup`]: Redis version and command checks.
+//! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
+//! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
 //! * [`config`], [`error`], [`stats`].
 #![warn(missing_docs)]
 
@@ -17,8 +19,10 @@ pub mod config;
 pub mod coordinator;
 pub mod error;
 pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod shutdown;
+pub mod spans;
 pub mod startup;
 pub mod state_machine;
 pub mod stats;

@@ -1,8 +1,12 @@
 //! Counters of what the coordinator did, readable by tests and exported as metrics.
+//!
+//! The atomics are the source of truth for what they count; [`crate::metrics`] copies them into this
+//! coordinator's own Prometheus recorder (held here, see [`Stats::metrics`]) when `/metrics` is rendered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use crate::state_machine::{Event, Outcome};
 use protocol::Status;
 
@@ -44,6 +48,8 @@ pub struct Stats {
     pub members_fenced: AtomicU64,
     /// Redis restarts noticed (run id change).
     pub redis_restarts: AtomicU64,
+    /// This coordinator's Prometheus recorder: labelled counters, gauges and histograms (see [`crate::metrics`]).
+    metrics: Metrics,
 }
 
 impl Stats {
@@ -74,6 +80,12 @@ impl Stats {
     pub(crate) fn observe_mutex_wait(&self, waited: Duration) {
         self.mutex_wait_micros
             .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        self.metrics.mutex_wait(waited);
+    }
+
+    /// This coordinator's Prometheus recorder.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Reads a counter.

@@ -43,7 +43,8 @@ elseif ARGV[4] ~= '' then
   local v = redis.call('HGET', KEYS[2], ARGV[4])
   if v then live = {ARGV[4], v} end
 end
-return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run}
+return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run,
+  redis.call('EXISTS', KEYS[2])}
 "#;
 
 const COMMIT: &str = r#"
@@ -142,6 +143,8 @@ pub struct Loaded {
     pub stored_run_id: String,
     /// The server's run id now.
     pub run_id: String,
+    /// Whether the liveness hash is absent (a group with members always has one: it was deleted or evicted).
+    pub liveness_missing: bool,
 }
 
 impl Loaded {
@@ -272,6 +275,7 @@ impl Store {
             liveness,
             stored_run_id: text(&reply, 9)?,
             run_id: text(&reply, 10)?,
+            liveness_missing: int(&reply, 11)? == 0,
         }))
     }
 

@@ -45,6 +45,9 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
             break;
         }
         tick_once(&coordinator, &cancel).await;
+        // `build_recorder` runs no upkeep of its own: drain histogram samples here so memory stays bounded even
+        // when nobody scrapes `/metrics`.
+        coordinator.stats().metrics().upkeep();
     }
     debug!("tick loop stopped");
 }
@@ -52,11 +55,13 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
 /// One pass over every indexed group. Returns how many groups were ticked successfully.
 pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) -> usize {
     if let Err(e) = coordinator.check_redis_restart().await {
+        coordinator.stats().metrics().error(&e);
         warn!(error = %e, "Redis restart check failed");
     }
-    let groups = match coordinator.list_groups(false).await {
-        Ok(list) => list.groups,
+    let groups = match coordinator.groups_to_tick().await {
+        Ok(groups) => groups,
         Err(e) => {
+            coordinator.stats().metrics().error(&e);
             warn!(error = %e, "cannot list groups; skipping this tick");
             return 0;
         }
@@ -68,13 +73,16 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
         }
         match coordinator.tick_group(&g.stream, &g.group).await {
             Ok(()) => ticked += 1,
-            Err(e) => match e.status() {
-                Status::MetadataUnavailable => {
-                    debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked")
+            Err(e) => {
+                coordinator.stats().metrics().error(&e);
+                match e.status() {
+                    Status::MetadataUnavailable => {
+                        debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked")
+                    }
+                    Status::CoordinatorTerminating => break,
+                    _ => warn!(stream = %g.stream, group = %g.group, error = %e, "group tick failed"),
                 }
-                Status::CoordinatorTerminating => break,
-                _ => warn!(stream = %g.stream, group = %g.group, error = %e, "group tick failed"),
-            },
+            }
         }
     }
     ticked

@@ -4,8 +4,8 @@
 //!
 //! | key | tag | what it holds |
 //! |---|---|---|
-//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group aggregate (hash: `aggregate`, `revision`, `schemaVersion`, `layoutVersion`, `updatedAt`) |
-//! | `redis-stream:coord:{<stream>:<group>}:liveness` | group | member leases renewed by no-change heartbeats (hash: member id -> `epoch:leaseUntilMs`) |
+//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group aggregate (hash: `aggregate`, `revision`, `livenessRevision`, `schemaVersion`, `layoutVersion`, `updatedAt`, `runId`) |
+//! | `redis-stream:coord:{<stream>:<group>}:liveness` | group | member leases renewed by no-change heartbeats (hash: member id -> lease end, Redis time in ms) |
 //! | `redis-stream:coord:{<stream>:<group>}:mutex` | group | the group's critical-section mutex (`SET NX PX`) |
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
 //! | `redis-stream:coord:{<stream>}:routing-mutex` | stream | the stream's routing mutex |
@@ -37,6 +37,10 @@ pub mod fields {
     pub const LAYOUT_VERSION: &str = "layoutVersion";
     /// Redis time (ms) of the last successful write.
     pub const UPDATED_AT: &str = "updatedAt";
+    /// Counter bumped by every liveness renewal (checked by aggregate writes, never by renewals).
+    pub const LIVENESS_REVISION: &str = "livenessRevision";
+    /// Redis run id at the last aggregate write (a different one now means a restart or failover).
+    pub const RUN_ID: &str = "runId";
 }
 
 /// Group metadata hash.

@@ -1,1 +1,125 @@
-//! Placeholder: filled in by its own issue.
+//! Consumer SDK of redis-stream-coord: many processes share a sharded Redis Stream the way Kafka consumer
+//! groups share a topic, with Redis as the only infrastructure.
+//!
+//! A logical stream is split into shard streams (`redis-stream:shard:{<stream>:<n>}`, see
+//! [`protocol::keys::shard_stream`]). The coordinator assigns each shard to one member of a consumer group; this
+//! crate is the member's side: it heartbeats, reads the shards it is given, hands their entries to your handler
+//! (in order within a shard, shards in parallel), acknowledges them, and gives shards back safely when the group
+//! rebalances.
+//!
+//! # Example
+//! ```no_run
+//! use stream_consumer::{CancellationToken, Consumer, Message};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let consumer = Consumer::builder("orders", "billing")
+//!     .coordinator("http://coordinator-0:7400")
+//!     .coordinator("http://coordinator-1:7400")
+//!     .redis("redis://redis:6379")
+//!     .member_id("billing-worker-1")
+//!     .handler(|msg: Message| async move {
+//!         println!("shard {} entry {}: {:?}", msg.shard(), msg.id(), msg.get_str("amount"));
+//!         Ok::<_, std::io::Error>(())
+//!     })
+//!     .build()?;
+//!
+//! let shutdown = CancellationToken::new();
+//! let on_signal = shutdown.clone();
+//! tokio::spawn(async move {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     on_signal.cancel();
+//! });
+//! // Returns after a graceful close: in-flight work finished, shards reported revoked, group left.
+//! let report = consumer.run(shutdown).await?;
+//! assert!(report.left);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Guarantees
+//! * **At-least-once.** An entry is acknowledged (`XACK`) only after the handler returned `Ok`. A failed handler
+//!   leaves it pending and it is retried with backoff; an entry delivered more than `max_deliveries` times goes
+//!   to its shard's dead-letter stream ([`dead_letter`]). Handlers must be idempotent.
+//! * **Per-shard order.** Entries of one shard are handled one at a time, in stream order; a failing entry holds
+//!   its shard until it succeeds or is dead-lettered. Shards run concurrently.
+//! * **No shard is read by two members at once**, as long as the coordinator's rules hold: a member reads a shard
+//!   only after an `OK` answer assigns it, stops reading it as soon as an answer stops assigning it, and stops
+//!   reading *everything* when its assignment lease runs out, which happens before the coordinator may expire it.
+//!
+//! # Lease and ordering contract
+//! 1. The lease counts from the monotonic time captured *before* sending the heartbeat whose answer granted it
+//!    (never from the answer's arrival), capped by [`Timings::assignment_lease`] and shortened by
+//!    [`Timings::lease_safety_margin`]. The group rule `assignment lease <= member TTL` then guarantees that the
+//!    consumer stops before the coordinator can hand its shards to someone else.
+//! 2. A reader checks the lease and its shard's state after every blocking read returns and before every entry.
+//! 3. When the lease runs out, every shard enters *local revoking state* and is never read again until a later
+//!    `OK` assigns it; a failing heartbeat never resumes a shard.
+//! 4. DRAIN (a shard in an answer's `revoke` list): stop new reads of the shard at once, let the entry in hand
+//!    finish, call [`RebalanceListener::on_revoked`], then report the shard `REVOKED` (in a heartbeat sent at
+//!    once).
+//! 5. `FENCED_MEMBER_EPOCH` / `UNKNOWN_MEMBER`: every reader is stopped at once (handlers dropped),
+//!    [`RebalanceListener::on_lost`] is called, and only then does the member join again (epoch 0).
+//!
+//! # Redis layout and decisions
+//! * The Redis consumer group on every shard stream is named like the coordinator group; the Redis consumer name
+//!   is the member id.
+//! * A missing Redis group is created with `XGROUP CREATE <shard> <group> 0 MKSTREAM`: by default a brand-new
+//!   group starts at the *beginning* of each shard, so nothing published before the first consumer started is
+//!   lost ([`StartPosition::Beginning`]); [`ConsumerBuilder::start_from`] with [`StartPosition::End`] starts at
+//!   new entries instead (`$`).
+//! * One dedicated connection per shard reader for the blocking `XREADGROUP` (`BLOCK` =
+//!   [`Timings::read_block`], response timeout longer than that); one shared `ConnectionManager` for the rest.
+//! * On gaining a shard the reader first re-delivers the pending entries earlier owners left (`XAUTOCLAIM` from
+//!   `0-0`, min-idle 0, to the end of the cursor), then reads new entries.
+//! * Dead letters: `redis-stream:dead-letter:{<stream>:<n>}` ([`protocol::keys::dead_letter_stream`]); fields
+//!   in [`dead_letter`].
+//! * The highest observed metadata version is kept through a [`VersionStore`] under `"<stream>/<group>"`:
+//!   in memory by default, or in a file ([`FileVersionStore`]) so a restarted process still lets the coordinator
+//!   detect a Redis rollback.
+//!
+//! # Layout
+//! * `config`: [`ConsumerBuilder`], [`ConsumerConfig`], [`Timings`], [`StartPosition`]; validation.
+//! * `consumer`: [`Consumer`] (run or spawn), [`ConsumerHandle`] (owns the tasks: close, abort, status),
+//!   [`ConsumerStatus`].
+//! * `handler`: the [`Handler`] and [`RebalanceListener`] traits.
+//! * `message`: [`Message`] and [`EntryId`].
+//! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
+//!   report).
+//! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time.
+//! * `in_flight`: per-shard in-flight counters.
+//! * `heartbeat`: the heartbeat loop; drives membership, lease and readers.
+//! * `shard_reader`: one task per shard: claim pending entries, blocking reads, handler, ack, retry,
+//!   dead-letter.
+//! * `stream_reply`: parsing of `XREADGROUP` / `XAUTOCLAIM` / `XPENDING` replies.
+//! * [`dead_letter`]: the dead-letter entry format.
+//! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer).
+//! * `error`: [`ConsumerError`], [`ConfigError`], [`HandlerError`].
+//!
+//! The coordinator HTTP client (several URLs, failover on connection errors and on
+//! `503 COORDINATOR_TERMINATING`) is `client_core::CoordClient`, shared with the producer SDK.
+#![warn(missing_docs)]
+
+mod config;
+mod consumer;
+pub mod dead_letter;
+mod error;
+mod handler;
+mod heartbeat;
+mod in_flight;
+mod lease;
+mod membership;
+mod message;
+mod shard_reader;
+mod stream_reply;
+pub mod version_store;
+
+pub use config::{ConsumerBuilder, ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, DEFAULT_MAX_DELIVERIES};
+pub use consumer::{CloseReport, Consumer, ConsumerHandle, ConsumerStatus, HeartbeatCounters};
+pub use error::{ConfigError, ConsumerError, HandlerError};
+pub use handler::{Handler, RebalanceListener};
+pub use message::{EntryId, Message, ParseEntryIdError};
+pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
+
+pub use protocol::names::{GroupName, MemberId, StreamName};
+pub use protocol::{ShardId, Status};
+pub use tokio_util::sync::CancellationToken;

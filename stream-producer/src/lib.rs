@@ -1,1 +1,97 @@
-//! Placeholder: filled in by its own issue.
+//! The producer SDK of redis-stream-coord: publishes records to a sharded Redis Stream, routing each record to a
+//! shard with the stream's current shard count, which it learns from the coordinator.
+//!
+//! A producer does not heartbeat. Its only channel to the coordinator is the *routing refresh*, so the routing it
+//! caches carries a lease: used while the lease holds, refreshed well before it ends, and never used after it
+//! ended. A producer that cannot reach any coordinator keeps publishing until its lease runs out, then fails
+//! closed ([`PublishError::RoutingExpired`]) and writes nothing, rather than route with a shard count that may
+//! be stale.
+//!
+//! # Layout
+//! * `routing_cache`: the pure routing cache: entries, the lease (from the *send* time of the refresh that
+//!   returned it), and the "refresh now?", "replace?" and "refuse?" decisions. No clock, no I/O.
+//! * `refresher`: fetches routing from the coordinator (single flight; the background schedule and the publish
+//!   path share one in-flight request) and persists the highest observed version through the
+//!   [`VersionStore`] SPI.
+//! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
+//!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
+//! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
+//! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker).
+//! * [`config`]: [`ProducerBuilder`], [`ProducerConfig`], [`Trim`], [`BatchingConfig`].
+//! * [`error`]: [`ConfigError`], [`PublishError`] with [`WriteState`], [`BatchError`], [`RefreshError`],
+//!   [`ProducerError`].
+//! * [`stats`]: the counters and routing state callers read ([`ProducerStats`]).
+//!
+//! # Routing rules
+//! The cache follows the failure-handling design's producer rules; each is a test in `routing_cache`:
+//! 1. The lease starts at the monotonic send time of the refresh that returned it and lasts `routingLeaseMs`.
+//! 2. A refresh runs at `refreshIntervalMs` (a third of the lease) after that, even while publishes succeed.
+//! 3. Knowing a newer routing version exists ([`Producer::observe_routing_version`]) refreshes at once, and
+//!    publishes wait for that refresh. Publishes that find the lease ended refresh first too. Concurrent
+//!    publishes share one refresh.
+//! 4. The cache is replaced only by a newer routing version, except when the coordinator answers
+//!    `SYNC_METADATA` (the producer reported a version above what Redis stores, e.g. after a Redis rollback):
+//!    then the stored routing is adopted and counted ([`ProducerStats::routing_rollbacks`]).
+//! 5. A failed refresh keeps the cache while its lease holds; once the lease has ended and refresh still fails,
+//!    every publish fails with [`PublishError::RoutingExpired`] and nothing is written.
+//! 6. Every refresh carries the routing version in use and the highest one ever observed (kept by the
+//!    [`VersionStore`], key: the stream name). Several coordinator URLs may be given; a connection error or
+//!    `503 COORDINATOR_TERMINATING` moves to the next at once.
+//!
+//! # Publishing
+//! * [`Producer::send`] / [`Producer::send_record`]: one record, one answer (shard and entry id).
+//! * [`Producer::send_batch`]: many records, one pipeline per shard, one answer per record.
+//! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
+//!   and [`Producer::close`] wait for every accepted record's outcome.
+//!
+//! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
+//! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
+//! knows when retrying is safe.
+//!
+//! # Example
+//! ```no_run
+//! use stream_producer::{Producer, Record};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let producer = Producer::builder("orders")
+//!     .coordinator("http://127.0.0.1:7400")
+//!     .redis("redis://127.0.0.1:6379")
+//!     .build()?;
+//!
+//! // One record, routed by its key.
+//! let p = producer.send("customer-42", &[("type", "order-created")]).await?;
+//! println!("written to shard {} as {}", p.shard, p.id);
+//!
+//! // A batch: one pipeline per shard.
+//! let batch = (0..100).map(|i| Record::with_key(format!("customer-{i}")).field("n", i.to_string())).collect();
+//! producer.send_batch(batch).await?;
+//!
+//! // The batching mode: accepted now, written with others.
+//! let delivery = producer.enqueue(Record::without_key().field("ping", "1")).await?;
+//! delivery.await?;
+//!
+//! // Publish what is queued, stop the tasks.
+//! let stats = producer.close().await?;
+//! println!("{} records written", stats.records_written);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod batcher;
+pub mod config;
+pub mod error;
+pub mod producer;
+mod publisher;
+mod refresher;
+mod routing_cache;
+pub mod stats;
+
+pub use batcher::Delivery;
+pub use client_core::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
+pub use config::{BatchingConfig, ProducerBuilder, ProducerConfig, Trim};
+pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
+pub use producer::Producer;
+pub use protocol::{RoutingVersion, ShardId};
+pub use publisher::{Published, Record};
+pub use routing_cache::RoutingInfo;
+pub use stats::ProducerStats;

@@ -163,9 +163,17 @@ impl IntoResponse for ApiError {
             // Retry-After counts whole seconds; round up so a client never retries earlier than suggested.
             HeaderValue::from(ms.div_ceil(1000))
         });
+        // A terminating instance closes the connection: a client's pool would otherwise keep reusing a kept-alive
+        // connection to it (a busy client never lets it go idle) and never reach the instance that replaced it.
+        let terminating = self.body.status == Status::CoordinatorTerminating;
         let mut response = (self.http, Json(self.body)).into_response();
         if let Some(value) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if terminating {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -228,5 +236,10 @@ mod tests {
         let response = ApiError::new(Status::CoordinatorTerminating, "bye").into_response();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            response.headers()[header::CONNECTION],
+            "close",
+            "clients must not reuse the connection"
+        );
     }
 }

@@ -15,8 +15,14 @@ pub(super) async fn heartbeat(
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let response = state
+    let result = state
         .mutate(move |c| async move { c.heartbeat(&stream, &group, &req).await })
-        .await?;
-    Ok(Json(response))
+        .await;
+    // Counted here, where every answer passes (the terminating fast path and store errors included).
+    let status = match &result {
+        Ok(response) => response.status,
+        Err(e) => e.body().status,
+    };
+    state.coordinator.stats().metrics().heartbeat_answered(status);
+    Ok(Json(result?))
 }

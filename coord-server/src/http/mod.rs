@@ -6,6 +6,7 @@
 //! * `routing`: the producers' routing fetch.
 //! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
 //! * `health`: `/healthz` and `/readyz`.
+//! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
 //! * `extract`: validated path names, strict JSON, `If-Match`, bearer tokens.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
 //!
@@ -22,6 +23,7 @@ pub mod error;
 mod extract;
 mod health;
 mod heartbeat;
+mod metrics;
 mod routing;
 
 use axum::error_handling::HandleErrorLayer;
@@ -59,6 +61,8 @@ pub const GROUPS: &str = "/v1/groups";
 pub const HEALTHZ: &str = "/healthz";
 /// `GET`: readiness probe.
 pub const READYZ: &str = "/readyz";
+/// `GET`: Prometheus metrics (text format).
+pub const METRICS: &str = "/metrics";
 
 /// Every route as (method, path template), in the order of the OpenAPI document.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -74,6 +78,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", GROUPS),
     ("GET", HEALTHZ),
     ("GET", READYZ),
+    ("GET", METRICS),
 ];
 
 /// Every route as (method, path template); the router serves exactly these.
@@ -96,6 +101,7 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
         ("GET", GROUPS) => get(admin::list_groups),
         ("GET", HEALTHZ) => get(health::healthz),
         ("GET", READYZ) => get(health::readyz),
+        ("GET", METRICS) => get(metrics::metrics),
         _ => return None,
     })
 }
@@ -120,7 +126,14 @@ impl AppState {
             return Err(Error::Terminating.into());
         }
         match tokio::spawn(op(self.coordinator.clone())).await {
-            Ok(result) => result.map_err(ApiError::from),
+            Ok(result) => result.map_err(|e| {
+                let metrics = self.coordinator.stats().metrics();
+                if matches!(e, Error::RevisionConflict { .. }) {
+                    metrics.admin_revision_conflict();
+                }
+                metrics.error(&e);
+                ApiError::from(e)
+            }),
             Err(e) => Err(ApiError::internal(format!("the operation failed: {e}"))),
         }
     }

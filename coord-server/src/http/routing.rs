@@ -4,16 +4,23 @@ use axum::extract::State;
 use axum::Json;
 use protocol::messages::{RoutingQuery, RoutingResponse};
 
+use crate::Error;
+
 use super::error::ApiError;
 use super::extract::{ClientAuth, QueryParams, StreamPath};
 use super::AppState;
 
-/// A read: it takes no mutex, so it is neither gated by shutdown nor run detached.
+/// A read: it takes no mutex and is not run detached. A terminating instance still refuses it (with
+/// `Connection: close`), so producers move to another instance with the consumers instead of holding on to one
+/// that is going away.
 pub(super) async fn fetch_routing(
     _auth: ClientAuth,
     State(state): State<AppState>,
     StreamPath(stream): StreamPath,
     QueryParams(query): QueryParams<RoutingQuery>,
 ) -> Result<Json<RoutingResponse>, ApiError> {
+    if state.coordinator.gate().is_terminating() {
+        return Err(Error::Terminating.into());
+    }
     Ok(Json(state.coordinator.routing(&stream, query).await?))
 }

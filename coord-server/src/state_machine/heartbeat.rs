@@ -32,15 +32,15 @@ pub(super) fn heartbeat(
         return tx.finish(None, Answer::reject(Status::InvalidRequest, message, None), now);
     }
     tx.open_round_if_suspected(clock);
-    if req.member_epoch.is_leave() {
-        return leave(tx, req, now);
-    }
-
     let stored = meta.metadata_version;
     let reported = req.max_observed_version.max(req.metadata_version);
     if reported > stored {
+        // Even a leaving member's report counts: others may hold leases from the lost history too.
         tx.events.push(Event::RegressionReported { reported, stored });
         correction::open(&mut tx, reported, now, false);
+    }
+    if req.member_epoch.is_leave() {
+        return leave(tx, req, now);
     }
 
     let id = &req.member_id;

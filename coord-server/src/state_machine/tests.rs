@@ -357,6 +357,54 @@ fn tick_adopts_a_larger_routing_and_assigns_new_shards() {
 }
 
 #[test]
+fn tick_adopts_a_recreated_routing_with_a_lower_version() {
+    let mut h = Harness::new(2);
+    h.join("a");
+    let mut high = StreamRouting::new(StreamName::new("s").unwrap(), 2, 1_000);
+    high.routing_version = RoutingVersion(7);
+    h.apply(Input::Tick { routing: Some(&high) });
+    // The routing hash is lost and recreated with more shards at version 1: the group must read them all.
+    let recreated = StreamRouting::new(StreamName::new("s").unwrap(), 3, 2_000);
+    let t = h.apply(Input::Tick {
+        routing: Some(&recreated),
+    });
+    assert!(t.events.contains(&Event::RoutingAdopted {
+        version: RoutingVersion(1),
+        shard_count: 3
+    }));
+    assert_eq!(h.meta.shard_count, 3);
+}
+
+#[test]
+fn a_leave_reporting_a_higher_version_opens_a_round() {
+    let mut h = Harness::new(2);
+    let a = h.join("a");
+    h.join("b");
+    let mut leave = follow_up(&a, &[]);
+    leave.member_epoch = MemberEpoch::LEAVE;
+    leave.owned.clear();
+    leave.max_observed_version = MetadataVersion(50);
+    h.send(&leave).unwrap();
+    assert!(
+        h.meta.correction.is_some(),
+        "others may hold leases from the lost history too"
+    );
+    assert!(!h.meta.members.contains_key(&member("a")));
+}
+
+#[test]
+fn suspected_loss_opens_a_round_on_admin_fence_too() {
+    let mut h = Harness::new(2);
+    h.join("a");
+    h.suspected = Some(MetadataVersion(9));
+    h.apply(Input::FenceMember(&member("a")));
+    assert_eq!(
+        h.meta.correction.as_ref().map(|r| r.reported_max_version),
+        Some(MetadataVersion(9))
+    );
+}
+
+#[test]
 fn quiet_tick_writes_nothing() {
     let mut h = Harness::new(2);
     h.join("a");

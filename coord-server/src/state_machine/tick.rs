@@ -7,7 +7,7 @@
 //!   shards move when the lease they were last granted ends (the same bound as expiry);
 //! * in a correction round, members still claiming a shard after the rebalance timeout are fenced likewise;
 //! * a predecessor's hold that ended is cleared (its shards become the new incarnation's to read or revoke);
-//! * a newer stream routing is adopted (shards are only ever added);
+//! * a different stream routing is adopted (shards are only ever added);
 //! * a correction round whose conditions hold is closed.
 
 use protocol::metadata::{GroupMetadata, ShardRecord, StreamRouting};
@@ -78,7 +78,10 @@ pub(super) fn tick(
         end_hold(&mut tx, &id);
     }
 
-    if let Some(r) = routing.filter(|r| r.routing_version > meta.routing_version) {
+    // Any other routing version is adopted, not only a higher one: a routing hash lost and recreated starts its
+    // versions again, and a group holding out for a higher number would never read the shards producers now use.
+    // Shards are never removed, so a routing with fewer shards is refused.
+    if let Some(r) = routing.filter(|r| r.routing_version != meta.routing_version) {
         if r.shard_count >= meta.shard_count {
             let next = tx.get_mut();
             next.routing_version = r.routing_version;
@@ -108,6 +111,7 @@ pub(super) fn tick(
 pub(super) fn fence_by_admin(meta: &GroupMetadata, liveness: &Liveness, id: &MemberId, clock: Clock) -> Transition {
     let now = clock.now_ms;
     let mut tx = Tx::new(meta, liveness);
+    tx.open_round_if_suspected(clock);
     match meta.members.get(id) {
         None => {
             let msg = format!("member {id} is not in the group");

@@ -1,0 +1,781 @@
+//! Prometheus metrics of one coordinator: every signal the failure-handling design asks for, rendered by
+//! `GET /metrics` in the Prometheus text format. The operator's view of them is `docs/metrics.md`; the alert rules
+//! are in `deploy/prometheus/alerts.yaml`.
+//!
+//! # One recorder per coordinator, no global state
+//! Each [`Coordinator`] owns a `PrometheusRecorder` built with `PrometheusBuilder::build_recorder()` (inside its
+//! [`Stats`]) and records into it through `metrics::with_local_recorder`, never through the
+//! process-global recorder. Several coordinators in one process (the tests, the demo, an application that embeds a
+//! coordinator and installs its own global recorder) therefore keep separate series, and nothing is installed
+//! behind the embedding application's back.
+//!
+//! Where a counter already exists as an atomic in [`Stats`], the atomic stays the source of
+//! truth: it is copied into the recorder (`Counter::absolute`) when `/metrics` is rendered, so a critical section
+//! pays one relaxed atomic add per signal and nothing more. Labelled signals (heartbeat answers by status, events by
+//! group) and the mutex latency histogram are recorded directly.
+//!
+//! The one process-wide value is [`startup_compatibility_failures`]: a start-up refused because Redis lacks a
+//! command has no coordinator to count it in (and the binary exits at once, as the seeds require: fail fast), so it
+//! is a process-wide counter, rendered by every coordinator of the process with `phase="startup"`.
+//!
+//! # Cardinality
+//! * No label carries a member id, a shard id outside the lag family, or a revision.
+//! * Per group (`stream`, `group`): about 10 gauges set by the tick and about 5 counters (+ one series per event
+//!   kind seen).
+//! * Per shard lag (`stream`, `group`, `shard`): 2 series per (shard, indexed group reading the stream), plus one
+//!   length series per shard. 100 groups on streams of 64 shards make 12,800 lag series: drop the family with a
+//!   `metric_relabel_configs` rule when that is too many. Shards above [`LAG_MAX_SHARDS_PER_STREAM`] are not
+//!   exported.
+//! * Gauges that are not refreshed for [`GAUGE_IDLE_TIMEOUT`] disappear (a deleted group, a removed shard).
+//!
+//! Every coordinator replica runs the tick loop and reads the same Redis, so the per-group gauges and the lag are
+//! reported by every replica: aggregate them with `max by (stream, group)` rather than `sum`.
+
+use metrics::{counter, gauge, histogram, with_local_recorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_util::MetricKindMask;
+use protocol::metadata::GroupMetadata;
+use protocol::names::{GroupName, StreamName};
+use protocol::{ShardId, Status};
+use redis::Value;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+use crate::coordinator::Coordinator;
+use crate::error::{Error, StoreError};
+use crate::state_machine::{Event, Liveness};
+use crate::stats::Stats;
+use crate::store;
+
+/// Every metric name the coordinator exports. Base units, `_total` for counters, `_seconds` for durations.
+pub mod names {
+    /// Gauge, 1 while this instance is terminating (refusing new mutations, `/readyz` unready), else 0.
+    pub const TERMINATING: &str = "redis_stream_coord_terminating";
+    /// Gauge: critical sections running in this instance now.
+    pub const SECTIONS_IN_FLIGHT: &str = "redis_stream_coord_critical_sections_in_flight";
+    /// Histogram: time from the first try to take a group's (or stream's) Redis mutex until it was held and the
+    /// hash loaded, in seconds. Includes the retries while another section held it.
+    pub const MUTEX_WAIT: &str = "redis_stream_coord_mutex_wait_seconds";
+    /// Counter: tries to take a Redis mutex that found it held by another section.
+    pub const MUTEX_BUSY: &str = "redis_stream_coord_mutex_busy_total";
+    /// Counter: sections that gave up on a busy mutex (`STORE_UNAVAILABLE`).
+    pub const MUTEX_TIMEOUTS: &str = "redis_stream_coord_mutex_timeouts_total";
+    /// Counter: revision compare-and-set writes that lost to another writer (the section reloaded and decided
+    /// again). Frequent conflicts mean a writer outlives its mutex (a stalled coordinator) or a foreign writer.
+    pub const REVISION_CONFLICTS: &str = "redis_stream_coord_revision_conflicts_total";
+    /// Counter: admin mutations refused because their `If-Match` revision was stale (`REVISION_CONFLICT`).
+    pub const ADMIN_REVISION_CONFLICTS: &str = "redis_stream_coord_admin_revision_conflicts_total";
+    /// Counter, label `status`: heartbeat answers by wire status (`OK`, `SYNC_METADATA`, `REVOKE_PENDING`,
+    /// `FENCED_MEMBER_EPOCH`, `UNKNOWN_MEMBER`, `METADATA_UNAVAILABLE`, `COORDINATOR_TERMINATING`,
+    /// `STORE_UNAVAILABLE`, `INVALID_REQUEST`).
+    pub const HEARTBEATS: &str = "redis_stream_coord_heartbeats_total";
+    /// Gauge per group: the oldest last-renewal among live members, in seconds (computed by the tick from the
+    /// liveness it loads).
+    pub const HEARTBEAT_AGE_MAX: &str = "redis_stream_coord_member_heartbeat_age_max_seconds";
+    /// Gauge per group: the median last-renewal age of live members, in seconds.
+    pub const HEARTBEAT_AGE_MEDIAN: &str = "redis_stream_coord_member_heartbeat_age_median_seconds";
+    /// Gauge per group: members that are not fenced.
+    pub const MEMBERS: &str = "redis_stream_coord_group_members";
+    /// Gauge per group: fenced members still waiting for their lease to end.
+    pub const FENCED_MEMBERS: &str = "redis_stream_coord_group_fenced_members";
+    /// Gauge per group: shards whose owner must drain them (owner set, target elsewhere).
+    pub const SHARDS_REVOKING: &str = "redis_stream_coord_group_shards_revoking";
+    /// Gauge per group: shards with a target but no owner yet (pending for their new owner).
+    pub const SHARDS_UNOWNED: &str = "redis_stream_coord_group_shards_unowned";
+    /// Gauge per group: how long the oldest unfinished drain (DRAIN issued, REVOKED not yet accepted) of a member
+    /// that is not fenced has run, in seconds; 0 when nothing drains. (A fenced owner's shards move when its lease
+    /// ends; [`FENCED_MEMBERS`] shows those.)
+    pub const REVOKE_AGE_MAX: &str = "redis_stream_coord_group_revoke_age_max_seconds";
+    /// Gauge per group: 1 while a metadata correction round is open.
+    pub const CORRECTION_OPEN: &str = "redis_stream_coord_correction_round_open";
+    /// Gauge per group: age of the open correction round in seconds; 0 when none is open.
+    pub const CORRECTION_AGE: &str = "redis_stream_coord_correction_round_age_seconds";
+    /// Gauge per group: the stored metadata version (a drop is a regression).
+    pub const METADATA_VERSION: &str = "redis_stream_coord_group_metadata_version";
+    /// Counter: the stored metadata version went below one this coordinator had seen, or the metadata outlived a
+    /// Redis restart or failover (run id change): lost writes suspected.
+    pub const METADATA_REGRESSIONS: &str = "redis_stream_coord_metadata_regressions_total";
+    /// Counter per group: heartbeats whose client reported a higher metadata version than Redis stores.
+    pub const CLIENT_VERSION_AHEAD: &str = "redis_stream_coord_client_version_ahead_total";
+    /// Counter: producer routing fetches that reported a higher routing version than Redis stores.
+    pub const ROUTING_VERSION_AHEAD: &str = "redis_stream_coord_routing_version_ahead_total";
+    /// Counter per group: correction rounds opened.
+    pub const CORRECTIONS_OPENED: &str = "redis_stream_coord_correction_rounds_opened_total";
+    /// Counter: requests answered `METADATA_UNAVAILABLE` (metadata key missing or unreadable).
+    pub const METADATA_UNAVAILABLE: &str = "redis_stream_coord_metadata_unavailable_total";
+    /// Counter, label `kind` (`schema`, `layout`, `decode`): stored metadata this build cannot read.
+    pub const METADATA_SCHEMA_ERRORS: &str = "redis_stream_coord_metadata_schema_errors_total";
+    /// Counter, label `phase` (`startup`, `runtime`): Redis lacks a command, refuses one (`NOPERM`), or is too old.
+    /// `phase="startup"` is process-wide (see the module docs).
+    pub const COMPATIBILITY_FAILURES: &str = "redis_stream_coord_redis_compatibility_failures_total";
+    /// Counter per group: members removed because their lease ran out.
+    pub const MEMBERS_EXPIRED: &str = "redis_stream_coord_members_expired_total";
+    /// Counter per group: members fenced (rebalance timeout or admin).
+    pub const MEMBERS_FENCED: &str = "redis_stream_coord_members_fenced_total";
+    /// Counter per group, label `event`: every recorded state-machine event (`member_joined`, `shard_granted`,
+    /// `stale_ack_ignored`, `foreign_claim`, ...).
+    pub const GROUP_EVENTS: &str = "redis_stream_coord_group_events_total";
+    /// Counter: Redis restarts noticed (run id change), each starting a global expiry grace.
+    pub const REDIS_RESTARTS: &str = "redis_stream_coord_redis_restarts_total";
+    /// Gauge per (stream, group, shard): entries of the shard stream not yet delivered to the Redis consumer
+    /// group (`XINFO GROUPS` `lag`; absent when Redis cannot tell, or before Redis 7).
+    pub const SHARD_LAG: &str = "redis_stream_coord_shard_lag";
+    /// Gauge per (stream, group, shard): entries delivered but not acknowledged (`XINFO GROUPS` `pending`).
+    pub const SHARD_PENDING: &str = "redis_stream_coord_shard_pending";
+    /// Gauge per (stream, shard): entries in the shard stream (`XLEN`).
+    pub const SHARD_LENGTH: &str = "redis_stream_coord_shard_length";
+    /// Counter: lag scrapes that failed or timed out (the previous values were served).
+    pub const LAG_SCRAPE_ERRORS: &str = "redis_stream_coord_lag_scrape_errors_total";
+    /// Gauge: duration of the last lag scrape, in seconds.
+    pub const LAG_SCRAPE_DURATION: &str = "redis_stream_coord_lag_scrape_duration_seconds";
+
+    /// Every name above.
+    pub const ALL: &[&str] = &[
+        TERMINATING,
+        SECTIONS_IN_FLIGHT,
+        MUTEX_WAIT,
+        MUTEX_BUSY,
+        MUTEX_TIMEOUTS,
+        REVISION_CONFLICTS,
+        ADMIN_REVISION_CONFLICTS,
+        HEARTBEATS,
+        HEARTBEAT_AGE_MAX,
+        HEARTBEAT_AGE_MEDIAN,
+        MEMBERS,
+        FENCED_MEMBERS,
+        SHARDS_REVOKING,
+        SHARDS_UNOWNED,
+        REVOKE_AGE_MAX,
+        CORRECTION_OPEN,
+        CORRECTION_AGE,
+        METADATA_VERSION,
+        METADATA_REGRESSIONS,
+        CLIENT_VERSION_AHEAD,
+        ROUTING_VERSION_AHEAD,
+        CORRECTIONS_OPENED,
+        METADATA_UNAVAILABLE,
+        METADATA_SCHEMA_ERRORS,
+        COMPATIBILITY_FAILURES,
+        MEMBERS_EXPIRED,
+        MEMBERS_FENCED,
+        GROUP_EVENTS,
+        REDIS_RESTARTS,
+        SHARD_LAG,
+        SHARD_PENDING,
+        SHARD_LENGTH,
+        LAG_SCRAPE_ERRORS,
+        LAG_SCRAPE_DURATION,
+    ];
+}
+
+/// Gauges not refreshed for this long are dropped from `/metrics` (deleted groups, removed shards).
+pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// A lag scrape younger than this is served again instead of asking Redis (several scrapers, scrape storms).
+pub const LAG_MIN_REFRESH: Duration = Duration::from_secs(1);
+/// A lag scrape that takes longer is abandoned; the previous values are served and the failure counted.
+pub const LAG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Shards of one stream beyond this many are left out of the lag family (cardinality guard).
+pub const LAG_MAX_SHARDS_PER_STREAM: u32 = 1024;
+/// Commands per pipeline of the lag scrape.
+const LAG_PIPELINE: usize = 256;
+/// Buckets of [`names::MUTEX_WAIT`]: from an uncontended round trip to the critical-section deadline.
+const MUTEX_WAIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Start-ups refused because Redis is too old or lacks a command, in this process (see the module docs).
+static STARTUP_COMPATIBILITY_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// How many coordinator start-ups in this process were refused because Redis is too old or lacks (or renamed) a
+/// required command. Process-wide: a refused start-up has no coordinator instance to count it in.
+pub fn startup_compatibility_failures() -> u64 {
+    STARTUP_COMPATIBILITY_FAILURES.load(Ordering::Relaxed)
+}
+
+/// Counts a start-up check failure when it is a compatibility failure (not, say, a connection error).
+pub(crate) fn count_startup_failure(e: &StoreError) {
+    if is_compatibility_failure(e) {
+        STARTUP_COMPATIBILITY_FAILURES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a store error says that Redis does not offer what the coordinator needs: a missing or renamed command,
+/// a version too old, or an ACL that refuses a command or key (`NOPERM`).
+pub fn is_compatibility_failure(e: &StoreError) -> bool {
+    match e {
+        StoreError::Unsupported(_) => true,
+        StoreError::Redis(e) => {
+            let text = e.to_string();
+            e.code() == Some("NOPERM") || text.contains("NOPERM") || text.contains("unknown command")
+        }
+        _ => false,
+    }
+}
+
+/// The recorder of one coordinator and the state of the lazy lag scrape.
+pub struct Metrics {
+    /// Where everything is recorded; private to this coordinator.
+    recorder: PrometheusRecorder,
+    /// Renders the recorder.
+    handle: PrometheusHandle,
+    /// Groups whose counters were already registered at zero (so a series exists before its first event).
+    seen_groups: StdMutex<HashSet<(String, String)>>,
+    /// When the lag was last scraped; the async lock also makes concurrent scrapes wait for one refresh.
+    lag_scraped: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh recorder with the coordinator's buckets and idle timeout, every fixed series registered at zero.
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(names::MUTEX_WAIT.to_owned()), MUTEX_WAIT_BUCKETS)
+            .expect("the bucket list is not empty")
+            .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
+            .build_recorder();
+        let handle = recorder.handle();
+        let metrics = Metrics {
+            recorder,
+            handle,
+            seen_groups: StdMutex::new(HashSet::new()),
+            lag_scraped: tokio::sync::Mutex::new(None),
+        };
+        metrics.describe();
+        metrics.record(|| {
+            for status in Status::ALL {
+                counter!(names::HEARTBEATS, "status" => status.as_str()).increment(0);
+            }
+            for kind in ["schema", "layout", "decode"] {
+                counter!(names::METADATA_SCHEMA_ERRORS, "kind" => kind).increment(0);
+            }
+            counter!(names::COMPATIBILITY_FAILURES, "phase" => "runtime").increment(0);
+            counter!(names::ADMIN_REVISION_CONFLICTS).increment(0);
+            counter!(names::LAG_SCRAPE_ERRORS).increment(0);
+        });
+        metrics
+    }
+
+    /// Runs `f` with this coordinator's recorder as the recorder of the `metrics` macros.
+    fn record<T>(&self, f: impl FnOnce() -> T) -> T {
+        with_local_recorder(&self.recorder, f)
+    }
+
+    /// `# HELP` lines.
+    fn describe(&self) {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        self.record(|| {
+            describe_gauge!(names::TERMINATING, "1 while this coordinator is terminating, else 0");
+            describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
+            describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
+            describe_counter!(names::MUTEX_BUSY, "Mutex tries that found it held");
+            describe_counter!(names::MUTEX_TIMEOUTS, "Sections that gave up on a busy mutex");
+            describe_counter!(names::REVISION_CONFLICTS, "Revision compare-and-set writes that lost");
+            describe_counter!(
+                names::ADMIN_REVISION_CONFLICTS,
+                "Admin mutations refused for a stale If-Match"
+            );
+            describe_counter!(names::HEARTBEATS, "Heartbeat answers by wire status");
+            describe_gauge!(
+                names::HEARTBEAT_AGE_MAX,
+                Unit::Seconds,
+                "Oldest member heartbeat per group"
+            );
+            describe_gauge!(
+                names::HEARTBEAT_AGE_MEDIAN,
+                Unit::Seconds,
+                "Median member heartbeat age per group"
+            );
+            describe_gauge!(names::MEMBERS, "Members not fenced, per group");
+            describe_gauge!(
+                names::FENCED_MEMBERS,
+                "Fenced members whose lease has not ended, per group"
+            );
+            describe_gauge!(names::SHARDS_REVOKING, "Shards an owner must drain, per group");
+            describe_gauge!(names::SHARDS_UNOWNED, "Shards pending for their new owner, per group");
+            describe_gauge!(
+                names::REVOKE_AGE_MAX,
+                Unit::Seconds,
+                "Age of the oldest unfinished drain per group"
+            );
+            describe_gauge!(names::CORRECTION_OPEN, "1 while a metadata correction round is open");
+            describe_gauge!(names::CORRECTION_AGE, Unit::Seconds, "Age of the open correction round");
+            describe_gauge!(names::METADATA_VERSION, "Stored metadata version per group");
+            describe_counter!(
+                names::METADATA_REGRESSIONS,
+                "Stored metadata went back or outlived a Redis restart"
+            );
+            describe_counter!(
+                names::CLIENT_VERSION_AHEAD,
+                "Heartbeats reporting a version above the stored one"
+            );
+            describe_counter!(
+                names::ROUTING_VERSION_AHEAD,
+                "Routing fetches reporting a version above the stored one"
+            );
+            describe_counter!(names::CORRECTIONS_OPENED, "Metadata correction rounds opened");
+            describe_counter!(names::METADATA_UNAVAILABLE, "Requests answered METADATA_UNAVAILABLE");
+            describe_counter!(
+                names::METADATA_SCHEMA_ERRORS,
+                "Stored metadata this build cannot read, by kind"
+            );
+            describe_counter!(
+                names::COMPATIBILITY_FAILURES,
+                "Redis lacks or refuses a required command, by phase"
+            );
+            describe_counter!(names::MEMBERS_EXPIRED, "Members removed after their lease ran out");
+            describe_counter!(names::MEMBERS_FENCED, "Members fenced");
+            describe_counter!(names::GROUP_EVENTS, "State machine events by group and kind");
+            describe_counter!(names::REDIS_RESTARTS, "Redis restarts noticed (run id change)");
+            describe_gauge!(
+                names::SHARD_LAG,
+                "Entries not yet delivered to the group (XINFO GROUPS lag)"
+            );
+            describe_gauge!(
+                names::SHARD_PENDING,
+                "Entries delivered but not acknowledged (XINFO GROUPS pending)"
+            );
+            describe_gauge!(names::SHARD_LENGTH, "Entries in the shard stream (XLEN)");
+            describe_counter!(names::LAG_SCRAPE_ERRORS, "Lag scrapes that failed or timed out");
+            describe_gauge!(
+                names::LAG_SCRAPE_DURATION,
+                Unit::Seconds,
+                "Duration of the last lag scrape"
+            );
+        });
+    }
+
+    /// Records one heartbeat answer.
+    pub(crate) fn heartbeat_answered(&self, status: Status) {
+        self.record(|| counter!(names::HEARTBEATS, "status" => status.as_str()).increment(1));
+    }
+
+    /// Records the wait for a mutex.
+    pub(crate) fn mutex_wait(&self, waited: Duration) {
+        self.record(|| histogram!(names::MUTEX_WAIT).record(waited.as_secs_f64()));
+    }
+
+    /// Records a refused admin `If-Match`.
+    pub(crate) fn admin_revision_conflict(&self) {
+        self.record(|| counter!(names::ADMIN_REVISION_CONFLICTS).increment(1));
+    }
+
+    /// Records an error of a request or a tick, when it is a compatibility failure.
+    pub(crate) fn error(&self, e: &Error) {
+        if let Error::Store(s) = e {
+            if is_compatibility_failure(s) {
+                self.record(|| counter!(names::COMPATIBILITY_FAILURES, "phase" => "runtime").increment(1));
+            }
+        }
+    }
+
+    /// Records why metadata was unreadable, from the sentence the store's decoders produce.
+    pub(crate) fn metadata_unreadable(&self, message: &str) {
+        let kind = if message.contains("layoutVersion") {
+            "layout"
+        } else if message.contains("schemaVersion") {
+            "schema"
+        } else if message.contains("unreadable") {
+            "decode"
+        } else {
+            // Missing metadata: counted by `metadata_unavailable` alone.
+            return;
+        };
+        self.record(|| counter!(names::METADATA_SCHEMA_ERRORS, "kind" => kind).increment(1));
+    }
+
+    /// Records one committed event of a group.
+    pub(crate) fn group_event(&self, stream: &StreamName, group: &GroupName, e: &Event) {
+        let (s, g) = (stream.to_string(), group.to_string());
+        let kind = event_kind(e);
+        self.record(|| {
+            match e {
+                Event::MemberExpired(_) => {
+                    counter!(names::MEMBERS_EXPIRED, "stream" => s.clone(), "group" => g.clone()).increment(1)
+                }
+                Event::MemberFenced { .. } => {
+                    counter!(names::MEMBERS_FENCED, "stream" => s.clone(), "group" => g.clone()).increment(1)
+                }
+                Event::RegressionReported { .. } => {
+                    counter!(names::CLIENT_VERSION_AHEAD, "stream" => s.clone(), "group" => g.clone()).increment(1)
+                }
+                Event::CorrectionOpened { .. } => {
+                    counter!(names::CORRECTIONS_OPENED, "stream" => s.clone(), "group" => g.clone()).increment(1)
+                }
+                _ => {}
+            }
+            counter!(names::GROUP_EVENTS, "stream" => s, "group" => g, "event" => kind).increment(1);
+        });
+    }
+
+    /// Sets the per-group gauges from what a tick loaded: the metadata, the liveness hash and Redis time.
+    pub(crate) fn observe_group(&self, meta: &GroupMetadata, live: &Liveness, now_ms: u64) {
+        let (s, g) = (meta.stream.to_string(), meta.group.to_string());
+        let ttl = meta.timings.member_ttl_ms;
+        let mut ages: Vec<u64> = Vec::new();
+        let mut fenced = 0u32;
+        let mut oldest_drain: Option<u64> = None;
+        for (id, m) in &meta.members {
+            if m.fenced_at_ms.is_some() {
+                fenced += 1;
+                continue;
+            }
+            // A renewal writes `now + ttl` as the lease end, so the last renewal was `lease end - ttl`.
+            let lease_end = live.get(id).copied().unwrap_or(0).max(m.lease_until_ms);
+            ages.push(now_ms.saturating_sub(lease_end.saturating_sub(ttl)));
+            if let Some(since) = m.revoking_since_ms {
+                oldest_drain = Some(oldest_drain.map_or(since, |o| o.min(since)));
+            }
+        }
+        ages.sort_unstable();
+        let max_age = ages.last().copied().unwrap_or(0);
+        let median_age = ages.get(ages.len() / 2).copied().unwrap_or(0);
+        let revoking = meta
+            .shards
+            .iter()
+            .filter(|sh| sh.owner.is_some() && sh.owner != sh.target)
+            .count();
+        let unowned = meta
+            .shards
+            .iter()
+            .filter(|sh| sh.target.is_some() && sh.owner.is_none())
+            .count();
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        let correction_age = meta
+            .correction
+            .as_ref()
+            .map_or(0, |r| now_ms.saturating_sub(r.started_at_ms));
+        let first_sight = self
+            .seen_groups
+            .lock()
+            .expect("seen groups lock")
+            .insert((s.clone(), g.clone()));
+        self.record(|| {
+            let labels = [("stream", s.clone()), ("group", g.clone())];
+            gauge!(names::HEARTBEAT_AGE_MAX, &labels).set(secs(max_age));
+            gauge!(names::HEARTBEAT_AGE_MEDIAN, &labels).set(secs(median_age));
+            gauge!(names::MEMBERS, &labels).set(ages.len() as f64);
+            gauge!(names::FENCED_MEMBERS, &labels).set(f64::from(fenced));
+            gauge!(names::SHARDS_REVOKING, &labels).set(revoking as f64);
+            gauge!(names::SHARDS_UNOWNED, &labels).set(unowned as f64);
+            gauge!(names::REVOKE_AGE_MAX, &labels).set(secs(oldest_drain.map_or(0, |o| now_ms.saturating_sub(o))));
+            gauge!(names::CORRECTION_OPEN, &labels).set(if meta.correction.is_some() { 1.0 } else { 0.0 });
+            gauge!(names::CORRECTION_AGE, &labels).set(secs(correction_age));
+            gauge!(names::METADATA_VERSION, &labels).set(meta.metadata_version.0 as f64);
+            if first_sight {
+                for name in [
+                    names::MEMBERS_EXPIRED,
+                    names::MEMBERS_FENCED,
+                    names::CLIENT_VERSION_AHEAD,
+                    names::CORRECTIONS_OPENED,
+                ] {
+                    counter!(name, &labels).increment(0);
+                }
+            }
+        });
+    }
+
+    /// Drains histogram samples into their buckets so memory stays bounded between scrapes (the tick calls it;
+    /// `build_recorder` starts no upkeep thread of its own).
+    pub(crate) fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// Copies the atomic counters and the instance state into the recorder, then renders it.
+    fn render_with(&self, stats: &Stats, terminating: bool, in_flight: usize) -> String {
+        let get = Stats::get;
+        self.record(|| {
+            gauge!(names::TERMINATING).set(if terminating { 1.0 } else { 0.0 });
+            gauge!(names::SECTIONS_IN_FLIGHT).set(in_flight as f64);
+            counter!(names::MUTEX_BUSY).absolute(get(&stats.mutex_busy));
+            counter!(names::MUTEX_TIMEOUTS).absolute(get(&stats.mutex_timeouts));
+            counter!(names::REVISION_CONFLICTS).absolute(get(&stats.revision_conflicts));
+            counter!(names::METADATA_REGRESSIONS).absolute(get(&stats.metadata_regressions));
+            counter!(names::ROUTING_VERSION_AHEAD).absolute(get(&stats.routing_regressions));
+            counter!(names::METADATA_UNAVAILABLE).absolute(get(&stats.metadata_unavailable));
+            counter!(names::REDIS_RESTARTS).absolute(get(&stats.redis_restarts));
+            counter!(names::COMPATIBILITY_FAILURES, "phase" => "startup").absolute(startup_compatibility_failures());
+        });
+        self.handle.render()
+    }
+
+    /// Scrapes `XINFO GROUPS` and `XLEN` of every shard of every indexed stream, unless a scrape finished less
+    /// than [`LAG_MIN_REFRESH`] ago. Concurrent callers wait for one scrape.
+    async fn refresh_lag(&self, coordinator: &Coordinator) {
+        let mut last = self.lag_scraped.lock().await;
+        if last.is_some_and(|t| t.elapsed() < LAG_MIN_REFRESH) {
+            return;
+        }
+        let started = Instant::now();
+        let result = tokio::time::timeout(LAG_SCRAPE_TIMEOUT, scrape_lag(coordinator)).await;
+        let samples = match result {
+            Ok(Ok(samples)) => samples,
+            Ok(Err(e)) => {
+                warn!(error = %e, "lag scrape failed; serving the previous values");
+                self.record(|| counter!(names::LAG_SCRAPE_ERRORS).increment(1));
+                return;
+            }
+            Err(_) => {
+                warn!(
+                    timeout_ms = LAG_SCRAPE_TIMEOUT.as_millis() as u64,
+                    "lag scrape timed out"
+                );
+                self.record(|| counter!(names::LAG_SCRAPE_ERRORS).increment(1));
+                return;
+            }
+        };
+        *last = Some(Instant::now());
+        self.record(|| {
+            for s in &samples.shards {
+                let labels = [("stream", s.stream.clone()), ("shard", s.shard.0.to_string())];
+                gauge!(names::SHARD_LENGTH, &labels).set(s.length as f64);
+            }
+            for s in &samples.groups {
+                let labels = [
+                    ("stream", s.stream.clone()),
+                    ("group", s.group.clone()),
+                    ("shard", s.shard.0.to_string()),
+                ];
+                if let Some(lag) = s.lag {
+                    gauge!(names::SHARD_LAG, &labels).set(lag as f64);
+                }
+                gauge!(names::SHARD_PENDING, &labels).set(s.pending as f64);
+            }
+            gauge!(names::LAG_SCRAPE_DURATION).set(started.elapsed().as_secs_f64());
+        });
+    }
+}
+
+/// Renders `/metrics` for `coordinator`: refreshes the lag (see [`LAG_MIN_REFRESH`]) and the instance gauges, then
+/// renders the Prometheus text format.
+pub async fn render(coordinator: &Coordinator) -> String {
+    let stats = coordinator.stats();
+    stats.metrics().refresh_lag(coordinator).await;
+    let gate = coordinator.gate();
+    stats
+        .metrics()
+        .render_with(stats, gate.is_terminating(), gate.in_flight())
+}
+
+/// The label value of an event: its variant name in snake case. Derived from `Debug` so that a new event kind
+/// shows up in `/metrics` without touching this file.
+fn event_kind(e: &Event) -> String {
+    let debug = format!("{e:?}");
+    let name = debug
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .unwrap_or_default();
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One shard stream's length.
+struct ShardSample {
+    stream: String,
+    shard: ShardId,
+    length: u64,
+}
+
+/// One Redis consumer group on one shard stream.
+struct GroupSample {
+    stream: String,
+    group: String,
+    shard: ShardId,
+    lag: Option<u64>,
+    pending: u64,
+}
+
+#[derive(Default)]
+struct LagSamples {
+    shards: Vec<ShardSample>,
+    groups: Vec<GroupSample>,
+}
+
+/// Reads the lag of every indexed group on every shard of its stream.
+async fn scrape_lag(coordinator: &Coordinator) -> Result<LagSamples, Error> {
+    let list = coordinator.list_groups(false).await?;
+    let mut by_stream: BTreeMap<StreamName, BTreeSet<String>> = BTreeMap::new();
+    for g in list.groups {
+        by_stream.entry(g.stream).or_default().insert(g.group.to_string());
+    }
+    let store = coordinator.store();
+    let mut samples = LagSamples::default();
+    for (stream, groups) in by_stream {
+        let shard_count = match store.read_routing(&stream).await? {
+            Some((_, json)) => match store::decode_routing(&json) {
+                Ok(r) => r.shard_count,
+                Err(e) => {
+                    debug!(stream = %stream, error = %e, "routing unreadable; no lag for this stream");
+                    continue;
+                }
+            },
+            None => continue,
+        };
+        let shards: Vec<ShardId> = (0..shard_count.min(LAG_MAX_SHARDS_PER_STREAM)).map(ShardId).collect();
+        for chunk in shards.chunks(LAG_PIPELINE / 2) {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &shard in chunk {
+                let key = protocol::keys::shard_stream(&stream, shard);
+                pipe.cmd("XLEN").arg(&key).cmd("XINFO").arg("GROUPS").arg(&key);
+            }
+            let mut conn = store.connection();
+            let replies: Vec<redis::RedisResult<Value>> =
+                pipe.query_async(&mut conn).await.map_err(StoreError::from)?;
+            for (&shard, pair) in chunk.iter().zip(replies.chunks(2)) {
+                let [length, info] = pair else { continue };
+                let length = match length {
+                    Ok(Value::Int(n)) => (*n).max(0) as u64,
+                    _ => 0,
+                };
+                samples.shards.push(ShardSample {
+                    stream: stream.to_string(),
+                    shard,
+                    length,
+                });
+                // A shard stream nobody wrote to does not exist yet: XINFO answers "no such key".
+                let Ok(Value::Array(entries)) = info else { continue };
+                for entry in entries {
+                    let fields = map_fields(entry);
+                    let Some(name) = fields.get("name").and_then(|v| text(v)) else {
+                        continue;
+                    };
+                    if !groups.contains(&name) {
+                        continue;
+                    }
+                    samples.groups.push(GroupSample {
+                        stream: stream.to_string(),
+                        group: name,
+                        shard,
+                        lag: fields.get("lag").and_then(|v| int(v)),
+                        pending: fields.get("pending").and_then(|v| int(v)).unwrap_or(0),
+                    });
+                }
+            }
+        }
+    }
+    Ok(samples)
+}
+
+/// The fields of an `XINFO` entry (a flat key/value array in RESP2, a map in RESP3).
+fn map_fields(v: &Value) -> BTreeMap<String, &Value> {
+    let mut out = BTreeMap::new();
+    match v {
+        Value::Array(items) => {
+            for pair in items.chunks(2) {
+                if let [k, v] = pair {
+                    if let Some(k) = text(k) {
+                        out.insert(k, v);
+                    }
+                }
+            }
+        }
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                if let Some(k) = text(k) {
+                    out.insert(k, v);
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_kinds_are_snake_case_variant_names() {
+        let m = protocol::names::MemberId::new("a").unwrap();
+        assert_eq!(event_kind(&Event::MemberExpired(m.clone())), "member_expired");
+        assert_eq!(event_kind(&Event::CorrectionClosed), "correction_closed");
+        assert_eq!(
+            event_kind(&Event::StaleAckIgnored {
+                shard: ShardId(1),
+                member: m
+            }),
+            "stale_ack_ignored"
+        );
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let mut seen = HashSet::new();
+        for name in names::ALL {
+            assert!(seen.insert(name), "{name} listed twice");
+            assert!(name.starts_with("redis_stream_coord_"), "{name}");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{name}"
+            );
+            assert!(
+                !name.contains("_ms") && !name.contains("millis"),
+                "{name}: base units only"
+            );
+        }
+    }
+
+    #[test]
+    fn two_recorders_are_independent() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        a.heartbeat_answered(Status::Ok);
+        let ra = a.handle.render();
+        let rb = b.handle.render();
+        assert!(
+            ra.contains("redis_stream_coord_heartbeats_total{status=\"OK\"} 1"),
+            "{ra}"
+        );
+        assert!(
+            rb.contains("redis_stream_coord_heartbeats_total{status=\"OK\"} 0"),
+            "{rb}"
+        );
+    }
+
+    #[test]
+    fn compatibility_failures_are_recognised() {
+        assert!(is_compatibility_failure(&StoreError::Unsupported("x".into())));
+        assert!(!is_compatibility_failure(&StoreError::Protocol("x".into())));
+    }
+}

@@ -1,0 +1,298 @@
+//! `coordctl`: the admin command line of the redis-stream-coord coordinator.
+//!
+//! Human tables by default, `--json` for scripts (the coordinator's wire types). Exit status: 0 done, 1 the
+//! coordinator refused or failed (its status and message on stderr), 2 usage error, 3 no usable answer (unreachable,
+//! not the coordinator's JSON), 4 refused by `coordctl` itself (`recreate` without `--yes`).
+//!
+//! # Layout
+//! * `client`: the admin API over HTTP and [`client::CliError`].
+//! * `output`: tables and durations.
+
+mod client;
+mod output;
+
+use clap::{Parser, Subcommand};
+use client::{AdminClient, CliError};
+use protocol::messages::RecreateGroupRequest;
+use protocol::metadata::GroupTimings;
+use protocol::StoreRevision;
+use serde::Serialize;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Admin command line of the redis-stream-coord coordinator: groups, members, shards and routing.
+///
+/// Exit status: 0 done; 1 the coordinator refused or failed (status and message on stderr); 2 usage error;
+/// 3 coordinator unreachable or not answering its JSON; 4 refused by coordctl (recreate without --yes).
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Coordinator base URL (any instance, or the Service).
+    #[arg(long, env = "COORD_URL", default_value = "http://127.0.0.1:7400", global = true)]
+    url: String,
+    /// Admin bearer token (required when the coordinator has one).
+    #[arg(long, env = "COORD_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// Print JSON (the coordinator's wire types) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Per-request timeout, in ms.
+    #[arg(long, default_value_t = 10_000, global = true)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List groups from the coordinator's index.
+    Groups {
+        /// Rebuild the index first by scanning every metadata key (after the index was lost).
+        #[arg(long)]
+        rebuild: bool,
+    },
+    /// Describe a group: members, epochs, leases, target vs current owner per shard, drains, correction round, lag.
+    Describe {
+        /// Stream name.
+        stream: String,
+        /// Consumer group name.
+        group: String,
+    },
+    /// Grow a stream by COUNT shards. Groups adopt the new routing on their next tick.
+    AddShards {
+        /// Stream name.
+        stream: String,
+        /// How many shards to add.
+        count: u32,
+        /// Only if the routing is still at this revision (from `coordctl routing`). Without it a retried command
+        /// adds the shards twice.
+        #[arg(long, value_name = "REV")]
+        if_match: Option<u64>,
+    },
+    /// Fence a member now. It is told to stop on its next heartbeat; its shards move when its lease ends.
+    Fence {
+        /// Stream name.
+        stream: String,
+        /// Consumer group name.
+        group: String,
+        /// Member id.
+        member: String,
+        /// Only if the group is still at this revision (from `coordctl describe`).
+        #[arg(long, value_name = "REV")]
+        if_match: Option<u64>,
+    },
+    /// Recreate a group whose metadata was lost. Prints the plan and does nothing without --yes.
+    Recreate {
+        /// Stream name.
+        stream: String,
+        /// Consumer group name.
+        group: String,
+        /// Shard count (must equal the stream's, see `coordctl routing`).
+        #[arg(long)]
+        shards: u32,
+        /// Member lease TTL in ms (give all four timings, or none for the coordinator's defaults).
+        #[arg(long)]
+        member_ttl_ms: Option<u64>,
+        /// Heartbeat interval in ms.
+        #[arg(long)]
+        heartbeat_interval_ms: Option<u64>,
+        /// Rebalance timeout in ms.
+        #[arg(long)]
+        rebalance_timeout_ms: Option<u64>,
+        /// Consumer assignment lease in ms (at most the member TTL).
+        #[arg(long)]
+        assignment_lease_ms: Option<u64>,
+        /// Do it.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Show a stream's routing: shard count, routing version, revision, routing lease.
+    Routing {
+        /// Stream name.
+        stream: String,
+    },
+}
+
+/// `coordctl describe --json`: the group and, when the coordinator's `/metrics` is readable, the lag per shard.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Described {
+    group: protocol::messages::GroupDescription,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag: Option<Vec<output::ShardLag>>,
+}
+
+/// What `recreate` without `--yes` prints with `--json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RecreatePlan {
+    stream: String,
+    group: String,
+    shard_count: u32,
+    timings: Option<GroupTimings>,
+    current: String,
+    done: bool,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.json;
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if json {
+                if let CliError::Api { http, body } = &e {
+                    let v = serde_json::json!({ "httpStatus": http, "error": body });
+                    println!("{v}");
+                }
+            }
+            eprintln!("coordctl: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let client = AdminClient::new(&cli.url, cli.token.clone(), Duration::from_millis(cli.timeout_ms))?;
+    let json = cli.json;
+    match cli.command {
+        Command::Groups { rebuild } => {
+            let list = client.groups(rebuild).await?;
+            emit(json, &list, || output::groups(&list));
+        }
+        Command::Describe { stream, group } => {
+            let g = client.describe(&stream, &group).await?;
+            let lag = client
+                .metrics()
+                .await
+                .map(|text| output::lag_from_metrics(&text, &stream, &group));
+            let human = output::group(&g, lag.as_deref());
+            emit(json, &Described { group: g, lag }, || human);
+        }
+        Command::AddShards {
+            stream,
+            count,
+            if_match,
+        } => {
+            let r = client.add_shards(&stream, count, if_match.map(StoreRevision)).await?;
+            emit(json, &r, || format!("added {count} shard(s)\n{}", output::routing(&r)));
+        }
+        Command::Fence {
+            stream,
+            group,
+            member,
+            if_match,
+        } => {
+            let g = client
+                .fence(&stream, &group, &member, if_match.map(StoreRevision))
+                .await?;
+            emit(json, &g, || {
+                format!(
+                    "fenced {member}: it gets FENCED_MEMBER_EPOCH on its next heartbeat; its shards move when its lease \
+                     ends\n\n{}",
+                    output::group(&g, None)
+                )
+            });
+        }
+        Command::Recreate {
+            stream,
+            group,
+            shards,
+            member_ttl_ms,
+            heartbeat_interval_ms,
+            rebalance_timeout_ms,
+            assignment_lease_ms,
+            yes,
+        } => {
+            let timings = match (
+                member_ttl_ms,
+                heartbeat_interval_ms,
+                rebalance_timeout_ms,
+                assignment_lease_ms,
+            ) {
+                (None, None, None, None) => None,
+                (Some(ttl), Some(hb), Some(rb), Some(lease)) => Some(GroupTimings {
+                    member_ttl_ms: ttl,
+                    heartbeat_interval_ms: hb,
+                    rebalance_timeout_ms: rb,
+                    assignment_lease_ms: lease,
+                }),
+                _ => {
+                    return Err(CliError::Refused(
+                        "give all four timings (--member-ttl-ms --heartbeat-interval-ms --rebalance-timeout-ms \
+                         --assignment-lease-ms) or none"
+                            .into(),
+                    ))
+                }
+            };
+            if !yes {
+                let current = match client.describe(&stream, &group).await {
+                    Ok(g) => format!("the group exists (revision {}): recreate will refuse", g.revision.0),
+                    Err(e) => e.to_string(),
+                };
+                let plan = RecreatePlan {
+                    stream: stream.clone(),
+                    group: group.clone(),
+                    shard_count: shards,
+                    timings,
+                    current: current.clone(),
+                    done: false,
+                };
+                emit(json, &plan, || recreate_plan(&plan));
+                return Err(CliError::Refused(
+                    "not recreated: re-run with --yes after checking the plan".into(),
+                ));
+            }
+            let req = RecreateGroupRequest {
+                confirm: true,
+                shard_count: shards,
+                timings,
+            };
+            let g = client.recreate(&stream, &group, &req).await?;
+            emit(json, &g, || format!("recreated\n\n{}", output::group(&g, None)));
+        }
+        Command::Routing { stream } => {
+            let r = client.routing(&stream).await?;
+            emit(json, &r, || output::routing(&r));
+        }
+    }
+    Ok(())
+}
+
+fn recreate_plan(p: &RecreatePlan) -> String {
+    let timings = match &p.timings {
+        None => "the coordinator's default timings".to_owned(),
+        Some(t) => format!(
+            "memberTtl {} ms, heartbeatInterval {} ms, rebalanceTimeout {} ms, assignmentLease {} ms",
+            t.member_ttl_ms, t.heartbeat_interval_ms, t.rebalance_timeout_ms, t.assignment_lease_ms
+        ),
+    };
+    format!(
+        "PLAN: recreate group {group} of stream {stream} with {n} shard(s) and {timings}.\n\
+         now: {current}\n\
+         - allowed only while the group's metadata key is missing; the coordinator never rebuilds it from heartbeats;\n\
+         - the new group starts at a metadata version above any the lost group had, with a correction round open:\n\
+         \x20 no member gets OK for one member TTL (clients of the lost group may still hold leases);\n\
+         - members of the lost group get UNKNOWN_MEMBER and rejoin;\n\
+         - the stream's routing is created with {n} shard(s) if it is missing too; an existing routing must have {n}.\n\
+         Do not recreate while the original data may still be restored (a wrong database, a Redis being recovered).\n\
+         Re-run with --yes to do it.\n",
+        group = p.group,
+        stream = p.stream,
+        n = p.shard_count,
+        current = p.current,
+    )
+}
+
+/// Prints `value` as JSON, or the human text.
+fn emit<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
+    if json {
+        match serde_json::to_string_pretty(value) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("coordctl: cannot encode the answer: {e}"),
+        }
+    } else {
+        print!("{}", human());
+    }
+}

@@ -1,0 +1,182 @@
+//! A consumer-group worker: joins a group through the coordinator, reads the shards it is assigned, logs every
+//! assignment change, and leaves gracefully on SIGTERM or SIGINT (in-flight work finished, shards reported
+//! revoked, group left, so its shards move at once).
+//!
+//! ```text
+//! cargo run -p examples --bin worker -- \
+//!     --stream orders --group billing --member-id worker-1 \
+//!     --redis-url redis://127.0.0.1:6379 \
+//!     --coordinator-url http://127.0.0.1:7400 --coordinator-url http://127.0.0.1:7401
+//! ```
+//!
+//! Every flag can also come from the environment (`STREAM`, `GROUP`, `MEMBER_ID`, `REDIS_URL`,
+//! `COORDINATOR_URL` as a comma-separated list, ...). `RUST_LOG` sets the log filter (default `info`).
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stream_consumer::{
+    CancellationToken, Consumer, FileVersionStore, Message, RebalanceListener, ShardId, StartPosition,
+};
+use tracing::{debug, info, warn};
+
+#[derive(Parser, Debug)]
+#[command(about = "A redis-stream-coord consumer-group worker")]
+struct Args {
+    /// Logical stream (prefix of the shard keys).
+    #[arg(long, env = "STREAM")]
+    stream: String,
+    /// Consumer group.
+    #[arg(long, env = "GROUP")]
+    group: String,
+    /// Stable member id (for example the pod name); random when absent.
+    #[arg(long, env = "MEMBER_ID")]
+    member_id: Option<String>,
+    /// Redis URL of the shard streams.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Coordinator base URL; repeat the flag (or comma-separate the variable) for several.
+    #[arg(
+        long = "coordinator-url",
+        env = "COORDINATOR_URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    coordinator_urls: Vec<String>,
+    /// Bearer token of the coordinator's client endpoints, if it requires one.
+    #[arg(long, env = "COORDINATOR_TOKEN")]
+    coordinator_token: Option<String>,
+    /// Where a brand-new Redis consumer group starts on each shard.
+    #[arg(long, env = "START_FROM", value_enum, default_value_t = Start::Beginning)]
+    start_from: Start,
+    /// Keep the highest observed metadata version in this directory (survives restarts); in memory otherwise.
+    #[arg(long, env = "VERSION_DIR")]
+    version_dir: Option<PathBuf>,
+    /// Deliveries after which an entry is dead-lettered.
+    #[arg(long, env = "MAX_DELIVERIES", default_value_t = stream_consumer::DEFAULT_MAX_DELIVERIES)]
+    max_deliveries: u32,
+    /// How long a graceful shutdown waits for in-flight messages, in seconds.
+    #[arg(long, env = "DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    drain_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Start {
+    Beginning,
+    End,
+}
+
+/// Logs every rebalance callback.
+struct LogRebalance {
+    handled: Arc<Mutex<BTreeMap<ShardId, u64>>>,
+}
+
+impl RebalanceListener for LogRebalance {
+    async fn on_assigned(&self, shard: ShardId) {
+        info!(%shard, "shard assigned");
+    }
+
+    async fn on_revoked(&self, shard: ShardId) {
+        let handled = self.handled.lock().expect("counter lock").remove(&shard).unwrap_or(0);
+        info!(%shard, handled, "shard revoked");
+    }
+
+    async fn on_lost(&self, shards: Vec<ShardId>) {
+        warn!(
+            ?shards,
+            "shards lost (fenced, forgotten, or the assignment lease ran out)"
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+
+    let handled: Arc<Mutex<BTreeMap<ShardId, u64>>> = Arc::default();
+    let counts = Arc::clone(&handled);
+    let mut builder = Consumer::builder(&args.stream, &args.group)
+        .coordinators(args.coordinator_urls.iter().cloned())
+        .redis(&args.redis_url)
+        .start_from(match args.start_from {
+            Start::Beginning => StartPosition::Beginning,
+            Start::End => StartPosition::End,
+        })
+        .max_deliveries(args.max_deliveries)
+        .drain_timeout(Duration::from_secs(args.drain_timeout_secs))
+        .rebalance_listener(LogRebalance { handled })
+        .handler(move |msg: Message| {
+            let counts = Arc::clone(&counts);
+            async move {
+                debug!(shard = %msg.shard(), id = %msg.id(), deliveries = msg.delivery_count(),
+                    fields = msg.fields().count(), "message");
+                *counts.lock().expect("counter lock").entry(msg.shard()).or_default() += 1;
+                Ok::<_, std::convert::Infallible>(())
+            }
+        });
+    if let Some(id) = &args.member_id {
+        builder = builder.member_id(id);
+    }
+    if let Some(token) = &args.coordinator_token {
+        builder = builder.coordinator_token(token);
+    }
+    if let Some(dir) = &args.version_dir {
+        let store = FileVersionStore::new(dir).with_context(|| format!("version directory {}", dir.display()))?;
+        builder = builder.version_store(store);
+    }
+    let consumer = builder.build().context("invalid configuration")?;
+    info!(stream = %args.stream, group = %args.group, member_id = %consumer.member_id(),
+        coordinators = ?args.coordinator_urls, "worker starting");
+
+    // Log every change of the reading set, whatever caused it.
+    let mut status = consumer.status();
+    tokio::spawn(async move {
+        let mut last = Vec::new();
+        while status.changed().await.is_ok() {
+            let s = status.borrow_and_update().clone();
+            if s.reading != last {
+                info!(reading = ?s.reading, revoking = ?s.revoking, pending = ?s.pending,
+                    metadata_version = %s.metadata_version, epoch = %s.member_epoch, "assignment");
+                last = s.reading;
+            }
+        }
+    });
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_shutdown(shutdown.clone()));
+    let report = consumer.run(shutdown).await.context("consumer failed")?;
+    info!(left = report.left, cut_short = ?report.killed_shards, "worker stopped");
+    Ok(())
+}
+
+/// Cancels `shutdown` on SIGTERM (what Kubernetes sends) or SIGINT (Ctrl-C).
+async fn signal_shutdown(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM: closing gracefully"),
+                    _ = tokio::signal::ctrl_c() => info!("SIGINT: closing gracefully"),
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the worker gracefully");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        info!("Ctrl-C: closing gracefully");
+    }
+    shutdown.cancel();
+}

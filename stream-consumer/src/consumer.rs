@@ -1,0 +1,349 @@
+//! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
+//! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
+
+use protocol::names::MemberId;
+use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, ShardId, Status};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConsumerBuilder, ConsumerConfig};
+use crate::error::ConsumerError;
+use crate::handler::{DynHandler, DynListener, NoListener};
+use crate::heartbeat::Driver;
+use crate::lease::LeaseView;
+use crate::membership::Membership;
+use crate::shard_reader::ReaderShared;
+use crate::version_store::{version_key, DynVersionStore, MemoryVersionStore};
+
+/// A consumer group member, configured and not yet running.
+///
+/// Build it with [`Consumer::builder`], then either [`run`](Consumer::run) it in the current task until a
+/// cancellation token fires, or [`spawn`](Consumer::spawn) it and keep the [`ConsumerHandle`].
+pub struct Consumer {
+    config: Arc<ConsumerConfig>,
+    handler: Arc<dyn DynHandler>,
+    listener: Arc<dyn DynListener>,
+    store: Arc<dyn DynVersionStore>,
+    /// Random per process: tells the coordinator a retried join from a new incarnation of the member id.
+    instance_id: String,
+    status: watch::Sender<ConsumerStatus>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("config", &self.config)
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters of heartbeat outcomes since the consumer started (a monitoring signal: heartbeat success and
+/// failure by status).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeartbeatCounters {
+    /// `OK` answers.
+    pub ok: u64,
+    /// `SYNC_METADATA` answers.
+    pub sync_metadata: u64,
+    /// `REVOKE_PENDING` answers.
+    pub revoke_pending: u64,
+    /// `FENCED_MEMBER_EPOCH` refusals.
+    pub fenced: u64,
+    /// `UNKNOWN_MEMBER` refusals.
+    pub unknown_member: u64,
+    /// Other failures (unreachable, terminating, store or metadata unavailable, ...).
+    pub failed: u64,
+    /// Times the assignment lease ran out and every reader was stopped.
+    pub lease_expiries: u64,
+    /// Times the member lost its assignment and rejoined with epoch 0.
+    pub rejoins: u64,
+}
+
+impl HeartbeatCounters {
+    pub(crate) fn count(&mut self, status: Status) {
+        match status {
+            Status::Ok => self.ok += 1,
+            Status::SyncMetadata => self.sync_metadata += 1,
+            Status::RevokePending => self.revoke_pending += 1,
+            Status::FencedMemberEpoch => self.fenced += 1,
+            Status::UnknownMember => self.unknown_member += 1,
+            _ => self.failed += 1,
+        }
+    }
+
+    /// Heartbeats answered with `OK`, `SYNC_METADATA` or `REVOKE_PENDING`.
+    pub fn answers(&self) -> u64 {
+        self.ok + self.sync_metadata + self.revoke_pending
+    }
+}
+
+/// A snapshot of a consumer's state, published after every change (see [`Consumer::status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerStatus {
+    /// The member id.
+    pub member_id: MemberId,
+    /// Whether the current incarnation has an answer from the coordinator.
+    pub joined: bool,
+    /// The epoch the next heartbeat carries (0: joining).
+    pub member_epoch: MemberEpoch,
+    /// Version of the last applied answer.
+    pub metadata_version: MetadataVersion,
+    /// Highest metadata version ever observed (also through the version store).
+    pub max_observed_version: MetadataVersion,
+    /// Assignment epoch of the last applied answer.
+    pub assignment_epoch: AssignmentEpoch,
+    /// Shards being read.
+    pub reading: Vec<ShardId>,
+    /// Shards in local revoking state (draining or revoked, not yet released).
+    pub revoking: Vec<ShardId>,
+    /// Shards assigned to this member but still held by their previous owner (not read).
+    pub pending: Vec<ShardId>,
+    /// Shards with work in flight, and how much.
+    pub in_flight: Vec<(ShardId, usize)>,
+    /// Status of the last heartbeat (answer or error), if any.
+    pub last_status: Option<Status>,
+    /// When the assignment lease runs out, if one is held.
+    pub lease_expires_at: Option<Instant>,
+    /// Heartbeat outcome counters.
+    pub heartbeats: HeartbeatCounters,
+    /// Whether the consumer has stopped.
+    pub closed: bool,
+}
+
+impl ConsumerStatus {
+    fn initial(member_id: MemberId) -> Self {
+        ConsumerStatus {
+            member_id,
+            joined: false,
+            member_epoch: MemberEpoch::JOIN,
+            metadata_version: MetadataVersion::default(),
+            max_observed_version: MetadataVersion::default(),
+            assignment_epoch: AssignmentEpoch::default(),
+            reading: Vec::new(),
+            revoking: Vec::new(),
+            pending: Vec::new(),
+            in_flight: Vec::new(),
+            last_status: None,
+            lease_expires_at: None,
+            heartbeats: HeartbeatCounters::default(),
+            closed: false,
+        }
+    }
+}
+
+/// How a consumer stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CloseReport {
+    /// Whether the leave (epoch -1) was acknowledged. If not, the coordinator moves the shards when the member
+    /// TTL runs out instead of at once.
+    pub left: bool,
+    /// Shards whose in-flight work was dropped instead of finished (the drain deadline passed, or the consumer
+    /// was aborted). Their entries stay pending and are delivered again to the next owner.
+    pub killed_shards: Vec<ShardId>,
+}
+
+impl Consumer {
+    /// Starts building a consumer of `group` on the logical stream `stream`.
+    pub fn builder(stream: impl Into<String>, group: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::new(stream, group)
+    }
+
+    pub(crate) fn from_parts(
+        config: ConsumerConfig,
+        handler: Arc<dyn DynHandler>,
+        listener: Option<Arc<dyn DynListener>>,
+        store: Option<Arc<dyn DynVersionStore>>,
+    ) -> Consumer {
+        let status = watch::Sender::new(ConsumerStatus::initial(config.member_id.clone()));
+        Consumer {
+            config: Arc::new(config),
+            handler,
+            listener: listener.unwrap_or_else(|| Arc::new(NoListener)),
+            store: store.unwrap_or_else(|| Arc::new(MemoryVersionStore::new())),
+            instance_id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
+            status,
+        }
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    /// The member id (configured or generated).
+    pub fn member_id(&self) -> &MemberId {
+        &self.config.member_id
+    }
+
+    /// This process's instance id (random, sent with every heartbeat).
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// A receiver of the consumer's [`ConsumerStatus`], updated after every change. Take it before
+    /// [`run`](Consumer::run) consumes the consumer.
+    pub fn status(&self) -> watch::Receiver<ConsumerStatus> {
+        self.status.subscribe()
+    }
+
+    /// Runs the consumer in the current task until `shutdown` is cancelled, then closes it gracefully: stop new
+    /// reads, finish in-flight work (up to the drain timeout), report every shard revoked, leave the group so its
+    /// shards move at once.
+    ///
+    /// # Errors
+    /// [`ConsumerError::VersionStore`] when the version store cannot be read at start;
+    /// [`ConsumerError::Coordinator`] when the coordinator refuses the first join for a reason retrying cannot
+    /// fix (bad token, invalid request). Coordinator outages and Redis errors are not errors: the consumer
+    /// retries them for as long as it runs.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future stops every task at once, like a crash (no leave; the coordinator
+    /// moves the shards when the member TTL runs out). Cancel `shutdown` instead.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<CloseReport, ConsumerError> {
+        self.run_with(shutdown, CancellationToken::new()).await
+    }
+
+    /// Runs the consumer on a background task and returns its handle.
+    ///
+    /// Must be called inside a Tokio runtime.
+    pub fn spawn(self) -> ConsumerHandle {
+        let shutdown = CancellationToken::new();
+        let kill = CancellationToken::new();
+        let status = self.status();
+        let member_id = self.config.member_id.clone();
+        let task = tokio::spawn(self.run_with(shutdown.clone(), kill.clone()));
+        ConsumerHandle {
+            member_id,
+            shutdown,
+            kill,
+            status,
+            task: Some(task),
+        }
+    }
+
+    async fn run_with(
+        self,
+        shutdown: CancellationToken,
+        kill: CancellationToken,
+    ) -> Result<CloseReport, ConsumerError> {
+        let c = &self.config;
+        let key = version_key(&c.stream, &c.group);
+        let max_observed = self.store.load(&key).await?;
+        let redis = redis::Client::open(c.redis_url.as_str()).map_err(ConsumerError::Redis)?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(c.timings.redis_response_timeout))
+            .set_max_delay(Duration::from_secs(2));
+        // Lazy: Redis being down at start is an outage to ride out, not a start failure.
+        let conn =
+            ConnectionManager::new_lazy_with_config(redis.clone(), manager_config).map_err(ConsumerError::Redis)?;
+        let shared = Arc::new(ReaderShared {
+            stream: c.stream.clone(),
+            group: c.group.clone(),
+            member_id: c.member_id.clone(),
+            redis,
+            conn,
+            handler: Arc::clone(&self.handler),
+            listener: Arc::clone(&self.listener),
+            lease: Arc::new(LeaseView::new(Instant::now())),
+            start_from: c.start_from,
+            read_block: c.timings.read_block,
+            batch_size: c.batch_size,
+            max_deliveries: c.max_deliveries,
+            retry_min: c.timings.retry_backoff_min,
+            retry_max: c.timings.retry_backoff_max,
+        });
+        let membership = Membership::new(
+            c.member_id.clone(),
+            self.instance_id.clone(),
+            MetadataVersion(max_observed),
+        );
+        let driver = Driver {
+            config: Arc::clone(&self.config),
+            shared,
+            listener: Arc::clone(&self.listener),
+            store: Arc::clone(&self.store),
+            version_key: key,
+            membership,
+            status: self.status.clone(),
+            kill,
+        };
+        driver.run(shutdown).await
+    }
+}
+
+/// A running consumer ([`Consumer::spawn`]). Owns the consumer's tasks.
+///
+/// Dropping the handle begins a graceful close in the background (it cannot wait for it); call
+/// [`close`](ConsumerHandle::close) to wait for the close and learn how it went.
+#[derive(Debug)]
+pub struct ConsumerHandle {
+    member_id: MemberId,
+    shutdown: CancellationToken,
+    kill: CancellationToken,
+    status: watch::Receiver<ConsumerStatus>,
+    task: Option<JoinHandle<Result<CloseReport, ConsumerError>>>,
+}
+
+impl ConsumerHandle {
+    /// The member id.
+    pub fn member_id(&self) -> &MemberId {
+        &self.member_id
+    }
+
+    /// The current status.
+    pub fn status(&self) -> ConsumerStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver of status updates.
+    pub fn watch_status(&self) -> watch::Receiver<ConsumerStatus> {
+        self.status.clone()
+    }
+
+    /// Closes gracefully (see [`Consumer::run`]) and waits until every task stopped.
+    ///
+    /// # Errors
+    /// The consumer's error, if it stopped with one, or [`ConsumerError::Task`] if its task panicked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves the close running in the background.
+    pub async fn close(mut self) -> Result<CloseReport, ConsumerError> {
+        self.shutdown.cancel();
+        let task = self
+            .task
+            .take()
+            .expect("the task is taken only by close or abort, which consume the handle");
+        task.await.map_err(|e| ConsumerError::Task(e.to_string()))?
+    }
+
+    /// Stops every task at once, like a crash: in-flight handlers are dropped, nothing is reported to the
+    /// coordinator and the member does not leave, so its shards move only when the coordinator expires it (after
+    /// the member TTL). Waits until the tasks stopped. Meant for tests and emergencies; use
+    /// [`close`](ConsumerHandle::close) otherwise.
+    pub async fn abort(mut self) {
+        self.kill.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Whether the consumer has stopped (closed, aborted, or failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for ConsumerHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,113 @@
+//! Errors of the consumer SDK.
+
+use client_core::{CoordError, VersionStoreError};
+use protocol::{NameError, Status};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The error a handler returns; any error type converts into it (`anyhow::Error`, `std::io::Error`, a `String`).
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A consumer configuration that [`ConsumerBuilder::build`](crate::ConsumerBuilder::build) refuses.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The stream, group or member id is not a valid name.
+    #[error("invalid name: {0}")]
+    InvalidName(#[from] NameError),
+    /// No coordinator URL was given.
+    #[error("at least one coordinator URL is required")]
+    MissingCoordinator,
+    /// A coordinator URL is not `http(s)://...`.
+    #[error("coordinator URL {0:?} must start with http:// or https://")]
+    InvalidCoordinatorUrl(String),
+    /// No Redis URL was given.
+    #[error("a Redis URL is required")]
+    MissingRedisUrl,
+    /// The Redis URL does not parse.
+    #[error("invalid Redis URL {url:?}: {source}")]
+    InvalidRedisUrl {
+        /// The URL as given.
+        url: String,
+        /// Why redis-rs refused it.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// No handler was given.
+    #[error("a message handler is required")]
+    MissingHandler,
+    /// The assignment lease is longer than the member TTL: the consumer could keep reading after the
+    /// coordinator expired it and gave its shards to someone else.
+    #[error("assignment lease ({lease:?}) must not exceed the member TTL ({ttl:?})")]
+    LeaseAboveTtl {
+        /// The configured assignment lease.
+        lease: Duration,
+        /// The configured member TTL.
+        ttl: Duration,
+    },
+    /// The heartbeat interval is not shorter than the assignment lease: one late heartbeat would stop reading.
+    #[error("heartbeat interval ({heartbeat:?}) must be shorter than the assignment lease ({lease:?})")]
+    HeartbeatNotBelowLease {
+        /// The configured heartbeat interval.
+        heartbeat: Duration,
+        /// The configured assignment lease.
+        lease: Duration,
+    },
+    /// The request timeout is not shorter than the assignment lease: one slow answer would outlive the lease.
+    #[error("coordinator request timeout ({timeout:?}) must be shorter than the assignment lease ({lease:?})")]
+    RequestTimeoutNotBelowLease {
+        /// The configured request timeout.
+        timeout: Duration,
+        /// The configured assignment lease.
+        lease: Duration,
+    },
+    /// The lease safety margin takes half the lease or more.
+    #[error("lease safety margin ({margin:?}) must be less than half the assignment lease ({lease:?})")]
+    MarginTooLarge {
+        /// The configured margin.
+        margin: Duration,
+        /// The configured assignment lease.
+        lease: Duration,
+    },
+    /// A setting is out of range.
+    #[error("invalid setting `{setting}`: {reason}")]
+    Invalid {
+        /// The setting.
+        setting: &'static str,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+}
+
+/// A consumer stopped with an error.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// The version store could not be read at start, so a Redis rollback could go unnoticed: the consumer
+    /// refuses to start rather than run without that protection.
+    #[error("cannot load the highest observed metadata version: {0}")]
+    VersionStore(#[from] VersionStoreError),
+    /// The coordinator refused the consumer in a way retrying cannot fix (bad token, invalid request) before it
+    /// ever joined.
+    #[error("the coordinator refused the consumer: {0}")]
+    Coordinator(#[source] CoordError),
+    /// The coordinator client could not be built.
+    #[error("cannot build the coordinator client: {0}")]
+    CoordinatorClient(#[source] CoordError),
+    /// The Redis client could not be set up.
+    #[error("cannot set up the Redis client: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// A background task of the consumer panicked or was aborted.
+    #[error("consumer task failed: {0}")]
+    Task(String),
+}
+
+impl ConsumerError {
+    /// The coordinator's status, when the coordinator refused the consumer.
+    pub fn coordinator_status(&self) -> Option<Status> {
+        match self {
+            ConsumerError::Coordinator(e) => e.status(),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! What a handler receives: one stream entry of one shard.
+
+use protocol::names::StreamName;
+use protocol::ShardId;
+use std::fmt;
+use std::str::FromStr;
+
+/// A Redis stream entry id, `<milliseconds>-<sequence>`. Ordered as Redis orders entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EntryId {
+    /// Milliseconds part.
+    pub ms: u64,
+    /// Sequence part.
+    pub seq: u64,
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// A string that is not a stream entry id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a stream entry id (<ms>-<seq>)")]
+pub struct ParseEntryIdError(pub String);
+
+impl FromStr for EntryId {
+    type Err = ParseEntryIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseEntryIdError(s.to_owned());
+        let (ms, seq) = s.split_once('-').ok_or_else(err)?;
+        Ok(EntryId {
+            ms: ms.parse().map_err(|_| err())?,
+            seq: seq.parse().map_err(|_| err())?,
+        })
+    }
+}
+
+/// One entry of one shard, handed to the handler.
+///
+/// Delivery is at-least-once: the same entry can be handed over again (after a handler error, a crash, or a
+/// rebalance that interrupted it), with a higher [`delivery_count`](Message::delivery_count).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) stream: StreamName,
+    pub(crate) shard: ShardId,
+    pub(crate) id: EntryId,
+    pub(crate) fields: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) delivery_count: u32,
+}
+
+impl Message {
+    /// A message, for tests of handlers.
+    pub fn new(
+        stream: StreamName,
+        shard: ShardId,
+        id: EntryId,
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+        delivery_count: u32,
+    ) -> Self {
+        Message {
+            stream,
+            shard,
+            id,
+            fields,
+            delivery_count,
+        }
+    }
+
+    /// The logical stream (prefix) the entry belongs to.
+    pub fn stream(&self) -> &StreamName {
+        &self.stream
+    }
+
+    /// The shard the entry was read from.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// The entry's id in its shard stream.
+    pub fn id(&self) -> EntryId {
+        self.id
+    }
+
+    /// How many times the entry has been delivered to this consumer group, this delivery included (1 on the
+    /// first delivery).
+    pub fn delivery_count(&self) -> u32 {
+        self.delivery_count
+    }
+
+    /// The entry's fields, in the order they were written.
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))
+    }
+
+    /// The value of the first field called `name`.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k.as_slice() == name.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The value of the first field called `name`, if it is UTF-8.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Takes the fields out of the message.
+    pub fn into_fields(self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.fields
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_parse_print_and_order_like_redis() {
+        let a: EntryId = "1700000000000-2".parse().unwrap();
+        let b: EntryId = "1700000000000-10".parse().unwrap();
+        let c: EntryId = "1700000000001-0".parse().unwrap();
+        assert!(a < b && b < c, "numeric, not lexical, order");
+        assert_eq!(a.to_string(), "1700000000000-2");
+        assert!("12".parse::<EntryId>().is_err());
+        assert!("a-1".parse::<EntryId>().is_err());
+    }
+
+    #[test]
+    fn fields_keep_their_order_and_are_found_by_name() {
+        let m = Message::new(
+            StreamName::new("s").unwrap(),
+            ShardId(1),
+            EntryId { ms: 1, seq: 0 },
+            vec![
+                (b"k".to_vec(), b"v1".to_vec()),
+                (b"bin".to_vec(), vec![0xff]),
+                (b"k".to_vec(), b"v2".to_vec()),
+            ],
+            1,
+        );
+        assert_eq!(m.get_str("k"), Some("v1"));
+        assert_eq!(m.get("bin"), Some(&[0xff][..]));
+        assert_eq!(m.get_str("bin"), None);
+        assert_eq!(m.fields().count(), 3);
+    }
+}

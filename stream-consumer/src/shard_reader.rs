@@ -1,0 +1,658 @@
+//! One shard's reader: a task that reads one shard stream and hands its entries, in order, to the handler.
+//!
+//! # Redis layout
+//! * Redis consumer group on the shard stream ([`keys::shard_stream`]) = the coordinator group name; created
+//!   with `XGROUP CREATE ... MKSTREAM` when missing, at the configured [`StartPosition`](crate::StartPosition).
+//! * Redis consumer name = the member id.
+//! * A dedicated connection per reader for the blocking `XREADGROUP` (a blocking call would stall every other
+//!   command on a shared multiplexed connection), with a response timeout longer than `BLOCK`; the consumer's
+//!   shared [`ConnectionManager`] for everything that does not block (`XACK`, `XAUTOCLAIM`, `XCLAIM`,
+//!   `XPENDING`, `XGROUP`, dead-lettering).
+//!
+//! # Order of work
+//! 1. `on_assigned` callback.
+//! 2. Make sure the group exists.
+//! 3. Re-deliver what earlier owners left pending: `XAUTOCLAIM` from `0-0` with min-idle 0, following the cursor
+//!    to the end. Idle 0 is safe: the coordinator only assigns a shard once its previous owner reported it
+//!    revoked, expired, or was fenced and its lease ended, so nobody else is working on those entries.
+//! 4. New entries: `XREADGROUP ... BLOCK <read_block> STREAMS key >`. After a failed read the dedicated
+//!    connection is dropped and reopened with backoff, and step 3 runs again first: Redis may have delivered
+//!    entries to a read whose reply was lost with the connection, and `>` never returns those again.
+//! 5. After every read returns, and before every entry, check the shard is still ours (not revoking, lease
+//!    valid). Entries read but not handled stay pending for this member; whoever owns the shard next claims
+//!    them in step 3.
+//! 6. When told to stop (DRAIN, close): finish the entry in hand, then `on_revoked`, then exit. A blocking read
+//!    in progress is ended at once with `CLIENT UNBLOCK` and awaited, so no read is left running on the server
+//!    when the shard is reported revoked (an entry delivered to an abandoned read would otherwise sit in this
+//!    member's pending list after the next owner already claimed).
+//!
+//! # Handling one entry
+//! The handler succeeds: `XACK` (retried until it succeeds while the shard is ours; an entry left pending under
+//! this member would not be delivered again while it keeps the shard). It fails (or panics): the entry stays pending and is retried in place after a
+//! jittered exponential backoff; each retry is recorded as a delivery in Redis (`XCLAIM` to this member, which
+//! increments the delivery count) so the count survives a crash. An entry whose delivery count exceeds
+//! `max_deliveries` goes to the dead-letter stream (see [`crate::dead_letter`]).
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::FutureExt;
+use protocol::keys;
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::ShardId;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, RedisError, Value};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::config::StartPosition;
+use crate::dead_letter;
+use crate::handler::{DynHandler, DynListener};
+use crate::in_flight::InFlight;
+use crate::lease::LeaseView;
+use crate::message::{EntryId, Message};
+use crate::stream_reply::{self, RawEntry};
+
+/// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
+const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
+
+/// Everything the readers of one consumer share.
+pub(crate) struct ReaderShared {
+    pub stream: StreamName,
+    pub group: GroupName,
+    pub member_id: MemberId,
+    /// For the dedicated blocking connections.
+    pub redis: redis::Client,
+    /// For every non-blocking command.
+    pub conn: ConnectionManager,
+    pub handler: Arc<dyn DynHandler>,
+    pub listener: Arc<dyn DynListener>,
+    /// Checked before every read and every entry.
+    pub lease: Arc<LeaseView>,
+    pub start_from: StartPosition,
+    pub read_block: Duration,
+    pub batch_size: usize,
+    pub max_deliveries: u32,
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+}
+
+impl ReaderShared {
+    /// Response timeout of a dedicated connection: longer than `BLOCK`, so a blocking read that returns empty is
+    /// never mistaken for a dead connection.
+    fn blocking_response_timeout(&self) -> Duration {
+        self.read_block + self.read_block.max(Duration::from_secs(1))
+    }
+}
+
+/// How a reader is told to stop.
+#[derive(Debug, Clone)]
+pub(crate) struct ReaderControl {
+    /// Stop new reads, finish the entry in hand (DRAIN, close).
+    pub stop: CancellationToken,
+    /// Drop everything now, in-flight handler included (fenced, lease expired, drain deadline, abort).
+    pub kill: CancellationToken,
+}
+
+/// How a reader ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReaderExit {
+    /// Stopped in an orderly way: nothing in flight, `on_revoked` called.
+    Drained,
+    /// Killed: in-flight work was dropped.
+    Killed,
+}
+
+/// Runs the reader of `shard` until it is stopped or killed.
+///
+/// # Cancel safety
+/// Not meant to be dropped: stop it through `ctl`. Dropping it is like a crash (entries in hand stay pending).
+pub(crate) async fn run(
+    shared: Arc<ReaderShared>,
+    shard: ShardId,
+    ctl: ReaderControl,
+    in_flight: Arc<InFlight>,
+) -> ReaderExit {
+    let mut reader = Reader {
+        key: keys::shard_stream(&shared.stream, shard),
+        dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
+        shared,
+        shard,
+        stop: ctl.stop,
+        in_flight,
+        dedicated: None,
+        blocked_client: None,
+        redis_backoff: None,
+    };
+    let exit = tokio::select! {
+        biased;
+        _ = ctl.kill.cancelled() => ReaderExit::Killed,
+        () = reader.body() => ReaderExit::Drained,
+    };
+    if exit == ReaderExit::Killed {
+        // The body was dropped mid-way; if it was blocked in XREADGROUP, end that read on the server too.
+        reader.dedicated = None;
+        if let Some(id) = reader.blocked_client.take() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(id)).await;
+        }
+    }
+    debug!(shard = %shard, ?exit, "shard reader stopped");
+    exit
+}
+
+struct Reader {
+    shared: Arc<ReaderShared>,
+    shard: ShardId,
+    key: String,
+    dead_letter_key: String,
+    stop: CancellationToken,
+    in_flight: Arc<InFlight>,
+    /// The dedicated connection and its `CLIENT ID`, once connected.
+    dedicated: Option<(MultiplexedConnection, Option<i64>)>,
+    /// The client id of a blocking read in progress.
+    blocked_client: Option<i64>,
+    /// Backoff after Redis errors; reset by a success.
+    redis_backoff: Option<ExponentialBackoff>,
+}
+
+fn jittered(min: Duration, max: Duration) -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .with_jitter()
+        // backon without its `std` feature seeds every generator alike; readers must not retry in lockstep.
+        .with_jitter_seed(rand::random())
+        .without_max_times()
+        .build()
+}
+
+fn is_nogroup(e: &RedisError) -> bool {
+    e.code() == Some("NOGROUP")
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("handler panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("handler panicked: {s}")
+    } else {
+        "handler panicked".to_owned()
+    }
+}
+
+impl Reader {
+    async fn body(&mut self) {
+        self.shared.listener.on_assigned(self.shard).await;
+        if self.ensure_group().await {
+            // Claim, then read new entries; after a failed read, claim again: Redis may have delivered entries
+            // to a read whose reply was lost with the connection, and `>` never returns them again.
+            while self.claim_pending().await && self.read_new().await {}
+        }
+        self.dedicated = None;
+        self.shared.listener.on_revoked(self.shard).await;
+    }
+
+    /// Whether the shard may still be read or handled: not revoking and within the lease.
+    fn may_handle(&self) -> bool {
+        !self.stop.is_cancelled() && self.shared.lease.is_valid_at(Instant::now())
+    }
+
+    /// Sleeps `d`, or returns `false` at once when stopped.
+    async fn pause(&self, d: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+
+    /// After a Redis error: waits with backoff. `false` when stopped meanwhile.
+    async fn redis_failed(&mut self, what: &str, e: &RedisError) -> bool {
+        let (min, max) = (Duration::from_millis(50), Duration::from_secs(2));
+        let delay = self
+            .redis_backoff
+            .get_or_insert_with(|| jittered(min, max))
+            .next()
+            .unwrap_or(max);
+        warn!(shard = %self.shard, group = %self.shared.group, error = %e, retry_in = ?delay, "{what} failed");
+        self.pause(delay).await
+    }
+
+    fn redis_ok(&mut self) {
+        self.redis_backoff = None;
+    }
+
+    /// Waits while the lease is not valid (the heartbeat loop is about to stop this reader). `false` when stopped.
+    async fn wait_for_lease(&self) -> bool {
+        while !self.shared.lease.is_valid_at(Instant::now()) {
+            if !self.pause(Duration::from_millis(20)).await {
+                return false;
+            }
+        }
+        !self.stop.is_cancelled()
+    }
+
+    /// Creates the Redis consumer group if missing. `false` when stopped before it succeeded.
+    async fn ensure_group(&mut self) -> bool {
+        loop {
+            if self.stop.is_cancelled() {
+                return false;
+            }
+            let mut conn = self.shared.conn.clone();
+            let r: Result<Value, RedisError> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&self.key)
+                .arg(self.shared.group.as_str())
+                .arg(self.shared.start_from.group_create_id())
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await;
+            match r {
+                Ok(_) => {
+                    debug!(shard = %self.shard, key = %self.key, "created the consumer group");
+                    self.redis_ok();
+                    return true;
+                }
+                Err(e) if e.code() == Some("BUSYGROUP") => {
+                    self.redis_ok();
+                    return true;
+                }
+                Err(e) => {
+                    if !self.redis_failed("XGROUP CREATE", &e).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Step 3: re-delivers the group's pending entries (any consumer's) from the start, following the cursor.
+    /// Returns `false` when stopped.
+    async fn claim_pending(&mut self) -> bool {
+        let mut cursor = "0-0".to_owned();
+        loop {
+            if !self.wait_for_lease().await {
+                return false;
+            }
+            let batch = match self.claim_batch(&cursor).await {
+                Ok(b) => b,
+                Err(e) => {
+                    if is_nogroup(&e) {
+                        // The stream or group vanished (Redis restarted empty, key deleted): nothing is pending.
+                        if !self.ensure_group().await {
+                            return false;
+                        }
+                        continue;
+                    }
+                    if !self.redis_failed("XAUTOCLAIM", &e).await {
+                        return false;
+                    }
+                    continue;
+                }
+            };
+            self.redis_ok();
+            let (next, entries) = batch;
+            for (entry, count) in entries {
+                if !self.may_handle() {
+                    // Claimed to this member and left pending: the shard's next owner claims it again.
+                    return !self.stop.is_cancelled();
+                }
+                self.handle(entry, count).await;
+            }
+            if next == "0-0" {
+                return true;
+            }
+            cursor = next;
+        }
+    }
+
+    /// One `XAUTOCLAIM` batch, with the delivery count of each claimed entry (from `XPENDING`).
+    async fn claim_batch(&mut self, cursor: &str) -> Result<(String, Vec<(RawEntry, u32)>), RedisError> {
+        let mut conn = self.shared.conn.clone();
+        let reply: Value = redis::cmd("XAUTOCLAIM")
+            .arg(&self.key)
+            .arg(self.shared.group.as_str())
+            .arg(self.shared.member_id.as_str())
+            .arg(0)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(self.shared.batch_size)
+            .query_async(&mut conn)
+            .await?;
+        let claim = stream_reply::auto_claim(&reply).map_err(reply_error)?;
+        if !claim.deleted.is_empty() {
+            debug!(shard = %self.shard, deleted = claim.deleted.len(), "pending entries no longer in the stream");
+        }
+        let entries: Vec<RawEntry> = claim.entries;
+        let counts = match (entries.first(), entries.last()) {
+            (Some(first), Some(last)) => self.delivery_counts(first.id, last.id, entries.len()).await?,
+            _ => HashMap::new(),
+        };
+        let with_counts = entries
+            .into_iter()
+            .map(|e| {
+                // XAUTOCLAIM counted this delivery; 2 is the least a re-delivered entry can have.
+                let count = counts.get(&e.id).copied().unwrap_or(2);
+                (e, count)
+            })
+            .collect();
+        Ok((claim.next, with_counts))
+    }
+
+    async fn delivery_counts(
+        &mut self,
+        first: EntryId,
+        last: EntryId,
+        n: usize,
+    ) -> Result<HashMap<EntryId, u32>, RedisError> {
+        let mut conn = self.shared.conn.clone();
+        let reply: Value = redis::cmd("XPENDING")
+            .arg(&self.key)
+            .arg(self.shared.group.as_str())
+            .arg(first.to_string())
+            .arg(last.to_string())
+            .arg(n)
+            .arg(self.shared.member_id.as_str())
+            .query_async(&mut conn)
+            .await?;
+        let rows = stream_reply::pending_rows(&reply).map_err(reply_error)?;
+        Ok(rows.into_iter().map(|r| (r.id, r.delivery_count)).collect())
+    }
+
+    /// Opens a dedicated connection and learns its `CLIENT ID` (for `CLIENT UNBLOCK`). Without the id (an ACL that
+    /// forbids `CLIENT`), a stop waits for the read to return on its own, at most `read_block`.
+    async fn connect_dedicated(&self) -> Result<(MultiplexedConnection, Option<i64>), RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(self.shared.blocking_response_timeout()));
+        let mut conn = self
+            .shared
+            .redis
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let name = format!("stream-consumer:{}:{}", self.shared.member_id, self.shard);
+        let named: Result<((), i64), RedisError> = redis::pipe()
+            .cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(name)
+            .cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await;
+        match named {
+            Ok(((), id)) => Ok((conn, Some(id))),
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
+            Err(e) => {
+                debug!(shard = %self.shard, error = %e, "CLIENT SETNAME/ID refused; stops wait for BLOCK to run out");
+                Ok((conn, None))
+            }
+        }
+    }
+
+    /// Ends a blocking read of client `id` on the server (it answers as if `BLOCK` ran out).
+    async fn unblock(&self, id: i64) {
+        let mut conn = self.shared.conn.clone();
+        let r: Result<Value, RedisError> = redis::cmd("CLIENT").arg("UNBLOCK").arg(id).query_async(&mut conn).await;
+        if let Err(e) = r {
+            debug!(shard = %self.shard, error = %e, "CLIENT UNBLOCK failed");
+        }
+    }
+
+    /// Step 4: new entries. Returns `false` when stopped, `true` after a failed read (claim again first).
+    async fn read_new(&mut self) -> bool {
+        loop {
+            if !self.wait_for_lease().await {
+                return false;
+            }
+            let (mut conn, client_id) = match self.dedicated.take() {
+                Some(c) => c,
+                None => match self.connect_dedicated().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if !self.redis_failed("connecting the reader", &e).await {
+                            return false;
+                        }
+                        continue;
+                    }
+                },
+            };
+            let result = self.blocking_read(&mut conn, client_id).await;
+            match result {
+                Ok(entries) => {
+                    self.redis_ok();
+                    self.dedicated = Some((conn, client_id));
+                    for entry in entries {
+                        // Re-checked after every blocking read and before every entry.
+                        if !self.may_handle() {
+                            break;
+                        }
+                        self.handle(entry, 1).await;
+                    }
+                }
+                Err(e) if is_nogroup(&e) => {
+                    self.dedicated = Some((conn, client_id));
+                    if !self.ensure_group().await {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    // The connection may be broken: reconnect after the backoff, and claim again first.
+                    drop(conn);
+                    return self.redis_failed("XREADGROUP", &e).await;
+                }
+            }
+        }
+    }
+
+    /// One blocking `XREADGROUP`. A stop while blocked unblocks the read and still waits for its answer.
+    async fn blocking_read(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        client_id: Option<i64>,
+    ) -> Result<Vec<RawEntry>, RedisError> {
+        let block_ms = u64::try_from(self.shared.read_block.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(self.shared.group.as_str())
+            .arg(self.shared.member_id.as_str())
+            .arg("COUNT")
+            .arg(self.shared.batch_size)
+            .arg("BLOCK")
+            .arg(block_ms)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(">");
+        self.blocked_client = client_id;
+        let read = cmd.query_async::<Value>(conn);
+        tokio::pin!(read);
+        let mut unblock_at: Option<tokio::time::Instant> = None;
+        let reply = loop {
+            tokio::select! {
+                biased;
+                r = &mut read => break r,
+                _ = self.stop.cancelled(), if unblock_at.is_none() && client_id.is_some() => {
+                    unblock_at = Some(tokio::time::Instant::now());
+                }
+                // Repeated: an UNBLOCK that reaches Redis before the read itself (they travel on different
+                // connections) finds nothing to unblock.
+                _ = tokio::time::sleep_until(unblock_at.unwrap_or_else(tokio::time::Instant::now)), if unblock_at.is_some() => {
+                    if let Some(id) = client_id {
+                        self.unblock(id).await;
+                    }
+                    unblock_at = Some(tokio::time::Instant::now() + UNBLOCK_RETRY);
+                }
+            }
+        };
+        self.blocked_client = None;
+        stream_reply::read_group(&reply?).map_err(reply_error)
+    }
+
+    /// Handles one entry until it is acknowledged, dead-lettered, or left pending because the shard is no longer
+    /// ours.
+    async fn handle(&mut self, entry: RawEntry, delivery_count: u32) {
+        let _in_flight = self.in_flight.begin();
+        let Some(fields) = entry.fields else {
+            // Pending but trimmed from the stream: nothing to hand over; drop it from the pending list.
+            self.ack(entry.id).await;
+            return;
+        };
+        let mut message = Message {
+            stream: self.shared.stream.clone(),
+            shard: self.shard,
+            id: entry.id,
+            fields,
+            delivery_count,
+        };
+        let mut backoff: Option<ExponentialBackoff> = None;
+        loop {
+            if message.delivery_count > self.shared.max_deliveries {
+                let why = format!(
+                    "delivered {} times, more than max_deliveries ({})",
+                    message.delivery_count, self.shared.max_deliveries
+                );
+                self.dead_letter(&message, &why).await;
+                return;
+            }
+            let outcome = AssertUnwindSafe(self.shared.handler.handle(message.clone()))
+                .catch_unwind()
+                .await;
+            let error = match outcome {
+                Ok(Ok(())) => {
+                    self.ack(message.id).await;
+                    return;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => panic_message(panic),
+            };
+            warn!(shard = %self.shard, id = %message.id, deliveries = message.delivery_count, error = %error,
+                "handler failed");
+            if message.delivery_count >= self.shared.max_deliveries {
+                self.dead_letter(&message, &error).await;
+                return;
+            }
+            let delay = backoff
+                .get_or_insert_with(|| jittered(self.shared.retry_min, self.shared.retry_max))
+                .next()
+                .unwrap_or(self.shared.retry_max);
+            if !self.pause(delay).await || !self.may_handle() {
+                // Left pending: the shard's next owner (or this member, if it gets the shard back) retries it.
+                return;
+            }
+            match self.record_retry(message.id).await {
+                Some(true) => message.delivery_count += 1,
+                Some(false) => return, // trimmed meanwhile: nothing left to handle
+                None => message.delivery_count += 1,
+            }
+        }
+    }
+
+    /// Counts a retry as a delivery in Redis (`XCLAIM` to this member with min-idle 0 increments the count).
+    /// `Some(false)` when the entry is gone; `None` when Redis could not be asked.
+    async fn record_retry(&mut self, id: EntryId) -> Option<bool> {
+        let mut conn = self.shared.conn.clone();
+        let r: Result<Value, RedisError> = redis::cmd("XCLAIM")
+            .arg(&self.key)
+            .arg(self.shared.group.as_str())
+            .arg(self.shared.member_id.as_str())
+            .arg(0)
+            .arg(id.to_string())
+            .query_async(&mut conn)
+            .await;
+        match r.map(|v| stream_reply::entries("XCLAIM", &v)) {
+            Ok(Ok(entries)) => Some(entries.iter().any(|e| e.id == id && e.fields.is_some())),
+            Ok(Err(e)) => {
+                warn!(shard = %self.shard, error = %e, "XCLAIM");
+                None
+            }
+            Err(e) => {
+                debug!(shard = %self.shard, error = %e, "XCLAIM failed; counting the retry locally");
+                None
+            }
+        }
+    }
+
+    /// Whether to try a failed acknowledgement (or dead-lettering) again: always while the shard is ours (an
+    /// entry left pending under this member would not be delivered again while it keeps the shard), a few more
+    /// times once stopped (the next owner re-delivers it anyway).
+    async fn retry_after(&mut self, what: &str, e: &RedisError, attempts_after_stop: &mut u32) -> bool {
+        if self.stop.is_cancelled() {
+            if *attempts_after_stop == 0 {
+                return false;
+            }
+            *attempts_after_stop -= 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return true;
+        }
+        self.redis_failed(what, e).await || *attempts_after_stop > 0
+    }
+
+    /// `XACK`, retried until it succeeds while the shard is ours. A lost ack only means the entry is delivered
+    /// again (at-least-once).
+    async fn ack(&mut self, id: EntryId) {
+        let mut attempts_after_stop = 3;
+        loop {
+            let mut conn = self.shared.conn.clone();
+            let r: Result<i64, RedisError> = redis::cmd("XACK")
+                .arg(&self.key)
+                .arg(self.shared.group.as_str())
+                .arg(id.to_string())
+                .query_async(&mut conn)
+                .await;
+            match r {
+                Ok(_) => {
+                    self.redis_ok();
+                    return;
+                }
+                Err(e) => {
+                    if !self.retry_after("XACK", &e, &mut attempts_after_stop).await {
+                        warn!(shard = %self.shard, id = %id, "entry left unacknowledged; it will be delivered again");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends the entry to the shard's dead-letter stream and acknowledges it, atomically.
+    async fn dead_letter(&mut self, message: &Message, error: &str) {
+        let fields = dead_letter::entry_fields(message, &self.shared.group, &self.shared.member_id, error);
+        let mut attempts_after_stop = 3;
+        loop {
+            let mut conn = self.shared.conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            let xadd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
+            for (k, v) in &fields {
+                xadd.arg(k.as_slice()).arg(v.as_slice());
+            }
+            pipe.cmd("XACK")
+                .arg(&self.key)
+                .arg(self.shared.group.as_str())
+                .arg(message.id.to_string())
+                .ignore();
+            let r: Result<(String,), RedisError> = pipe.query_async(&mut conn).await;
+            match r {
+                Ok((dead_letter_id,)) => {
+                    self.redis_ok();
+                    warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.dead_letter_key,
+                        "entry dead-lettered");
+                    return;
+                }
+                Err(e) => {
+                    if !self.retry_after("dead-lettering", &e, &mut attempts_after_stop).await {
+                        warn!(shard = %self.shard, id = %message.id, "entry not dead-lettered; it stays pending");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn reply_error(e: stream_reply::ReplyError) -> RedisError {
+    RedisError::from((redis::ErrorKind::Parse, "unexpected stream reply", e.to_string()))
+}

@@ -1,0 +1,312 @@
+//! Parsing of the stream command replies the shard reader uses (`XREADGROUP`, `XAUTOCLAIM`, `XCLAIM`,
+//! `XPENDING`), from raw [`redis::Value`]s.
+//!
+//! Parsed by hand rather than through redis-rs's typed stream replies because those keep fields in a `HashMap`
+//! (the order of fields is lost, and a handler may care) and drop the difference between a deleted entry and an
+//! empty one. No I/O here; accepts both RESP2 arrays and RESP3 maps.
+
+use redis::Value;
+
+use crate::message::EntryId;
+
+/// Fields of an entry, in order.
+pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One entry of a reply. `fields` is `None` for an entry still pending but deleted from the stream (trimmed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawEntry {
+    pub id: EntryId,
+    pub fields: Option<Fields>,
+}
+
+/// An `XAUTOCLAIM` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AutoClaim {
+    /// Cursor for the next call; `0-0` when the scan is complete.
+    pub next: String,
+    /// Claimed entries, in id order.
+    pub entries: Vec<RawEntry>,
+    /// Pending ids whose entries no longer exist (Redis removed them from the pending list).
+    pub deleted: Vec<EntryId>,
+}
+
+/// One row of an extended `XPENDING` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PendingRow {
+    pub id: EntryId,
+    pub consumer: String,
+    pub delivery_count: u32,
+}
+
+/// A reply that does not have the expected shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected {command} reply: {detail}")]
+pub(crate) struct ReplyError {
+    pub command: &'static str,
+    pub detail: String,
+}
+
+fn err(command: &'static str, detail: impl Into<String>) -> ReplyError {
+    ReplyError {
+        command,
+        detail: detail.into(),
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.clone().into_bytes()),
+        Value::Okay => Some(b"OK".to_vec()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    bytes(v).and_then(|b| String::from_utf8(b).ok())
+}
+
+fn entry_id(command: &'static str, v: &Value) -> Result<EntryId, ReplyError> {
+    let s = text(v).ok_or_else(|| err(command, format!("entry id is {v:?}")))?;
+    s.parse().map_err(|e| err(command, format!("{e}")))
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn items(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Some(items),
+        _ => None,
+    }
+}
+
+fn fields(command: &'static str, v: &Value) -> Result<Option<Fields>, ReplyError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::Map(pairs) => pairs
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    bytes(k).ok_or_else(|| err(command, "field"))?,
+                    bytes(v).ok_or_else(|| err(command, "value"))?,
+                ))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        other => {
+            let flat = items(other).ok_or_else(|| err(command, format!("fields are {other:?}")))?;
+            if flat.len() % 2 != 0 {
+                return Err(err(command, "odd number of field items"));
+            }
+            flat.chunks(2)
+                .map(|kv| {
+                    Ok((
+                        bytes(&kv[0]).ok_or_else(|| err(command, "field"))?,
+                        bytes(&kv[1]).ok_or_else(|| err(command, "value"))?,
+                    ))
+                })
+                .collect::<Result<_, _>>()
+                .map(Some)
+        }
+    }
+}
+
+/// A list of `[id, fields]` pairs (the body of `XRANGE`, `XCLAIM`, and of one stream in `XREADGROUP`).
+pub(crate) fn entries(command: &'static str, v: &Value) -> Result<Vec<RawEntry>, ReplyError> {
+    let list = match v {
+        Value::Nil => return Ok(Vec::new()),
+        other => items(other).ok_or_else(|| err(command, format!("entry list is {other:?}")))?,
+    };
+    list.iter()
+        .map(|e| match e {
+            // XCLAIM of an entry deleted meanwhile answers nil in its place (older servers).
+            Value::Nil => Ok(None),
+            other => {
+                let pair = items(other).ok_or_else(|| err(command, format!("entry is {other:?}")))?;
+                match pair {
+                    [id, f] => Ok(Some(RawEntry {
+                        id: entry_id(command, id)?,
+                        fields: fields(command, f)?,
+                    })),
+                    [id] => Ok(Some(RawEntry {
+                        id: entry_id(command, id)?,
+                        fields: None,
+                    })),
+                    _ => Err(err(command, "entry is not [id, fields]")),
+                }
+            }
+        })
+        .filter_map(Result::transpose)
+        .collect()
+}
+
+/// An `XREADGROUP` reply for one stream: nil on timeout, else `[[key, entries]]` (or a RESP3 map).
+pub(crate) fn read_group(v: &Value) -> Result<Vec<RawEntry>, ReplyError> {
+    const CMD: &str = "XREADGROUP";
+    match v {
+        Value::Nil => Ok(Vec::new()),
+        Value::Map(pairs) => match pairs.as_slice() {
+            [] => Ok(Vec::new()),
+            [(_, list)] => entries(CMD, list),
+            _ => Err(err(CMD, "more than one stream")),
+        },
+        other => {
+            let streams = items(other).ok_or_else(|| err(CMD, format!("{other:?}")))?;
+            match streams {
+                [] => Ok(Vec::new()),
+                [one] => match items(one) {
+                    Some([_, list]) => entries(CMD, list),
+                    _ => Err(err(CMD, "stream is not [key, entries]")),
+                },
+                _ => Err(err(CMD, "more than one stream")),
+            }
+        }
+    }
+}
+
+/// An `XAUTOCLAIM` reply: `[next, entries, deleted]` (Redis 7) or `[next, entries]` (6.2).
+pub(crate) fn auto_claim(v: &Value) -> Result<AutoClaim, ReplyError> {
+    const CMD: &str = "XAUTOCLAIM";
+    let parts = items(v).ok_or_else(|| err(CMD, format!("{v:?}")))?;
+    let (next, list, deleted) = match parts {
+        [next, list] => (next, list, None),
+        [next, list, deleted] => (next, list, Some(deleted)),
+        _ => return Err(err(CMD, "not [next, entries, deleted]")),
+    };
+    let deleted = match deleted {
+        None | Some(Value::Nil) => Vec::new(),
+        Some(d) => items(d)
+            .ok_or_else(|| err(CMD, "deleted ids"))?
+            .iter()
+            .map(|id| entry_id(CMD, id))
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(AutoClaim {
+        next: text(next).ok_or_else(|| err(CMD, "cursor"))?,
+        entries: entries(CMD, list)?,
+        deleted,
+    })
+}
+
+/// An extended `XPENDING key group start end count [consumer]` reply: `[[id, consumer, idle, deliveries]]`.
+pub(crate) fn pending_rows(v: &Value) -> Result<Vec<PendingRow>, ReplyError> {
+    const CMD: &str = "XPENDING";
+    let rows = match v {
+        Value::Nil => return Ok(Vec::new()),
+        other => items(other).ok_or_else(|| err(CMD, format!("{other:?}")))?,
+    };
+    rows.iter()
+        .map(|row| match items(row) {
+            Some([id, consumer, _idle, count]) => Ok(PendingRow {
+                id: entry_id(CMD, id)?,
+                consumer: text(consumer).ok_or_else(|| err(CMD, "consumer"))?,
+                delivery_count: int(count)
+                    .and_then(|c| u32::try_from(c).ok())
+                    .ok_or_else(|| err(CMD, "delivery count"))?,
+            }),
+            _ => Err(err(CMD, "row is not [id, consumer, idle, deliveries]")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn arr(v: Vec<Value>) -> Value {
+        Value::Array(v)
+    }
+
+    fn id(ms: u64, seq: u64) -> EntryId {
+        EntryId { ms, seq }
+    }
+
+    #[test]
+    fn read_group_timeout_is_empty() {
+        assert_eq!(read_group(&Value::Nil).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn read_group_keeps_field_order() {
+        let v = arr(vec![arr(vec![
+            b("key"),
+            arr(vec![
+                arr(vec![b("1-0"), arr(vec![b("z"), b("1"), b("a"), b("2")])]),
+                arr(vec![b("1-1"), arr(vec![b("k"), b("v")])]),
+            ]),
+        ])]);
+        let e = read_group(&v).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].id, id(1, 0));
+        assert_eq!(
+            e[0].fields,
+            Some(vec![(b"z".to_vec(), b"1".to_vec()), (b"a".to_vec(), b"2".to_vec())])
+        );
+    }
+
+    #[test]
+    fn read_group_resp3_map() {
+        let v = Value::Map(vec![(
+            b("key"),
+            arr(vec![arr(vec![b("5-0"), arr(vec![b("k"), b("v")])])]),
+        )]);
+        assert_eq!(read_group(&v).unwrap()[0].id, id(5, 0));
+    }
+
+    #[test]
+    fn auto_claim_with_deleted_entries() {
+        let v = arr(vec![
+            b("7-0"),
+            arr(vec![
+                arr(vec![b("3-0"), arr(vec![b("k"), b("v")])]),
+                arr(vec![b("4-0"), Value::Nil]),
+            ]),
+            arr(vec![b("2-0")]),
+        ]);
+        let c = auto_claim(&v).unwrap();
+        assert_eq!(c.next, "7-0");
+        assert_eq!(c.entries.len(), 2);
+        assert_eq!(c.entries[1].fields, None, "nil fields: deleted");
+        assert_eq!(c.deleted, vec![id(2, 0)]);
+    }
+
+    #[test]
+    fn auto_claim_redis_6_shape() {
+        let c = auto_claim(&arr(vec![b("0-0"), arr(vec![])])).unwrap();
+        assert_eq!(c.next, "0-0");
+        assert!(c.entries.is_empty() && c.deleted.is_empty());
+    }
+
+    #[test]
+    fn pending_rows_parse() {
+        let v = arr(vec![arr(vec![b("1-0"), b("m1"), Value::Int(10), Value::Int(3)])]);
+        assert_eq!(
+            pending_rows(&v).unwrap(),
+            vec![PendingRow {
+                id: id(1, 0),
+                consumer: "m1".into(),
+                delivery_count: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        assert!(read_group(&Value::Int(1)).is_err());
+        assert!(auto_claim(&arr(vec![b("0-0")])).is_err());
+        assert!(entries("X", &arr(vec![arr(vec![b("1-0"), arr(vec![b("odd")])])])).is_err());
+        assert!(entries("X", &arr(vec![arr(vec![b("nope"), arr(vec![])])])).is_err());
+        assert!(pending_rows(&arr(vec![arr(vec![b("1-0")])])).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! HTTP-level coordinator faults, with a wiremock coordinator: a lost join answer, a terminating coordinator
+//! followed by a healthy one, and a coordinator too slow to answer within the lease (shard reads against a real
+//! redis-server).
+
+mod common;
+
+use common::{init_tracing, wait_status, Recorder};
+use protocol::messages::{ErrorResponse, HeartbeatRequest, HeartbeatResponse};
+use protocol::names::MemberId;
+use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, Status};
+use std::time::{Duration, Instant};
+use stream_consumer::{Consumer, ConsumerBuilder, Message};
+use test_support::RedisServer;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const HB_PATH: &str = "/v1/streams/orders/groups/billing/heartbeat";
+
+fn answer(assigned: &[u32], lease_ms: u64) -> HeartbeatResponse {
+    HeartbeatResponse {
+        status: Status::Ok,
+        member_id: MemberId::new("m1").unwrap(),
+        member_epoch: MemberEpoch(1),
+        metadata_version: MetadataVersion(3),
+        assignment_epoch: AssignmentEpoch(1),
+        assigned: assigned.iter().map(|&s| ShardId(s)).collect(),
+        pending: vec![],
+        revoke: vec![],
+        heartbeat_interval_ms: 200,
+        assignment_lease_ms: lease_ms,
+        shard_count: 8,
+        routing_version: RoutingVersion(1),
+    }
+}
+
+fn builder(redis_url: &str) -> ConsumerBuilder {
+    Consumer::builder("orders", "billing")
+        .redis(redis_url)
+        .member_id("m1")
+        .heartbeat_interval(Duration::from_millis(200))
+        .member_ttl(Duration::from_millis(2000))
+        .assignment_lease(Duration::from_millis(1500))
+        .lease_safety_margin(Duration::from_millis(100))
+        .request_timeout(Duration::from_millis(300))
+        .read_block(Duration::from_millis(300))
+}
+
+async fn requests(server: &MockServer) -> Vec<HeartbeatRequest> {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).expect("a heartbeat request body"))
+        .collect()
+}
+
+#[tokio::test]
+async fn lost_join_answer_is_retried_as_a_join_of_the_same_instance() {
+    init_tracing();
+    let server = MockServer::start().await;
+    // The join reaches the coordinator, but its answer comes after the client gave up.
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(answer(&[], 1500))
+                .set_delay(Duration::from_secs(2)),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(200).set_body_json(answer(&[], 1500)))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let c = builder("redis://127.0.0.1:1")
+        .coordinator(server.uri())
+        .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+        .build()
+        .unwrap()
+        .spawn();
+    wait_status(&c, Duration::from_secs(5), "joined", |s| {
+        s.joined && s.heartbeats.ok >= 2
+    })
+    .await;
+    let reqs = requests(&server).await;
+    assert!(reqs.len() >= 3);
+    assert_eq!(reqs[0].member_epoch, MemberEpoch::JOIN);
+    assert_eq!(
+        reqs[1].member_epoch,
+        MemberEpoch::JOIN,
+        "the lost join is retried as a join"
+    );
+    assert_eq!(
+        reqs[0].instance_id, reqs[1].instance_id,
+        "same instance: the coordinator sees a retry"
+    );
+    assert_eq!(reqs[2].member_epoch, MemberEpoch(1), "then the epoch of the answer");
+    assert_eq!(reqs[2].metadata_version, MetadataVersion(3));
+    let s = c.status();
+    assert_eq!(s.heartbeats.failed, 1);
+    assert_eq!(s.heartbeats.rejoins, 0);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn terminating_coordinator_then_success_on_the_next_url() {
+    init_tracing();
+    let terminating = MockServer::start().await;
+    let healthy = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_body_json(ErrorResponse {
+            status: Status::CoordinatorTerminating,
+            message: "shutting down".into(),
+            member_epoch: None,
+            retry_after_ms: Some(200),
+        }))
+        .mount(&terminating)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(200).set_body_json(answer(&[], 1500)))
+        .mount(&healthy)
+        .await;
+    let c = builder("redis://127.0.0.1:1")
+        .coordinator(terminating.uri())
+        .coordinator(healthy.uri())
+        .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+        .build()
+        .unwrap()
+        .spawn();
+    wait_status(&c, Duration::from_secs(5), "three answered heartbeats", |s| {
+        s.heartbeats.ok >= 3
+    })
+    .await;
+    assert_eq!(c.status().heartbeats.failed, 0, "failed over within the same heartbeat");
+    assert_eq!(
+        requests(&terminating).await.len(),
+        1,
+        "the terminating instance is tried once, then skipped"
+    );
+    let healthy_reqs = requests(&healthy).await;
+    assert!(healthy_reqs.len() >= 3);
+    assert_eq!(healthy_reqs[0].member_epoch, MemberEpoch::JOIN);
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_coordinator_lets_the_lease_run_out_and_reads_stop() {
+    init_tracing();
+    let redis = RedisServer::start().await;
+    let server = MockServer::start().await;
+    let lease = Duration::from_millis(1000);
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(200).set_body_json(answer(&[0], lease.as_millis() as u64)))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    // From then on every answer comes too late.
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(answer(&[0], 1000))
+                .set_delay(Duration::from_secs(3)),
+        )
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let rec = Recorder::new();
+    let r = rec.clone();
+    let before_join = Instant::now();
+    let c = builder(&redis.url())
+        .coordinator(server.uri())
+        .handler(move |m: Message| {
+            let g = r.begin("m1", &m);
+            async move {
+                g.ok();
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .build()
+        .unwrap()
+        .spawn();
+    wait_status(&c, Duration::from_secs(5), "reading shard 0", |s| {
+        s.reading == vec![ShardId(0)]
+    })
+    .await;
+    let lease_end_bound = Instant::now() + lease;
+    let key = protocol::keys::shard_stream(&protocol::names::StreamName::new("orders").unwrap(), ShardId(0));
+    let mut con = redis.connection().await;
+    let _: String = redis::cmd("XADD")
+        .arg(&key)
+        .arg("*")
+        .arg("n")
+        .arg(1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    test_support::wait_until(Duration::from_secs(2), "the entry handled within the lease", || {
+        let n = rec.acked().len();
+        async move { n == 1 }
+    })
+    .await;
+    wait_status(&c, Duration::from_secs(5), "the lease to run out", |s| {
+        s.heartbeats.lease_expiries >= 1 && s.reading.is_empty() && s.revoking == vec![ShardId(0)]
+    })
+    .await;
+    let stopped = Instant::now();
+    println!(
+        "reads stopped {:?} after the join was sent (lease {lease:?})",
+        stopped - before_join
+    );
+    assert!(
+        stopped - before_join >= lease - Duration::from_millis(150),
+        "not before the lease ran out"
+    );
+    assert!(c.status().heartbeats.failed >= 1);
+    let _: String = redis::cmd("XADD")
+        .arg(&key)
+        .arg("*")
+        .arg("n")
+        .arg(2)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let late: Vec<_> = rec.all().into_iter().filter(|r| r.start > lease_end_bound).collect();
+    assert!(late.is_empty(), "handled after the lease: {late:?}");
+    c.abort().await;
+}

@@ -1,0 +1,321 @@
+//! Typed errors: configuration ([`ConfigError`]), routing refresh ([`RefreshError`]), per-record publishing
+//! ([`PublishError`] with its [`WriteState`]), batches ([`BatchError`]) and the handle ([`ProducerError`]).
+//!
+//! The one question a caller must be able to answer after a failed publish is "may I send this record again
+//! without creating a duplicate?". [`PublishError::write_state`] answers it:
+//!
+//! | [`WriteState`] | meaning | safe to retry? |
+//! |---|---|---|
+//! | [`NotWritten`](WriteState::NotWritten) | the record never reached Redis, or Redis refused it | yes |
+//! | [`Unknown`](WriteState::Unknown) | the request left, the answer did not come back (connection dropped, timeout) | only if duplicates are acceptable (at-least-once) |
+//! | [`Written`](WriteState::Written) | the record is in its shard stream (only in a [`BatchError`]'s outcomes) | no |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use client_core::{CoordError, VersionStoreError};
+use protocol::names::StreamName;
+use protocol::{NameError, RoutingVersion, ShardId, Status};
+use thiserror::Error;
+
+use crate::publisher::Published;
+
+/// The builder's settings break a rule; nothing was started.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The stream name is not valid.
+    #[error("invalid stream name: {0}")]
+    Stream(#[from] NameError),
+    /// No coordinator URL, or a URL that is not `http(s)://`.
+    #[error("invalid coordinator settings: {0}")]
+    Coordinator(#[source] CoordError),
+    /// No Redis URL was given.
+    #[error("a Redis URL is required")]
+    MissingRedis,
+    /// The Redis URL cannot be parsed.
+    #[error("invalid Redis URL: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// A numeric setting is outside its range.
+    #[error("{name} must be {rule} (got {value})")]
+    OutOfRange {
+        /// The setting.
+        name: &'static str,
+        /// The rule it breaks.
+        rule: &'static str,
+        /// The value given.
+        value: String,
+    },
+    /// The queue could never hold one full batch.
+    #[error("queue_capacity ({queue_capacity}) must be at least max_batch_size ({max_batch_size})")]
+    QueueSmallerThanBatch {
+        /// The queue capacity.
+        queue_capacity: usize,
+        /// The batch size.
+        max_batch_size: usize,
+    },
+    /// The minimum refresh retry backoff is above the maximum.
+    #[error("refresh_retry_min ({min:?}) must not exceed refresh_retry_max ({max:?})")]
+    RetryBackoffInverted {
+        /// The minimum.
+        min: Duration,
+        /// The maximum.
+        max: Duration,
+    },
+    /// `build()` was called outside a tokio runtime (the producer spawns its tasks there).
+    #[error("Producer::build must be called inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// A routing refresh failed. The cache is kept while its lease holds.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RefreshError {
+    /// The coordinator could not be reached or answered an error (for example `METADATA_UNAVAILABLE` when the
+    /// stream has no routing).
+    #[error("routing refresh failed: {0}")]
+    Coordinator(#[from] CoordError),
+    /// The coordinator answered a status a routing fetch never returns.
+    #[error("routing refresh answered an unexpected status {0}")]
+    UnexpectedStatus(Status),
+    /// The version store could not be read before the first refresh.
+    #[error("version store unreadable: {0}")]
+    VersionStore(#[from] VersionStoreError),
+}
+
+/// Whether a record reached its shard stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteState {
+    /// The record is in its shard stream.
+    Written,
+    /// The record is not in any shard stream: retrying cannot duplicate it.
+    NotWritten,
+    /// The request may or may not have been executed (the connection dropped or timed out after it left):
+    /// retrying may duplicate it.
+    Unknown,
+}
+
+/// Publishing one record failed.
+///
+/// Cheap to clone (sources are shared), because one failed pipeline fails every record in it.
+#[derive(Debug, Clone, Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The routing lease ended and no refresh has succeeded since: the producer fails closed and writes nothing
+    /// rather than route with a shard count that may be stale.
+    #[error("routing of stream {stream} expired {expired_for:?} ago (version {version}) and cannot be refreshed")]
+    RoutingExpired {
+        /// The stream.
+        stream: StreamName,
+        /// How long ago the lease ended.
+        expired_for: Duration,
+        /// The routing version whose lease ended.
+        version: RoutingVersion,
+        /// The last refresh failure, if one is known.
+        #[source]
+        last_error: Option<Arc<RefreshError>>,
+    },
+    /// No routing was ever fetched (coordinator unreachable, or the stream has no routing yet).
+    #[error("no routing for stream {stream} yet")]
+    NoRouting {
+        /// The stream.
+        stream: StreamName,
+        /// The last refresh failure, if one is known.
+        #[source]
+        last_error: Option<Arc<RefreshError>>,
+    },
+    /// Redis answered the XADD with an error (wrong type, out of memory, read-only replica, ...).
+    #[error("Redis refused the record for shard {shard}: {source}")]
+    Rejected {
+        /// The shard.
+        shard: ShardId,
+        /// Redis's error reply.
+        #[source]
+        source: Arc<redis::RedisError>,
+    },
+    /// No connection to Redis could be opened; the request never left.
+    #[error("cannot connect to Redis for shard {shard}: {source}")]
+    Connect {
+        /// The shard.
+        shard: ShardId,
+        /// The connection error.
+        #[source]
+        source: Arc<redis::RedisError>,
+    },
+    /// The request left but its answer did not arrive (connection dropped, reset or timed out).
+    #[error("connection to Redis lost while publishing to shard {shard}: {source}")]
+    ConnectionLost {
+        /// The shard.
+        shard: ShardId,
+        /// The transport error.
+        #[source]
+        source: Arc<redis::RedisError>,
+    },
+    /// Redis answered something that is not an entry id.
+    #[error("unexpected answer to XADD on shard {shard}: {detail}")]
+    UnexpectedReply {
+        /// The shard.
+        shard: ShardId,
+        /// What came back.
+        detail: String,
+    },
+    /// The record cannot be published as given.
+    #[error("invalid record: {0}")]
+    InvalidRecord(&'static str),
+    /// The producer is closed (or closing) and accepts no more records.
+    #[error("the producer is closed")]
+    Closed,
+    /// The producer was dropped while the record was queued or in flight.
+    #[error("the producer was dropped before the record's outcome was known")]
+    Abandoned,
+}
+
+impl PublishError {
+    /// Whether the record may be in its shard stream.
+    pub fn write_state(&self) -> WriteState {
+        match self {
+            PublishError::ConnectionLost { .. } | PublishError::UnexpectedReply { .. } | PublishError::Abandoned => {
+                WriteState::Unknown
+            }
+            PublishError::RoutingExpired { .. }
+            | PublishError::NoRouting { .. }
+            | PublishError::Rejected { .. }
+            | PublishError::Connect { .. }
+            | PublishError::InvalidRecord(_)
+            | PublishError::Closed => WriteState::NotWritten,
+        }
+    }
+
+    /// Whether sending the same record again later may succeed (routing outages, connection problems, Redis
+    /// errors that redis-rs classifies as retryable). Check [`write_state`](Self::write_state) first: retrying an
+    /// [`Unknown`](WriteState::Unknown) record may duplicate it.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PublishError::RoutingExpired { .. }
+            | PublishError::NoRouting { .. }
+            | PublishError::Connect { .. }
+            | PublishError::ConnectionLost { .. } => true,
+            PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),
+            PublishError::UnexpectedReply { .. }
+            | PublishError::InvalidRecord(_)
+            | PublishError::Closed
+            | PublishError::Abandoned => false,
+        }
+    }
+
+    /// Whether the producer refused the record for lack of a valid routing (fail closed).
+    pub fn is_routing_unavailable(&self) -> bool {
+        matches!(
+            self,
+            PublishError::RoutingExpired { .. } | PublishError::NoRouting { .. }
+        )
+    }
+}
+
+/// The outcome of one record of a batch.
+#[derive(Debug, Clone)]
+pub enum RecordOutcome {
+    /// The record is in its shard stream.
+    Written(Published),
+    /// The record is not in any shard stream: safe to retry.
+    NotWritten(PublishError),
+    /// The record may or may not be in its shard stream.
+    Unknown(PublishError),
+}
+
+impl RecordOutcome {
+    /// Sorts a result by its [`WriteState`].
+    pub fn from_result(result: Result<Published, PublishError>) -> Self {
+        match result {
+            Ok(p) => RecordOutcome::Written(p),
+            Err(e) => match e.write_state() {
+                WriteState::Unknown => RecordOutcome::Unknown(e),
+                WriteState::NotWritten | WriteState::Written => RecordOutcome::NotWritten(e),
+            },
+        }
+    }
+
+    /// The record's write state.
+    pub fn write_state(&self) -> WriteState {
+        match self {
+            RecordOutcome::Written(_) => WriteState::Written,
+            RecordOutcome::NotWritten(_) => WriteState::NotWritten,
+            RecordOutcome::Unknown(_) => WriteState::Unknown,
+        }
+    }
+
+    /// The publication, when written.
+    pub fn published(&self) -> Option<&Published> {
+        match self {
+            RecordOutcome::Written(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The error, when not written or unknown.
+    pub fn error(&self) -> Option<&PublishError> {
+        match self {
+            RecordOutcome::Written(_) => None,
+            RecordOutcome::NotWritten(e) | RecordOutcome::Unknown(e) => Some(e),
+        }
+    }
+}
+
+/// Some records of a batch were not written (or their outcome is unknown).
+///
+/// Holds one [`RecordOutcome`] per record, in the order the records were given, so a caller can resend exactly
+/// the [`NotWritten`](RecordOutcome::NotWritten) ones.
+#[derive(Debug, Clone, Error)]
+#[error("{} of {} records not written, {} unknown{}", self.count(WriteState::NotWritten), self.outcomes.len(),
+    self.count(WriteState::Unknown), self.first_error().map(|e| format!(" (first error: {e})")).unwrap_or_default())]
+pub struct BatchError {
+    outcomes: Vec<RecordOutcome>,
+}
+
+impl BatchError {
+    pub(crate) fn new(outcomes: Vec<RecordOutcome>) -> Self {
+        BatchError { outcomes }
+    }
+
+    /// One outcome per record, in input order.
+    pub fn outcomes(&self) -> &[RecordOutcome] {
+        &self.outcomes
+    }
+
+    /// The outcomes, in input order.
+    pub fn into_outcomes(self) -> Vec<RecordOutcome> {
+        self.outcomes
+    }
+
+    /// How many records are in `state`.
+    pub fn count(&self, state: WriteState) -> usize {
+        self.outcomes.iter().filter(|o| o.write_state() == state).count()
+    }
+
+    /// Indices (into the batch) of the records in `state`.
+    pub fn indices(&self, state: WriteState) -> Vec<usize> {
+        self.outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.write_state() == state)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The first error of the batch.
+    pub fn first_error(&self) -> Option<&PublishError> {
+        self.outcomes.iter().find_map(RecordOutcome::error)
+    }
+}
+
+/// An operation of the producer handle failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ProducerError {
+    /// The producer is closed.
+    #[error("the producer is closed")]
+    Closed,
+    /// A background task of the producer panicked.
+    #[error("a producer task failed: {0}")]
+    TaskFailed(String),
+}

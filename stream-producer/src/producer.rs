@@ -1,0 +1,378 @@
+//! The producer handle: owns the routing refresher and the batcher tasks, and exposes the publishing calls.
+//!
+//! # Ordering contract of a publish
+//! 1. Ask the routing cache for a routing valid *now*. If the lease ended, or a newer version is known to exist,
+//!    refresh first (single flight, shared with every concurrent publish and the background refresher).
+//! 2. If there is still no valid routing, fail every record with
+//!    [`PublishError::RoutingExpired`] (or `NoRouting`) and write nothing.
+//! 3. Otherwise choose each record's shard with that routing, group by shard and send one pipeline per shard.
+//! 4. Report each record as written, not written or unknown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use client_core::CoordClient;
+use protocol::names::StreamName;
+use protocol::RoutingVersion;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batcher::{self, Delivery, Msg};
+use crate::config::{ProducerBuilder, ProducerConfig};
+use crate::error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome};
+use crate::publisher::{Published, Publisher, Record};
+use crate::refresher::{Refresher, SharedVersionStore};
+use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
+use crate::stats::{ProducerStats, Stats};
+
+/// State shared by the handle and its tasks.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) refresher: Arc<Refresher>,
+    pub(crate) publisher: Publisher,
+    pub(crate) stats: Arc<Stats>,
+}
+
+impl Shared {
+    /// Publishes records that passed [`Record::check`], following the ordering contract of this module.
+    pub(crate) async fn publish_checked<R: std::borrow::Borrow<Record>>(
+        &self,
+        records: &[R],
+    ) -> Vec<Result<Published, PublishError>> {
+        match self.refresher.routing_for_publish().await {
+            Ok(routing) => self.publisher.publish(records, routing).await,
+            Err(e) => {
+                let n = records.len() as u64;
+                self.stats
+                    .records_not_written
+                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                vec![Err(e); records.len()]
+            }
+        }
+    }
+}
+
+/// A producer for one stream: routes records to its shards with a leased routing cache and writes them with
+/// pipelined `XADD`s.
+///
+/// Built with [`Producer::builder`]. All publishing methods take `&self`; share a producer between tasks with an
+/// `Arc`. Close it with [`close`](Self::close), which loses nothing already accepted. Dropping it without
+/// `close` only cancels its tasks (a destructor cannot wait): queued records fail as not written and the
+/// outcome of records in flight becomes unknown.
+#[derive(Debug)]
+pub struct Producer {
+    config: ProducerConfig,
+    shared: Arc<Shared>,
+    /// The batching queue's sender; dropping it (in `close`) lets the batcher drain and exit.
+    queue: mpsc::Sender<Msg>,
+    /// Cancels the refresher, and the batcher when the producer is dropped without `close`.
+    cancel: CancellationToken,
+    /// Every task the producer spawned.
+    tasks: TaskTracker,
+    /// The batcher, awaited first by `close` (it still needs the refresher to publish what is queued).
+    batcher: Option<JoinHandle<()>>,
+}
+
+impl Producer {
+    /// A builder for a producer of `stream`.
+    pub fn builder(stream: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder::new(stream)
+    }
+
+    pub(crate) fn start(config: ProducerConfig, store: SharedVersionStore) -> Result<Producer, ConfigError> {
+        let stats = Arc::new(Stats::default());
+        let client = CoordClient::new(
+            config.coordinator_urls.clone(),
+            config.coordinator_timeout,
+            config.coordinator_token.clone(),
+        )
+        .map_err(ConfigError::Coordinator)?;
+        let cache = RoutingCache::new(RetryPolicy {
+            min: config.refresh_retry_min,
+            max: config.refresh_retry_max,
+        });
+        let refresher = Arc::new(Refresher::new(
+            config.stream.clone(),
+            client,
+            store,
+            cache,
+            stats.clone(),
+        ));
+        let redis = redis::Client::open(config.redis_url.as_str()).map_err(ConfigError::Redis)?;
+        let publisher = Publisher::new(
+            config.stream.clone(),
+            redis,
+            config.connections,
+            config.redis_connect_timeout,
+            config.redis_response_timeout,
+            config.trim,
+            stats.clone(),
+        );
+        let shared = Arc::new(Shared {
+            refresher: refresher.clone(),
+            publisher,
+            stats,
+        });
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(refresher.run(cancel.child_token()));
+        let (queue, rx) = mpsc::channel(config.batching.queue_capacity);
+        let batcher = tasks.spawn(batcher::run(shared.clone(), config.batching, rx, cancel.child_token()));
+        Ok(Producer {
+            config,
+            shared,
+            queue,
+            cancel,
+            tasks,
+            batcher: Some(batcher),
+        })
+    }
+
+    /// The stream this producer publishes to.
+    pub fn stream(&self) -> &StreamName {
+        &self.config.stream
+    }
+
+    /// The settings the producer was built with.
+    pub fn config(&self) -> &ProducerConfig {
+        &self.config
+    }
+
+    /// Waits until the producer holds a valid routing (fetching it now if needed) and its Redis connections are
+    /// open. Optional: the first publish does the same on its own.
+    ///
+    /// # Errors
+    /// [`PublishError::NoRouting`] / [`PublishError::RoutingExpired`] when no routing can be fetched,
+    /// [`PublishError::Connect`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn ready(&self) -> Result<RoutingInfo, PublishError> {
+        let routing = self.shared.refresher.routing_for_publish().await?;
+        self.shared
+            .publisher
+            .connect_all()
+            .await
+            .map_err(|e| PublishError::Connect {
+                shard: protocol::ShardId(0),
+                source: e,
+            })?;
+        Ok(routing)
+    }
+
+    /// Publishes one record routed by `key` and waits for Redis's answer.
+    ///
+    /// Concurrent calls share the publishing connections, which pipeline them; for many records at once use
+    /// [`send_batch`](Self::send_batch) or [`enqueue`](Self::enqueue).
+    ///
+    /// ```no_run
+    /// # async fn example(producer: &stream_producer::Producer) -> Result<(), stream_producer::PublishError> {
+    /// let published = producer.send("customer-42", &[("type", "order-created"), ("amount", "12.50")]).await?;
+    /// println!("shard {} id {}", published.shard, published.id);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`PublishError`]; its [`write_state`](PublishError::write_state) says whether the record may be in Redis.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future after the request left leaves the record's outcome unknown.
+    pub async fn send<K, N, V>(&self, key: K, fields: &[(N, V)]) -> Result<Published, PublishError>
+    where
+        K: AsRef<[u8]>,
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let record = Record::new(
+            Some(key.as_ref().to_vec()),
+            fields.iter().map(|(n, v)| (n.as_ref().to_vec(), v.as_ref().to_vec())),
+        );
+        self.send_record(record).await
+    }
+
+    /// Publishes one record (with or without a key) and waits for Redis's answer.
+    ///
+    /// # Errors
+    /// [`PublishError`], as for [`send`](Self::send).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, as for [`send`](Self::send).
+    pub async fn send_record(&self, record: Record) -> Result<Published, PublishError> {
+        record.check()?;
+        self.shared
+            .publish_checked(std::slice::from_ref(&record))
+            .await
+            .pop()
+            .expect("one result per record")
+    }
+
+    /// Publishes records in one round trip per shard: groups them by shard and sends one pipeline of `XADD`s per
+    /// shard, the shards' pipelines concurrently. The whole batch uses one routing.
+    ///
+    /// Records of one key keep their order. Records without a key go round-robin.
+    ///
+    /// # Errors
+    /// [`BatchError`] when any record was not written, with one [`RecordOutcome`] per record (in input order),
+    /// so exactly the not-written ones can be sent again.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future after pipelines left leaves their records' outcome unknown.
+    pub async fn send_batch(&self, records: Vec<Record>) -> Result<Vec<Published>, BatchError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut outcomes: Vec<Option<Result<Published, PublishError>>> = Vec::with_capacity(records.len());
+        let mut valid = Vec::with_capacity(records.len());
+        let mut valid_at = Vec::with_capacity(records.len());
+        for (i, r) in records.into_iter().enumerate() {
+            match r.check() {
+                Ok(()) => {
+                    valid.push(r);
+                    valid_at.push(i);
+                    outcomes.push(None);
+                }
+                Err(e) => outcomes.push(Some(Err(e))),
+            }
+        }
+        if !valid.is_empty() {
+            let results = self.shared.publish_checked(&valid).await;
+            for (i, r) in valid_at.into_iter().zip(results) {
+                outcomes[i] = Some(r);
+            }
+        }
+        let outcomes: Vec<Result<Published, PublishError>> = outcomes
+            .into_iter()
+            .map(|o| o.expect("every record has an outcome"))
+            .collect();
+        if outcomes.iter().all(Result::is_ok) {
+            Ok(outcomes.into_iter().filter_map(Result::ok).collect())
+        } else {
+            Err(BatchError::new(
+                outcomes.into_iter().map(RecordOutcome::from_result).collect(),
+            ))
+        }
+    }
+
+    /// Hands a record to the background batching mode and returns once it is *accepted* (queued); the returned
+    /// [`Delivery`] resolves to its outcome once its batch was written.
+    ///
+    /// When the queue is full this waits for room (backpressure).
+    ///
+    /// ```no_run
+    /// # async fn example(producer: &stream_producer::Producer) -> Result<(), Box<dyn std::error::Error>> {
+    /// use stream_producer::Record;
+    ///
+    /// let mut deliveries = Vec::new();
+    /// for i in 0..1000 {
+    ///     deliveries.push(producer.enqueue(Record::with_key(format!("k{i}")).field("n", i.to_string())).await?);
+    /// }
+    /// for d in deliveries {
+    ///     d.await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`PublishError::InvalidRecord`], or [`PublishError::Closed`] when the batcher is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped while waiting for room, the record was not accepted.
+    pub async fn enqueue(&self, record: Record) -> Result<Delivery, PublishError> {
+        record.check()?;
+        let permit = self.queue.reserve().await.map_err(|_| PublishError::Closed)?;
+        let (msg, delivery) = Msg::record(record);
+        permit.send(msg);
+        Ok(delivery)
+    }
+
+    /// Waits until every record accepted by [`enqueue`](Self::enqueue) before this call has its outcome (written
+    /// or failed). Records enqueued concurrently with the flush may or may not be included.
+    ///
+    /// # Errors
+    /// [`ProducerError::Closed`] when the batcher is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future only stops waiting.
+    pub async fn flush(&self) -> Result<(), ProducerError> {
+        let (tx, rx) = oneshot::channel();
+        self.queue
+            .send(Msg::Flush(tx))
+            .await
+            .map_err(|_| ProducerError::Closed)?;
+        rx.await.map_err(|_| ProducerError::Closed)
+    }
+
+    /// The routing usable now, if the lease holds.
+    pub fn routing(&self) -> Option<RoutingInfo> {
+        self.shared.refresher.current()
+    }
+
+    /// Tells the producer that routing version `version` exists (for example from a consumer heartbeat, or an
+    /// operator tool that just added shards). When it is newer than the version in use, the producer refreshes
+    /// at once, and publishes wait for that refresh (or its failure) instead of using the old shard count.
+    pub fn observe_routing_version(&self, version: RoutingVersion) {
+        self.shared.refresher.hint_newer_version(version);
+    }
+
+    /// A snapshot of the producer's counters and routing state.
+    pub fn stats(&self) -> ProducerStats {
+        let mut s = self.shared.stats.snapshot();
+        if let Some(r) = self.routing() {
+            s.routing_version = Some(r.version);
+            s.shard_count = Some(r.shard_count);
+            s.lease_remaining = Some(r.lease_remaining);
+            s.routing_age = Some(r.age);
+        }
+        s.max_observed_version = self.shared.refresher.max_observed();
+        s.queued = self.queue.max_capacity() - self.queue.capacity();
+        s
+    }
+
+    /// Closes the producer gracefully: stops accepting records, publishes everything already queued and waits
+    /// for every outcome (each [`Delivery`] resolves), then stops the refresher and joins every task. Returns the
+    /// final counters.
+    ///
+    /// Nothing accepted is lost: a queued record is either written or its `Delivery` reports why not. How long
+    /// this takes is bounded by the Redis response timeout per batch (and by the routing: without a valid
+    /// routing, queued records fail fast as not written).
+    ///
+    /// # Errors
+    /// [`ProducerError::TaskFailed`] when a task panicked.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future cancels the tasks like dropping the producer does.
+    pub async fn close(mut self) -> Result<ProducerStats, ProducerError> {
+        // Only this handle holds the queue's sender: dropping it lets the batcher drain the queue and exit.
+        let (closed_tx, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.queue, closed_tx));
+        let mut failure = None;
+        if let Some(batcher) = self.batcher.take() {
+            if let Err(e) = batcher.await {
+                failure = Some(ProducerError::TaskFailed(e.to_string()));
+            }
+        }
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let stats = self.stats();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
+    }
+
+    /// How long the routing lease still holds, if it does.
+    pub fn lease_remaining(&self) -> Option<Duration> {
+        self.routing().map(|r| r.lease_remaining)
+    }
+}
+
+impl Drop for Producer {
+    /// Cancels the producer's tasks without waiting (a destructor cannot await). Use [`Producer::close`] to lose
+    /// nothing.
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,517 @@
+//! Publishing: routes records to shards and writes them with pipelined `XADD`s, one pipeline per shard.
+//!
+//! # Routing of records
+//! * A record with a key goes to [`protocol::routing::shard_for_key`]`(key, shard_count)` (xxHash64 + jump
+//!   consistent hash), so all records of one key land on one shard, in order, while the shard count holds.
+//! * A record without a key goes round-robin over the shards (a per-producer counter), which spreads load
+//!   evenly and promises no order between such records.
+//!
+//! # Connections
+//! The publisher holds a fixed number of *lanes*, each one redis-rs multiplexed connection that pipelines every
+//! request it is given. Shard `s` always uses lane `s % lanes`, so the pipelines of one shard are written in the
+//! order they were issued. A lane connects lazily and, after a transport error, reconnects on its next use.
+//!
+//! # Outcomes
+//! The lane knows whether a request left: a failure to *open* the connection means nothing was sent
+//! ([`PublishError::Connect`], not written); a failure after the pipeline was handed to an open connection (reset,
+//! EOF, timeout) means Redis may have executed any prefix of it ([`PublishError::ConnectionLost`], unknown). An
+//! error reply to one `XADD` fails that record only ([`PublishError::Rejected`], not written).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use protocol::names::StreamName;
+use protocol::routing::shard_for_key;
+use protocol::{keys, RoutingVersion, ShardId};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError, Value};
+
+use crate::config::Trim;
+use crate::error::PublishError;
+use crate::routing_cache::RoutingInfo;
+use crate::stats::Stats;
+
+/// One record to publish: an optional routing key and the entry's fields.
+///
+/// The key only chooses the shard; it is not written into the entry. Put it in a field too if consumers need it.
+///
+/// ```
+/// use stream_producer::Record;
+///
+/// let r = Record::with_key("customer-42").field("type", "order-created").field("amount", "12.50");
+/// assert_eq!(r.key(), Some(&b"customer-42"[..]));
+/// let keyless = Record::without_key().field("ping", "1");
+/// assert!(keyless.key().is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    key: Option<Vec<u8>>,
+    fields: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Record {
+    /// A record routed by `key`.
+    pub fn with_key(key: impl Into<Vec<u8>>) -> Self {
+        Record {
+            key: Some(key.into()),
+            fields: Vec::new(),
+        }
+    }
+
+    /// A record without a key (routed round-robin).
+    pub fn without_key() -> Self {
+        Record::default()
+    }
+
+    /// A record from a key and fields.
+    pub fn new<N, V>(key: Option<Vec<u8>>, fields: impl IntoIterator<Item = (N, V)>) -> Self
+    where
+        N: Into<Vec<u8>>,
+        V: Into<Vec<u8>>,
+    {
+        Record {
+            key,
+            fields: fields.into_iter().map(|(n, v)| (n.into(), v.into())).collect(),
+        }
+    }
+
+    /// Adds a field.
+    pub fn field(mut self, name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        self.fields.push((name.into(), value.into()));
+        self
+    }
+
+    /// The routing key.
+    pub fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+
+    /// The fields, in order.
+    pub fn fields(&self) -> &[(Vec<u8>, Vec<u8>)] {
+        &self.fields
+    }
+
+    pub(crate) fn check(&self) -> Result<(), PublishError> {
+        if self.fields.is_empty() {
+            return Err(PublishError::InvalidRecord("a stream entry needs at least one field"));
+        }
+        Ok(())
+    }
+}
+
+/// Where a record was written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Published {
+    /// The shard.
+    pub shard: ShardId,
+    /// The stream entry id Redis assigned (`<ms>-<seq>`).
+    pub id: String,
+    /// The routing version the shard was chosen with.
+    pub routing_version: RoutingVersion,
+}
+
+/// One multiplexed connection, opened lazily and replaced after a transport error.
+struct Lane {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// The open connection and its generation (so a stale failure does not drop a newer connection).
+    /// A std mutex: held only to clone or swap the handle.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Serialises connection attempts (single flight): a burst of publishes opens one connection, not one each.
+    connecting: tokio::sync::Mutex<ConnectState>,
+    /// Mirror of `ConnectState::attempts`, readable without waiting for the lock.
+    attempts: AtomicU64,
+    generation: AtomicU64,
+}
+
+/// What the last connection attempt left behind.
+#[derive(Default)]
+struct ConnectState {
+    /// Finished attempts so far. A caller that waited through someone else's failed attempt shares its error
+    /// instead of trying again at once: Redis being down must not cost one connect timeout per waiting publish.
+    attempts: u64,
+    last_error: Option<Arc<RedisError>>,
+}
+
+/// Why a lane could not run a pipeline.
+enum LaneError {
+    /// The connection could not be opened: nothing was sent.
+    Connect(Arc<RedisError>),
+    /// The pipeline was handed to an open connection and then failed: outcome unknown.
+    Lost(RedisError),
+}
+
+impl Lane {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.current.lock().expect("the lane lock is never held across a panic")
+    }
+
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Arc<RedisError>> {
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        let seen = self.attempts.load(Ordering::Acquire);
+        let mut state = self.connecting.lock().await;
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        if let Some(e) = state.last_error.as_ref().filter(|_| state.attempts != seen) {
+            return Err(e.clone());
+        }
+        let result = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await;
+        state.attempts += 1;
+        self.attempts.store(state.attempts, Ordering::Release);
+        match result {
+            Ok(con) => {
+                state.last_error = None;
+                let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                *self.slot() = Some((generation, con.clone()));
+                Ok((generation, con))
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                state.last_error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn discard(&self, generation: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *slot = None;
+        }
+    }
+
+    /// Runs a pipeline whose replies may individually be errors.
+    async fn run(&self, pipe: &redis::Pipeline) -> Result<Vec<redis::RedisResult<Value>>, LaneError> {
+        let (generation, mut con) = self.connection().await.map_err(LaneError::Connect)?;
+        match pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut con).await {
+            Ok(replies) => Ok(replies),
+            Err(e) => {
+                // Whatever went wrong after the request was handed over, the connection is suspect: the next use
+                // opens a fresh one.
+                self.discard(generation);
+                Err(LaneError::Lost(e))
+            }
+        }
+    }
+}
+
+/// Keeps the in-flight gauge right even when a publish future is dropped mid-flight.
+struct InFlightGuard<'a>(&'a AtomicU64);
+
+impl<'a> InFlightGuard<'a> {
+    fn enter(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(gauge)
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Writes records to shard streams.
+pub(crate) struct Publisher {
+    stream: StreamName,
+    lanes: Vec<Lane>,
+    trim: Option<Trim>,
+    /// Round-robin position for records without a key.
+    round_robin: AtomicU64,
+    stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("stream", &self.stream)
+            .field("lanes", &self.lanes.len())
+            .field("trim", &self.trim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        stream: StreamName,
+        client: redis::Client,
+        connections: usize,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        trim: Option<Trim>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            // Many concurrent pipelines share a lane: a deeper request queue than the default 50 avoids
+            // callers waiting for a slot while the socket is busy.
+            .set_pipeline_buffer_size(1024);
+        let lanes = (0..connections)
+            .map(|_| Lane {
+                client: client.clone(),
+                config: config.clone(),
+                current: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(ConnectState::default()),
+                attempts: AtomicU64::new(0),
+                generation: AtomicU64::new(0),
+            })
+            .collect();
+        Publisher {
+            stream,
+            lanes,
+            trim,
+            round_robin: AtomicU64::new(0),
+            stats,
+        }
+    }
+
+    /// Opens every lane's connection now.
+    ///
+    /// # Errors
+    /// The first connection error.
+    pub(crate) async fn connect_all(&self) -> Result<(), Arc<RedisError>> {
+        for lane in &self.lanes {
+            lane.connection().await?;
+        }
+        Ok(())
+    }
+
+    /// Chooses the shard of every record: by key, or round-robin for keyless records.
+    fn shards_of<R: std::borrow::Borrow<Record>>(&self, records: &[R], shard_count: u32) -> Vec<ShardId> {
+        let count = shard_count.max(1);
+        let keyless = records.iter().filter(|r| r.borrow().key.is_none()).count() as u64;
+        let mut next = if keyless > 0 {
+            self.round_robin.fetch_add(keyless, Ordering::Relaxed)
+        } else {
+            0
+        };
+        records
+            .iter()
+            .map(|r| match &r.borrow().key {
+                Some(key) => shard_for_key(key, count),
+                None => {
+                    let shard = ShardId((next % u64::from(count)) as u32);
+                    next = next.wrapping_add(1);
+                    shard
+                }
+            })
+            .collect()
+    }
+
+    fn add_xadd(&self, pipe: &mut redis::Pipeline, key: &str, record: &Record, minid: Option<&str>) {
+        let cmd = pipe.cmd("XADD").arg(key);
+        match self.trim {
+            Some(Trim::MaxLen(n)) => {
+                cmd.arg("MAXLEN").arg("~").arg(n);
+            }
+            Some(Trim::MaxAge(_)) => {
+                cmd.arg("MINID").arg("~").arg(minid.unwrap_or("0"));
+            }
+            None => {}
+        }
+        cmd.arg("*");
+        for (name, value) in &record.fields {
+            cmd.arg(name.as_slice()).arg(value.as_slice());
+        }
+    }
+
+    fn minid(&self) -> Option<String> {
+        match self.trim {
+            Some(Trim::MaxAge(age)) => {
+                // Entry ids are Redis's wall-clock milliseconds; the producer's clock is close enough for an
+                // approximate retention bound.
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                Some(format!("{}-0", now.saturating_sub(age).as_millis()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Publishes `records` with `routing`, one pipeline per shard, the shards' pipelines concurrently. Returns
+    /// one result per record, in input order. Records must have been checked ([`Record::check`]).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in the sense of outcomes: dropping the future after pipelines left leaves their records in
+    /// an unknown state (they may be written).
+    pub(crate) async fn publish<R: std::borrow::Borrow<Record>>(
+        &self,
+        records: &[R],
+        routing: RoutingInfo,
+    ) -> Vec<Result<Published, PublishError>> {
+        let shards = self.shards_of(records, routing.shard_count);
+        let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
+        for (i, shard) in shards.iter().enumerate() {
+            by_shard.entry(*shard).or_default().push(i);
+        }
+        let minid = self.minid();
+        let mut groups: Vec<(ShardId, Vec<usize>)> = by_shard.into_iter().collect();
+        // Deterministic issue order (per lane the pipelines are written in this order).
+        groups.sort_unstable_by_key(|(s, _)| *s);
+        let pipelines = groups.iter().map(|(shard, indices)| {
+            let key = keys::shard_stream(&self.stream, *shard);
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &i in indices {
+                self.add_xadd(&mut pipe, &key, records[i].borrow(), minid.as_deref());
+            }
+            self.run_shard(*shard, pipe, indices.len(), routing.version)
+        });
+        let results = futures::future::join_all(pipelines).await;
+        let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
+        for ((_, indices), shard_results) in groups.into_iter().zip(results) {
+            for (i, r) in indices.into_iter().zip(shard_results) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every record belongs to exactly one shard group"))
+            .collect()
+    }
+
+    async fn run_shard(
+        &self,
+        shard: ShardId,
+        pipe: redis::Pipeline,
+        count: usize,
+        routing_version: RoutingVersion,
+    ) -> Vec<Result<Published, PublishError>> {
+        let lane = &self.lanes[shard.index() % self.lanes.len()];
+        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
+        let outcome = {
+            let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
+            lane.run(&pipe).await
+        };
+        let results: Vec<Result<Published, PublishError>> = match outcome {
+            Err(LaneError::Connect(e)) => {
+                let err = PublishError::Connect { shard, source: e };
+                vec![Err(err); count]
+            }
+            Err(LaneError::Lost(e)) => {
+                let err = PublishError::ConnectionLost {
+                    shard,
+                    source: Arc::new(e),
+                };
+                vec![Err(err); count]
+            }
+            Ok(replies) if replies.len() != count => {
+                let err = PublishError::UnexpectedReply {
+                    shard,
+                    detail: format!("{} replies to {count} XADDs", replies.len()),
+                };
+                vec![Err(err); count]
+            }
+            Ok(replies) => replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Ok(value) => entry_id(value)
+                        .map(|id| Published {
+                            shard,
+                            id,
+                            routing_version,
+                        })
+                        .ok_or_else(|| PublishError::UnexpectedReply {
+                            shard,
+                            detail: "the reply is not an entry id".into(),
+                        }),
+                    Err(e) => Err(PublishError::Rejected {
+                        shard,
+                        source: Arc::new(e),
+                    }),
+                })
+                .collect(),
+        };
+        self.count(&results);
+        results
+    }
+
+    fn count(&self, results: &[Result<Published, PublishError>]) {
+        let (mut written, mut not_written, mut unknown) = (0u64, 0u64, 0u64);
+        for r in results {
+            match r {
+                Ok(_) => written += 1,
+                Err(e) if e.write_state() == crate::WriteState::Unknown => unknown += 1,
+                Err(_) => not_written += 1,
+            }
+        }
+        let s = &self.stats;
+        s.records_written.fetch_add(written, Ordering::Relaxed);
+        s.records_not_written.fetch_add(not_written, Ordering::Relaxed);
+        s.records_unknown.fetch_add(unknown, Ordering::Relaxed);
+    }
+}
+
+fn entry_id(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publisher() -> Publisher {
+        Publisher::new(
+            StreamName::new("orders").unwrap(),
+            redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            2,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Some(Trim::MaxLen(1000)),
+            Arc::default(),
+        )
+    }
+
+    #[test]
+    fn keyed_records_follow_shard_for_key() {
+        let p = publisher();
+        let records: Vec<Record> = (0..100)
+            .map(|i| Record::with_key(format!("k{i}")).field("f", "v"))
+            .collect();
+        let shards = p.shards_of(&records, 7);
+        for (r, s) in records.iter().zip(shards) {
+            assert_eq!(s, shard_for_key(r.key().unwrap(), 7));
+        }
+    }
+
+    #[test]
+    fn keyless_records_go_round_robin_across_calls() {
+        let p = publisher();
+        let records: Vec<Record> = (0..5).map(|_| Record::without_key().field("f", "v")).collect();
+        let first = p.shards_of(&records, 4);
+        let second = p.shards_of(&records, 4);
+        let all: Vec<u32> = first.iter().chain(&second).map(|s| s.0).collect();
+        assert_eq!(all, vec![0, 1, 2, 3, 0, 1, 2, 3, 0, 1]);
+    }
+
+    #[test]
+    fn xadd_carries_approximate_maxlen() {
+        let p = publisher();
+        let mut pipe = redis::pipe();
+        p.add_xadd(&mut pipe, "k", &Record::with_key("a").field("f", "v"), None);
+        let packed = String::from_utf8_lossy(&pipe.get_packed_pipeline()).to_string();
+        let words: Vec<&str> = packed
+            .split("\r\n")
+            .filter(|w| !(w.starts_with('$') || (w.starts_with('*') && w.len() > 1)))
+            .collect();
+        assert_eq!(words, ["XADD", "k", "MAXLEN", "~", "1000", "*", "f", "v", ""]);
+    }
+
+    #[test]
+    fn records_need_a_field() {
+        assert!(Record::with_key("a").check().is_err());
+        assert!(Record::with_key("a").field("f", "").check().is_ok());
+    }
+}

@@ -1,0 +1,105 @@
+//! Counters of a producer, and the snapshot callers read ([`ProducerStats`]).
+//!
+//! These are the producer's signals from the failure-handling design: routing cache age and refresh failures,
+//! routing rollbacks (`SYNC_METADATA`), and publish outcomes by write state.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use protocol::RoutingVersion;
+
+/// Live counters, shared by the producer's tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub refreshes: AtomicU64,
+    pub refresh_failures: AtomicU64,
+    pub routing_updates: AtomicU64,
+    pub sync_metadata_responses: AtomicU64,
+    pub routing_rollbacks: AtomicU64,
+    pub ignored_older_responses: AtomicU64,
+    pub version_store_failures: AtomicU64,
+    pub routing_refusals: AtomicU64,
+    pub records_written: AtomicU64,
+    pub records_not_written: AtomicU64,
+    pub records_unknown: AtomicU64,
+    pub pipelines: AtomicU64,
+    pub pipelines_in_flight: AtomicU64,
+    pub batches: AtomicU64,
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self) -> ProducerStats {
+        ProducerStats {
+            routing_version: None,
+            shard_count: None,
+            lease_remaining: None,
+            routing_age: None,
+            max_observed_version: RoutingVersion(0),
+            refreshes: get(&self.refreshes),
+            refresh_failures: get(&self.refresh_failures),
+            routing_updates: get(&self.routing_updates),
+            sync_metadata_responses: get(&self.sync_metadata_responses),
+            routing_rollbacks: get(&self.routing_rollbacks),
+            ignored_older_responses: get(&self.ignored_older_responses),
+            version_store_failures: get(&self.version_store_failures),
+            routing_refusals: get(&self.routing_refusals),
+            records_written: get(&self.records_written),
+            records_not_written: get(&self.records_not_written),
+            records_unknown: get(&self.records_unknown),
+            pipelines: get(&self.pipelines),
+            pipelines_in_flight: get(&self.pipelines_in_flight),
+            batches: get(&self.batches),
+            queued: 0,
+        }
+    }
+}
+
+/// A point-in-time copy of a producer's counters and routing state ([`Producer::stats`](crate::Producer::stats)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProducerStats {
+    /// The routing version in use, when the lease is valid.
+    pub routing_version: Option<RoutingVersion>,
+    /// The shard count in use, when the lease is valid.
+    pub shard_count: Option<u32>,
+    /// How long the routing lease still holds, when it is valid.
+    pub lease_remaining: Option<Duration>,
+    /// Time since the refresh that last returned or renewed the routing was sent, when the lease is valid.
+    pub routing_age: Option<Duration>,
+    /// The highest routing version ever observed (what every refresh reports).
+    pub max_observed_version: RoutingVersion,
+    /// Successful refreshes (`OK` or `SYNC_METADATA`).
+    pub refreshes: u64,
+    /// Failed refreshes (coordinator unreachable or answering an error).
+    pub refresh_failures: u64,
+    /// Times a newer routing version replaced the cache (including the first fetch).
+    pub routing_updates: u64,
+    /// `SYNC_METADATA` answers (the producer reported a version above what Redis stores).
+    pub sync_metadata_responses: u64,
+    /// `SYNC_METADATA` answers that changed the routing in use (a rollback adopted).
+    pub routing_rollbacks: u64,
+    /// `OK` answers older than the routing in use, ignored.
+    pub ignored_older_responses: u64,
+    /// Failed writes to the version store.
+    pub version_store_failures: u64,
+    /// Publishes refused for lack of a valid routing (fail closed).
+    pub routing_refusals: u64,
+    /// Records written to a shard stream.
+    pub records_written: u64,
+    /// Records that failed and are known not to be written.
+    pub records_not_written: u64,
+    /// Records whose outcome is unknown (connection dropped mid-pipeline).
+    pub records_unknown: u64,
+    /// Pipelines sent to Redis (one per shard per batch).
+    pub pipelines: u64,
+    /// Pipelines waiting for Redis's answer now.
+    pub pipelines_in_flight: u64,
+    /// Batches the batching mode has sent.
+    pub batches: u64,
+    /// Records waiting in the batching queue now.
+    pub queued: usize,
+}

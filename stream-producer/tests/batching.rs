@@ -1,0 +1,183 @@
+//! The background batching mode against a real redis-server: nothing accepted is lost on close, flush waits for
+//! every accepted record, and a full queue makes `enqueue` wait.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{total_len, Env, DEADLINE};
+use futures::FutureExt;
+use stream_producer::{PublishError, Record, WriteState};
+use test_support::{wait_until, FaultProxy, Mode};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn close_loses_nothing_accepted() {
+    let env = Env::start(4, LEASE).await;
+    let producer = Arc::new(
+        env.producer()
+            .queue_capacity(1000)
+            .max_batch_size(100)
+            .linger(Duration::from_millis(5))
+            .build()
+            .unwrap(),
+    );
+    let mut callers = Vec::new();
+    for c in 0..8 {
+        let producer = producer.clone();
+        callers.push(tokio::spawn(async move {
+            let mut deliveries = Vec::new();
+            for i in 0..2500 {
+                let record = Record::with_key(format!("{c}-{i}")).field("n", i.to_string());
+                deliveries.push(producer.enqueue(record).await.expect("accepted"));
+            }
+            deliveries
+        }));
+    }
+    let mut deliveries = Vec::new();
+    for c in callers {
+        deliveries.extend(c.await.unwrap());
+    }
+    // Close right after the last accept: most records are still queued or in flight.
+    let producer = Arc::into_inner(producer).expect("callers are done");
+    let stats = producer.close().await.unwrap();
+    assert_eq!(stats.records_written, 20_000, "{stats:?}");
+    assert!(stats.batches < 20_000, "records shared batches: {stats:?}");
+    // (Awaited rather than polled once: tokio's cooperative budget may make a ready oneshot yield.)
+    let outcomes = tokio::time::timeout(DEADLINE, futures::future::join_all(deliveries))
+        .await
+        .expect("resolved by close");
+    assert!(outcomes.iter().all(Result::is_ok));
+    assert_eq!(total_len(&env.redis, 4).await, 20_000);
+}
+
+#[tokio::test]
+async fn flush_waits_for_every_accepted_record() {
+    let env = Env::start(3, LEASE).await;
+    // A long linger: without the flush the batch would wait.
+    let producer = env.producer().linger(Duration::from_secs(5)).build().unwrap();
+    let mut deliveries = Vec::new();
+    for i in 0..300 {
+        deliveries.push(
+            producer
+                .enqueue(Record::with_key(i.to_string()).field("n", "1"))
+                .await
+                .unwrap(),
+        );
+    }
+    producer.flush().await.unwrap();
+    assert_eq!(total_len(&env.redis, 3).await, 300);
+    let outcomes = tokio::time::timeout(DEADLINE, futures::future::join_all(deliveries))
+        .await
+        .expect("resolved by flush");
+    assert!(outcomes.iter().all(Result::is_ok));
+    // A flush with nothing queued returns at once.
+    producer.flush().await.unwrap();
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn full_queue_makes_enqueue_wait_until_there_is_room() {
+    let env = Env::start(2, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let producer = env
+        .producer()
+        .redis(proxy.url())
+        .queue_capacity(10)
+        .max_batch_size(10)
+        .max_in_flight_batches(1)
+        .linger(Duration::ZERO)
+        .build()
+        .unwrap();
+    producer.ready().await.unwrap();
+    proxy.set_mode(Mode::Stall);
+
+    // One batch goes out and hangs; the next one fills the batcher; then the queue fills.
+    let mut deliveries = Vec::new();
+    let mut accepted = 0;
+    while producer.stats().queued < 10 {
+        deliveries.push(
+            producer
+                .enqueue(Record::with_key(accepted.to_string()).field("n", "1"))
+                .await
+                .unwrap(),
+        );
+        accepted += 1;
+        assert!(accepted <= 30, "the queue must fill: {:?}", producer.stats());
+    }
+    wait_until(DEADLINE, "queue full", || {
+        let queued = producer.stats().queued;
+        async move { queued == 10 }
+    })
+    .await;
+    // Backpressure: no room, so enqueue waits.
+    let mut blocked = Box::pin(producer.enqueue(Record::with_key("late").field("n", "1")));
+    assert!(
+        (&mut blocked).now_or_never().is_none(),
+        "enqueue must wait while the queue is full"
+    );
+
+    // Redis answers again: the queue drains and the waiting record is accepted.
+    proxy.set_mode(Mode::Pass);
+    let late = tokio::time::timeout(DEADLINE, blocked)
+        .await
+        .expect("room again")
+        .unwrap();
+    let stats = producer.close().await.unwrap();
+    tokio::time::timeout(DEADLINE, late)
+        .await
+        .expect("resolved by close")
+        .unwrap();
+    for d in deliveries {
+        // Every accepted record was written once the stall ended.
+        tokio::time::timeout(DEADLINE, d)
+            .await
+            .expect("resolved by close")
+            .unwrap();
+    }
+    assert_eq!(stats.records_not_written, 0);
+}
+
+#[tokio::test]
+async fn dropping_the_producer_fails_queued_records_as_not_written() {
+    let env = Env::start(2, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let producer = env
+        .producer()
+        .redis(proxy.url())
+        .queue_capacity(50)
+        .max_batch_size(10)
+        .max_in_flight_batches(1)
+        .linger(Duration::ZERO)
+        .build()
+        .unwrap();
+    producer.ready().await.unwrap();
+    proxy.set_mode(Mode::Stall);
+    let mut deliveries = Vec::new();
+    for i in 0..40 {
+        deliveries.push(
+            producer
+                .enqueue(Record::with_key(i.to_string()).field("n", "1"))
+                .await
+                .unwrap(),
+        );
+    }
+    drop(producer);
+    let mut states = Vec::new();
+    for d in deliveries {
+        let result = tokio::time::timeout(DEADLINE, d)
+            .await
+            .expect("a dropped producer resolves deliveries");
+        let e = result.expect_err("nothing could be written through the stalled proxy");
+        assert!(matches!(e, PublishError::Closed | PublishError::Abandoned), "{e:?}");
+        states.push(e.write_state());
+    }
+    assert!(
+        states.contains(&WriteState::NotWritten),
+        "queued records were never sent"
+    );
+}

@@ -1,0 +1,316 @@
+//! The routing-cache rules end to end: a real redis-server and the real coordinator (in-process, over HTTP).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{any_port, coordinator_config, stream, total_len, xlen, Env, DEADLINE};
+use coord_server::server::CoordinatorHandle;
+use protocol::routing::shard_for_key;
+use protocol::{keys, RoutingVersion, ShardId};
+use stream_producer::{FileVersionStore, Producer, PublishError, Record, WriteState};
+use test_support::{wait_until, FaultProxy, Mode};
+
+/// Short lease (refresh every 500 ms) so lease rules play out quickly.
+const SHORT_LEASE: Duration = Duration::from_millis(1500);
+
+/// A key that `shard_for_key` puts on `shard` with `count` shards.
+fn key_on(shard: u32, count: u32) -> String {
+    (0..)
+        .map(|i| format!("key-{i}"))
+        .find(|k| shard_for_key(k.as_bytes(), count) == ShardId(shard))
+        .expect("some key maps to every shard")
+}
+
+#[tokio::test]
+async fn producer_moves_to_the_new_shard_count_within_one_refresh_period() {
+    let env = Env::start(4, SHORT_LEASE).await;
+    let producer = env.producer().build().unwrap();
+    let before = producer.ready().await.unwrap();
+    assert_eq!((before.version, before.shard_count), (RoutingVersion(1), 4));
+
+    env.add_shards(2).await;
+    let added_at = Instant::now();
+    wait_until(DEADLINE, "producer adopts 6 shards", || {
+        let routing = producer.routing();
+        async move { routing.is_some_and(|r| r.shard_count == 6) }
+    })
+    .await;
+    // Refresh interval is lease / 3 = 500 ms; allow scheduling slack on a busy machine.
+    assert!(
+        added_at.elapsed() < Duration::from_millis(500) + Duration::from_millis(750),
+        "picked up after {:?}",
+        added_at.elapsed()
+    );
+    assert_eq!(producer.routing().unwrap().version, RoutingVersion(2));
+
+    // Records of keys that now map to the new shards land on the new shards' stream keys.
+    for shard in [4, 5] {
+        let key = key_on(shard, 6);
+        let published = producer.send(&key, &[("key", key.as_str())]).await.unwrap();
+        assert_eq!(published.shard, ShardId(shard));
+        assert_eq!(published.routing_version, RoutingVersion(2));
+        assert_eq!(xlen(&env.redis, shard).await, 1, "shard {shard}");
+    }
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn refresh_runs_periodically_while_publishing_succeeds() {
+    let env = Env::start(2, SHORT_LEASE).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    let start = producer.stats().refreshes;
+    // Publish continuously over several refresh periods: the lease never runs out.
+    let mut sent = 0u64;
+    while producer.stats().refreshes < start + 4 {
+        producer.send(sent.to_string(), &[("n", "1")]).await.unwrap();
+        sent += 1;
+        let remaining = producer
+            .lease_remaining()
+            .expect("lease valid while the coordinator answers");
+        assert!(remaining <= SHORT_LEASE);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(producer.stats().refresh_failures, 0);
+    assert_eq!(total_len(&env.redis, 2).await, sent);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn newer_version_hint_refreshes_at_once() {
+    // A long lease: the periodic refresh (10 s) is far away.
+    let env = Env::start(4, Duration::from_secs(30)).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    env.add_shards(1).await;
+    assert_eq!(
+        producer.routing().unwrap().shard_count,
+        4,
+        "not picked up on its own yet"
+    );
+    producer.observe_routing_version(RoutingVersion(2));
+    // The next publish waits for the refresh instead of using 4 shards.
+    let key = key_on(4, 5);
+    let published = producer.send(&key, &[("f", "v")]).await.unwrap();
+    assert_eq!(
+        (published.shard, published.routing_version),
+        (ShardId(4), RoutingVersion(2))
+    );
+    producer.close().await.unwrap();
+}
+
+/// Runs a coordinator behind a fault proxy, so a crash can also drop its open connections (a crashed process's
+/// sockets close; an aborted in-process server's kept-alive connections would otherwise keep answering).
+async fn coordinator_behind_proxy(env_redis_url: &str, lease: Duration) -> (CoordinatorHandle, FaultProxy) {
+    let coordinator = CoordinatorHandle::spawn(coordinator_config(env_redis_url, lease, any_port()))
+        .await
+        .unwrap();
+    let proxy = FaultProxy::start(coordinator.addr()).await;
+    (coordinator, proxy)
+}
+
+#[tokio::test]
+async fn lease_runs_out_during_a_coordinator_outage_then_fails_closed_and_recovers() {
+    let env = Env::start(4, SHORT_LEASE).await;
+    let (coordinator, proxy) = coordinator_behind_proxy(&env.redis.url(), SHORT_LEASE).await;
+    let addr = coordinator.addr();
+    let producer = Producer::builder(common::STREAM)
+        .coordinator(format!("http://{}", proxy.addr()))
+        .redis(env.redis.url())
+        .build()
+        .unwrap();
+    producer.ready().await.unwrap();
+    producer.send("before", &[("f", "v")]).await.unwrap();
+
+    // Crash: the process is gone and its connections with it.
+    coordinator.abort();
+    proxy.set_mode(Mode::Reset);
+
+    // The lease outlives the outage for a while: publishes keep working on the cached routing...
+    wait_until(DEADLINE, "a refresh failed", || {
+        let failures = producer.stats().refresh_failures;
+        async move { failures > 0 }
+    })
+    .await;
+    // The first failure comes at the refresh point (a third into the lease): most of the lease is left.
+    assert!(
+        producer.lease_remaining().is_some(),
+        "cache kept while the lease is valid"
+    );
+    producer.send("during", &[("f", "v")]).await.unwrap();
+
+    // ...then fail closed with the typed error, writing nothing.
+    let err = wait_for_routing_expired(&producer).await;
+    assert!(
+        matches!(
+            err,
+            PublishError::RoutingExpired {
+                version: RoutingVersion(1),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.write_state(), WriteState::NotWritten);
+    let written_before = total_len(&env.redis, 4).await;
+    for i in 0..50 {
+        let e = producer.send(format!("k{i}"), &[("f", "v")]).await.unwrap_err();
+        assert!(e.is_routing_unavailable(), "{e:?}");
+    }
+    let e = producer
+        .send_batch(
+            (0..50)
+                .map(|i| Record::with_key(format!("b{i}")).field("f", "v"))
+                .collect(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.count(WriteState::NotWritten), 50);
+    let queued = producer.enqueue(Record::with_key("q").field("f", "v")).await.unwrap();
+    assert!(queued.await.unwrap_err().is_routing_unavailable());
+    assert_eq!(
+        total_len(&env.redis, 4).await,
+        written_before,
+        "nothing written without a valid routing"
+    );
+    assert!(producer.stats().routing_refusals >= 52);
+
+    // A new coordinator comes up at the same address, on the same Redis: the producer recovers on its own.
+    let restarted = spawn_at(&env.redis.url(), addr).await;
+    proxy.set_mode(Mode::Pass);
+    wait_until(DEADLINE, "routing valid again", || {
+        let routing = producer.routing();
+        async move { routing.is_some() }
+    })
+    .await;
+    producer.send("after", &[("f", "v")]).await.unwrap();
+    producer.close().await.unwrap();
+    restarted.shutdown().await;
+}
+
+async fn wait_for_routing_expired(producer: &Producer) -> PublishError {
+    let start = Instant::now();
+    loop {
+        match producer.send("probe", &[("f", "v")]).await {
+            Err(e) if e.is_routing_unavailable() => return e,
+            Err(e) => panic!("unexpected error while waiting for the lease to end: {e:?}"),
+            Ok(_) => {
+                assert!(start.elapsed() < DEADLINE, "the lease never ran out");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Starts a coordinator on `addr` (the port of one that was aborted), retrying while the port is still taken.
+async fn spawn_at(redis_url: &str, addr: std::net::SocketAddr) -> CoordinatorHandle {
+    let start = Instant::now();
+    loop {
+        match CoordinatorHandle::spawn(coordinator_config(redis_url, SHORT_LEASE, addr)).await {
+            Ok(c) => return c,
+            Err(_) if start.elapsed() < DEADLINE => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("cannot restart the coordinator on {addr}: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn second_coordinator_url_takes_over_when_the_first_is_gone() {
+    let env = Env::start(4, SHORT_LEASE).await;
+    let dead = format!("http://127.0.0.1:{}", test_support::free_port());
+    let producer = Producer::builder(common::STREAM)
+        .coordinator(dead)
+        .coordinator(env.coordinator.url())
+        .redis(env.redis.url())
+        .build()
+        .unwrap();
+    producer.send("k", &[("f", "v")]).await.unwrap();
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sync_metadata_after_a_routing_rollback_is_adopted_and_counted() {
+    let env = Env::start(4, SHORT_LEASE).await;
+    let routing_key = keys::stream_routing(&stream());
+    let v1 = env.redis.snapshot_keys(&routing_key).await;
+    assert_eq!(v1.len(), 1);
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    env.add_shards(2).await;
+    wait_until(DEADLINE, "producer at version 2", || {
+        let routing = producer.routing();
+        async move { routing.is_some_and(|r| r.version == RoutingVersion(2)) }
+    })
+    .await;
+
+    // Redis loses the write: the routing key goes back to version 1 (4 shards).
+    env.redis.restore_snapshot(&v1).await;
+    wait_until(DEADLINE, "producer adopts the stored (older) routing", || {
+        let routing = producer.routing();
+        async move { routing.is_some_and(|r| r.version == RoutingVersion(1)) }
+    })
+    .await;
+    let stats = producer.stats();
+    assert_eq!(stats.shard_count, Some(4));
+    assert_eq!(stats.routing_rollbacks, 1, "{stats:?}");
+    assert!(stats.sync_metadata_responses >= 1);
+    assert_eq!(
+        stats.max_observed_version,
+        RoutingVersion(2),
+        "the highest observed version is kept"
+    );
+    let routing_regressions = env
+        .coordinator
+        .coordinator()
+        .stats()
+        .routing_regressions
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(routing_regressions >= 1, "the coordinator saw the report");
+
+    // Publishing follows the adopted routing: a key of shard 5 (of 6) now goes to its 4-shard home.
+    let key = key_on(5, 6);
+    let published = producer.send(&key, &[("f", "v")]).await.unwrap();
+    assert_eq!(published.shard, shard_for_key(key.as_bytes(), 4));
+    assert_eq!(published.routing_version, RoutingVersion(1));
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn highest_observed_version_survives_a_producer_restart_through_the_version_store() {
+    let env = Env::start(4, SHORT_LEASE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let routing_key = keys::stream_routing(&stream());
+    let v1 = env.redis.snapshot_keys(&routing_key).await;
+    env.add_shards(1).await;
+
+    let first = env
+        .producer()
+        .version_store(FileVersionStore::new(dir.path()).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(first.ready().await.unwrap().version, RoutingVersion(2));
+    first.close().await.unwrap();
+
+    env.redis.restore_snapshot(&v1).await;
+    let second = Arc::new(
+        env.producer()
+            .version_store(FileVersionStore::new(dir.path()).unwrap())
+            .build()
+            .unwrap(),
+    );
+    let routing = second.ready().await.unwrap();
+    assert_eq!((routing.version, routing.shard_count), (RoutingVersion(1), 4));
+    let stats = second.stats();
+    assert_eq!(
+        stats.max_observed_version,
+        RoutingVersion(2),
+        "loaded from the version store"
+    );
+    assert!(
+        stats.sync_metadata_responses >= 1,
+        "the first refresh already reported version 2: {stats:?}"
+    );
+    Arc::into_inner(second).unwrap().close().await.unwrap();
+}
