@@ -1,0 +1,101 @@
+//! The revision compare-and-set protects a decision even when its writer outlived its mutex (a stalled
+//! coordinator): the late commit is refused, nothing of it is written, and the coordinator's retry decides again
+//! from the newer state.
+
+use coord_server::store::{Committed, LivenessScope, SectionKeys, Store, Write};
+use coord_server::{Config, Coordinator};
+use protocol::messages::{CreateGroupRequest, HeartbeatRequest};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{MemberEpoch, MetadataVersion, Status};
+use std::time::Duration;
+use test_support::RedisServer;
+
+fn join(member: &str) -> HeartbeatRequest {
+    HeartbeatRequest {
+        member_id: MemberId::new(member).unwrap(),
+        instance_id: format!("{member}-i"),
+        member_epoch: MemberEpoch::JOIN,
+        metadata_version: MetadataVersion(0),
+        max_observed_version: MetadataVersion(0),
+        owned: vec![],
+        revoking: vec![],
+    }
+}
+
+#[tokio::test]
+async fn a_writer_that_outlived_its_mutex_loses_the_compare_and_set() {
+    let redis = RedisServer::start().await;
+    let (stream, group) = (StreamName::new("s").unwrap(), GroupName::new("g").unwrap());
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    coordinator
+        .create_group(
+            &stream,
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    let store = Store::new(redis.connection_manager().await);
+    let keys = SectionKeys::group(&stream, &group);
+
+    // A stalled writer loads (taking the mutex) ...
+    let stalled = store
+        .try_load(&keys, "stalled", Duration::from_secs(2), None, LivenessScope::None)
+        .await
+        .unwrap();
+    let stalled = stalled.expect("mutex free");
+    // ... its mutex expires (simulated), and a live coordinator commits a join in the meantime.
+    let mut conn = redis.connection().await;
+    let _: () = redis::cmd("DEL").arg(&keys.mutex).query_async(&mut conn).await.unwrap();
+    let joined = coordinator.heartbeat(&stream, &group, &join("a")).await.unwrap();
+    assert_eq!(joined.status, Status::Ok);
+
+    // The stalled writer's commit is refused and writes nothing.
+    let json = "{\"stale\":true}";
+    let write = Write {
+        aggregate: Some(json),
+        schema_version: 1,
+        now_ms: stalled.now_ms,
+        run_id: &stalled.run_id,
+        ..Write::default()
+    };
+    let outcome = store
+        .commit(&keys, "stalled", stalled.revision, stalled.liveness_revision, &write)
+        .await
+        .unwrap();
+    assert_eq!(outcome, Committed::Conflict);
+    let description = coordinator.describe_group(&stream, &group).await.unwrap();
+    assert_eq!(description.members.len(), 1, "the join survived the late writer");
+
+    // A renewal decided before a concurrent aggregate write is refused too: it read an older revision.
+    let before = store
+        .try_load(&keys, "renewer", Duration::from_secs(2), None, LivenessScope::None)
+        .await
+        .unwrap()
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&keys.mutex).query_async(&mut conn).await.unwrap();
+    coordinator.heartbeat(&stream, &group, &join("b")).await.unwrap();
+    let member = MemberId::new("a").unwrap();
+    let renew = Write {
+        renew: Some((&member, u64::MAX / 2)),
+        now_ms: before.now_ms,
+        run_id: &before.run_id,
+        ..Write::default()
+    };
+    let outcome = store
+        .commit(&keys, "renewer", before.revision, before.liveness_revision, &renew)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Committed::Conflict,
+        "a renewal based on an old revision could undo an expiry"
+    );
+
+    // The coordinator itself retries after a conflict rather than failing: its next heartbeat succeeds.
+    let again = coordinator.heartbeat(&stream, &group, &join("a")).await.unwrap();
+    assert_eq!(again.status, Status::Ok);
+}
