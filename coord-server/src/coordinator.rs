@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::Config;
@@ -69,8 +70,19 @@ struct Inner {
 struct GroupSlot {
     /// The "local monitor": one critical section per group at a time in this process.
     lock: tokio::sync::Mutex<()>,
+    /// Heartbeats waiting for the next critical section of the group (group commit).
+    queue: StdMutex<Vec<Queued>>,
     cache: StdMutex<GroupMemory>,
 }
+
+/// A heartbeat waiting in a group's queue, with the channel its answer goes back on.
+struct Queued {
+    req: HeartbeatRequest,
+    reply: oneshot::Sender<Result<HeartbeatResponse, Error>>,
+}
+
+/// Most heartbeats run in one critical section: bounds the section's time and the COMMIT script's size.
+const MAX_HEARTBEAT_BATCH: usize = 256;
 
 /// What this process remembers about a group between critical sections.
 #[derive(Clone, Default)]
@@ -144,22 +156,87 @@ impl Coordinator {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Error> {
-        let scope = LivenessScope::Member(&req.member_id);
-        let (t, _) = self
-            .group_section(stream, group, scope, |meta, live, clock, _| {
-                Ok(state_machine::apply(meta, live, Input::Heartbeat(req), clock))
-            })
-            .instrument(spans::heartbeat(stream, group, &req.member_id, req.member_epoch))
-            .await?;
-        self.inner.stats.heartbeat(&t.outcome);
-        match t.outcome {
-            Outcome::Heartbeat(r) => Ok(r),
-            Outcome::Rejected(r) => Err(Error::Rejected {
-                status: r.status,
-                message: r.message,
-                member_epoch: r.member_epoch,
-            }),
-            Outcome::Done => Err(StoreError::Protocol("heartbeat produced no answer".into()).into()),
+        // Group commit: heartbeats of one group that arrive while a critical section runs wait in the group's
+        // queue; whoever takes the local lock next runs all of them in one section (one LOAD, one COMMIT), so a
+        // large group costs two round trips per batch rather than per member.
+        let slot = self.slot(stream, group);
+        let (reply, mut answer) = oneshot::channel();
+        slot.queue.lock().expect("queue lock").push(Queued {
+            req: req.clone(),
+            reply,
+        });
+        loop {
+            let local = slot.lock.lock().await;
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    // The section that took our request was cancelled before answering. A heartbeat is
+                    // idempotent: queue it again.
+                    let (reply, again) = oneshot::channel();
+                    slot.queue.lock().expect("queue lock").push(Queued {
+                        req: req.clone(),
+                        reply,
+                    });
+                    answer = again;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let batch: Vec<Queued> = {
+                let mut queue = slot.queue.lock().expect("queue lock");
+                let n = queue.len().min(MAX_HEARTBEAT_BATCH);
+                queue.drain(..n).collect()
+            };
+            if !batch.is_empty() {
+                self.heartbeat_batch(stream, group, batch)
+                    .instrument(spans::heartbeat(stream, group, &req.member_id, req.member_epoch))
+                    .await;
+            }
+            drop(local);
+            if let Ok(result) = answer.try_recv() {
+                return result;
+            }
+        }
+    }
+
+    /// Runs queued heartbeats as one critical section and answers each.
+    async fn heartbeat_batch(&self, stream: &StreamName, group: &GroupName, batch: Vec<Queued>) {
+        let reqs: Vec<&HeartbeatRequest> = batch.iter().map(|q| &q.req).collect();
+        let members: Vec<&MemberId> = reqs.iter().map(|r| &r.member_id).collect();
+        let mut outcomes = Vec::new();
+        let result = self
+            .group_section_locked(
+                stream,
+                group,
+                LivenessScope::Members(&members),
+                |meta, live, clock, _| {
+                    let (t, o) = state_machine::apply_heartbeats(meta, live, &reqs, clock);
+                    outcomes = o;
+                    Ok(t)
+                },
+            )
+            .await;
+        self.inner.stats.observe_batch(batch.len());
+        match result {
+            Ok(_) => {
+                for (q, outcome) in batch.into_iter().zip(outcomes) {
+                    self.inner.stats.heartbeat(&outcome);
+                    let answer = match outcome {
+                        Outcome::Heartbeat(r) => Ok(r),
+                        Outcome::Rejected(r) => Err(Error::Rejected {
+                            status: r.status,
+                            message: r.message,
+                            member_epoch: r.member_epoch,
+                        }),
+                        Outcome::Done => Err(StoreError::Protocol("heartbeat produced no answer".into()).into()),
+                    };
+                    let _ = q.reply.send(answer);
+                }
+            }
+            Err(e) => {
+                for q in batch {
+                    let _ = q.reply.send(Err(e.duplicate()));
+                }
+            }
         }
     }
 
@@ -555,13 +632,28 @@ impl Coordinator {
         stream: &StreamName,
         group: &GroupName,
         scope: LivenessScope<'_>,
-        mut f: F,
+        f: F,
     ) -> Result<(Transition, StoreRevision), Error>
     where
         F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
     {
         let slot = self.slot(stream, group);
         let _local = slot.lock.lock().await;
+        self.group_section_locked(stream, group, scope, f).await
+    }
+
+    /// [`Self::group_section`] for a caller that already holds the group's local lock.
+    async fn group_section_locked<F>(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        scope: LivenessScope<'_>,
+        mut f: F,
+    ) -> Result<(Transition, StoreRevision), Error>
+    where
+        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
+    {
+        let slot = self.slot(stream, group);
         let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
         let keys = SectionKeys::group(stream, group);
         let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
@@ -585,11 +677,13 @@ impl Coordinator {
                 spans::reached(Boundary::Released, Some(rev));
                 return Ok((t, rev));
             }
+            #[cfg(feature = "fault-injection")]
+            crate::fault::reached(self, crate::fault::Point::BeforeWrite, stream, group, &t).await?;
             let json = t.next.as_ref().map(GroupMetadata::encode);
             let write = Write {
                 aggregate: json.as_deref(),
                 schema_version: store::schema_of_group(),
-                renew: t.renew.as_ref().map(|(m, l)| (m, *l)),
+                renew: &t.renew,
                 forget: &t.forget,
                 now_ms: loaded.now_ms,
                 run_id: &loaded.run_id,
@@ -608,6 +702,8 @@ impl Coordinator {
                     }
                     spans::reached(Boundary::Committed, Some(new_rev));
                     self.log_events(stream, group, &t.events);
+                    #[cfg(feature = "fault-injection")]
+                    crate::fault::reached(self, crate::fault::Point::AfterWrite, stream, group, &t).await?;
                     return Ok((t, new_rev));
                 }
                 Committed::Conflict => {

@@ -67,6 +67,35 @@ impl Error {
         }
     }
 
+    /// A copy of this error for every request of a batch that failed together. Redis errors, which cannot be
+    /// cloned, keep their message and their retryable status.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Rejected {
+                status,
+                message,
+                member_epoch,
+            } => Error::Rejected {
+                status: *status,
+                message: message.clone(),
+                member_epoch: *member_epoch,
+            },
+            Error::InvalidRequest(m) => Error::InvalidRequest(m.clone()),
+            Error::MetadataUnavailable(m) => Error::MetadataUnavailable(m.clone()),
+            Error::RevisionConflict { expected, found } => Error::RevisionConflict {
+                expected: *expected,
+                found: *found,
+            },
+            Error::AlreadyExists(m) => Error::AlreadyExists(m.clone()),
+            Error::Terminating => Error::Terminating,
+            Error::Store(e) => Error::Store(StoreError::Shared(e.to_string())),
+            Error::Listen { addr, source } => Error::Listen {
+                addr: *addr,
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+        }
+    }
+
     /// Whether the caller may retry the same request.
     pub fn is_retryable(&self) -> bool {
         self.status().is_retryable()
@@ -97,6 +126,9 @@ pub enum StoreError {
     /// A reply had an unexpected shape (a bug or a foreign writer).
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// A store failure shared by every request of a batch (the original error's message).
+    #[error("{0}")]
+    Shared(String),
     /// The Redis server lacks a command or version the coordinator needs.
     #[error("unsupported Redis: {0}")]
     Unsupported(String),

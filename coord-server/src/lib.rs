@@ -13,11 +13,14 @@
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
 //! * [`config`], [`error`], [`stats`].
+//! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod coordinator;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod http;
 pub mod metrics;
 pub mod server;

@@ -61,6 +61,10 @@ pub mod names {
     pub const MUTEX_WAIT: &str = "redis_stream_coord_mutex_wait_seconds";
     /// Counter: tries to take a Redis mutex that found it held by another section.
     pub const MUTEX_BUSY: &str = "redis_stream_coord_mutex_busy_total";
+    /// Counter: critical sections that ran a batch of heartbeats (group commit).
+    pub const HEARTBEAT_BATCHES: &str = "redis_stream_coord_heartbeat_batches_total";
+    /// Counter: heartbeats run in batches; divided by the batches, the mean batch size.
+    pub const HEARTBEATS_BATCHED: &str = "redis_stream_coord_heartbeats_batched_total";
     /// Counter: sections that gave up on a busy mutex (`STORE_UNAVAILABLE`).
     pub const MUTEX_TIMEOUTS: &str = "redis_stream_coord_mutex_timeouts_total";
     /// Counter: revision compare-and-set writes that lost to another writer (the section reloaded and decided
@@ -282,6 +286,8 @@ impl Metrics {
             describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
             describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
             describe_counter!(names::MUTEX_BUSY, "Mutex tries that found it held");
+            describe_counter!(names::HEARTBEAT_BATCHES, "Critical sections that ran a batch of heartbeats");
+            describe_counter!(names::HEARTBEATS_BATCHED, "Heartbeats run in batched critical sections");
             describe_counter!(names::MUTEX_TIMEOUTS, "Sections that gave up on a busy mutex");
             describe_counter!(names::REVISION_CONFLICTS, "Revision compare-and-set writes that lost");
             describe_counter!(
@@ -501,6 +507,8 @@ impl Metrics {
             gauge!(names::TERMINATING).set(if terminating { 1.0 } else { 0.0 });
             gauge!(names::SECTIONS_IN_FLIGHT).set(in_flight as f64);
             counter!(names::MUTEX_BUSY).absolute(get(&stats.mutex_busy));
+            counter!(names::HEARTBEAT_BATCHES).absolute(get(&stats.heartbeat_batches));
+            counter!(names::HEARTBEATS_BATCHED).absolute(get(&stats.heartbeats_batched));
             counter!(names::MUTEX_TIMEOUTS).absolute(get(&stats.mutex_timeouts));
             counter!(names::REVISION_CONFLICTS).absolute(get(&stats.revision_conflicts));
             counter!(names::METADATA_REGRESSIONS).absolute(get(&stats.metadata_regressions));

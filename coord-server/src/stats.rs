@@ -32,6 +32,10 @@ pub struct Stats {
     pub routing_regressions: AtomicU64,
     /// Compare-and-set conflicts (another writer won; the section reloaded).
     pub revision_conflicts: AtomicU64,
+    /// Critical sections that ran a batch of heartbeats.
+    pub heartbeat_batches: AtomicU64,
+    /// Heartbeats run in those sections (divided by the above: the mean batch size).
+    pub heartbeats_batched: AtomicU64,
     /// Mutex acquisitions that found it held by another section and retried.
     pub mutex_busy: AtomicU64,
     /// Requests that could not get their group's mutex in time.
@@ -75,6 +79,11 @@ impl Stats {
             _ => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn observe_batch(&self, size: usize) {
+        self.heartbeat_batches.fetch_add(1, Ordering::Relaxed);
+        self.heartbeats_batched.fetch_add(size as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn observe_mutex_wait(&self, waited: Duration) {

@@ -39,9 +39,12 @@ if f[1] and f[1] ~= ARGV[3] then agg = redis.call('HGET', KEYS[1], 'aggregate') 
 local live = {}
 if ARGV[4] == '*' then
   live = redis.call('HGETALL', KEYS[2])
-elseif ARGV[4] ~= '' then
-  local v = redis.call('HGET', KEYS[2], ARGV[4])
-  if v then live = {ARGV[4], v} end
+elseif ARGV[4] == 'm' and #ARGV > 4 then
+  local members = {unpack(ARGV, 5)}
+  local values = redis.call('HMGET', KEYS[2], unpack(members))
+  for i, m in ipairs(members) do
+    if values[i] then live[#live + 1] = m; live[#live + 1] = values[i] end
+  end
 end
 return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run,
   redis.call('EXISTS', KEYS[2])}
@@ -62,14 +65,16 @@ local newrev = rev
 if ARGV[4] ~= '' then
   newrev = tostring((tonumber(rev) or 0) + 1)
   redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'revision', newrev, 'schemaVersion', ARGV[5],
-    'layoutVersion', ARGV[6], 'updatedAt', ARGV[7], 'runId', ARGV[10])
+    'layoutVersion', ARGV[6], 'updatedAt', ARGV[7], 'runId', ARGV[8])
 end
-if ARGV[8] ~= '' then
-  local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '0')
-  if tonumber(ARGV[9]) > cur then redis.call('HSET', KEYS[2], ARGV[8], ARGV[9]) end
-  redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1)
+local renewals = tonumber(ARGV[9])
+for i = 0, renewals - 1 do
+  local m, lease = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
+  local cur = tonumber(redis.call('HGET', KEYS[2], m) or '0')
+  if tonumber(lease) > cur then redis.call('HSET', KEYS[2], m, lease) end
 end
-for i = 11, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+if renewals > 0 then redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1) end
+for i = 10 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
 release()
 return {1, newrev}
 "#;
@@ -118,6 +123,8 @@ pub enum LivenessScope<'a> {
     None,
     /// One member's.
     Member(&'a MemberId),
+    /// These members' (a batch of heartbeats).
+    Members(&'a [&'a MemberId]),
     /// All of them (ticks).
     All,
 }
@@ -161,8 +168,8 @@ pub struct Write<'a> {
     pub aggregate: Option<&'a str>,
     /// Schema version of that aggregate.
     pub schema_version: u32,
-    /// Liveness renewal.
-    pub renew: Option<(&'a MemberId, u64)>,
+    /// Liveness renewals (member, lease end ms); a lease never moves backwards.
+    pub renew: &'a [(MemberId, u64)],
     /// Liveness entries to delete.
     pub forget: &'a [MemberId],
     /// Redis time of the write (the `updatedAt` field).
@@ -223,23 +230,24 @@ impl Store {
         cached: Option<StoreRevision>,
         scope: LivenessScope<'_>,
     ) -> Result<Option<Loaded>, StoreError> {
-        let scope_arg = match scope {
-            LivenessScope::None => String::new(),
-            LivenessScope::Member(m) => m.to_string(),
-            LivenessScope::All => "*".to_owned(),
+        let (scope_arg, members): (&str, Vec<&MemberId>) = match scope {
+            LivenessScope::None => ("", Vec::new()),
+            LivenessScope::Member(m) => ("m", vec![m]),
+            LivenessScope::Members(ms) => ("m", ms.to_vec()),
+            LivenessScope::All => ("*", Vec::new()),
         };
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .load
-            .key(&keys.hash)
-            .key(&keys.liveness)
+        let mut inv = self.load.key(&keys.hash);
+        inv.key(&keys.liveness)
             .key(&keys.mutex)
             .arg(token)
             .arg(mutex_ttl.as_millis() as u64)
             .arg(cached.map(|r| r.0.to_string()).unwrap_or_default())
-            .arg(scope_arg)
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(scope_arg);
+        for m in members {
+            inv.arg(m.as_str());
+        }
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         if int(&reply, 0)? == 0 {
             return Ok(None);
         }
@@ -302,9 +310,11 @@ impl Store {
             .arg(write.schema_version)
             .arg(LAYOUT_VERSION)
             .arg(write.now_ms)
-            .arg(write.renew.map(|(m, _)| m.to_string()).unwrap_or_default())
-            .arg(write.renew.map(|(_, l)| l).unwrap_or(0))
-            .arg(write.run_id);
+            .arg(write.run_id)
+            .arg(write.renew.len());
+        for (m, lease) in write.renew {
+            inv.arg(m.as_str()).arg(*lease);
+        }
         for m in write.forget {
             inv.arg(m.as_str());
         }

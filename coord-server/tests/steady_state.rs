@@ -94,3 +94,50 @@ async fn no_change_heartbeat_is_two_round_trips_and_writes_no_aggregate() {
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_heartbeats_share_critical_sections() {
+    use coord_server::stats::Stats;
+    let server = RedisServer::start().await;
+    let coordinator = Coordinator::connect(Config::new(server.url())).await.unwrap();
+    let (stream, group) = (StreamName::new("orders").unwrap(), GroupName::new("billing").unwrap());
+    coordinator
+        .create_group(&stream, &group, &CreateGroupRequest { shard_count: Some(256), timings: None })
+        .await
+        .unwrap();
+    const N: usize = 200;
+    let joins = (0..N).map(|i| {
+        let (c, s, g) = (coordinator.clone(), stream.clone(), group.clone());
+        tokio::spawn(async move {
+            let req = HeartbeatRequest {
+                member_id: MemberId::new(format!("m{i}")).unwrap(),
+                instance_id: format!("i{i}"),
+                member_epoch: MemberEpoch::JOIN,
+                metadata_version: MetadataVersion(0),
+                max_observed_version: MetadataVersion(0),
+                owned: vec![],
+                revoking: vec![],
+            };
+            c.heartbeat(&s, &g, &req).await
+        })
+    });
+    let before = commandstats(&server).await;
+    let answers = futures::future::join_all(joins).await;
+    let after = commandstats(&server).await;
+    for a in answers {
+        assert_eq!(a.unwrap().unwrap().status, Status::Ok);
+    }
+    let d = coordinator.describe_group(&stream, &group).await.unwrap();
+    assert_eq!(d.members.len(), N, "every join was recorded");
+    let mut targets: Vec<_> = d.shards.iter().filter_map(|s| s.target.clone()).collect();
+    targets.sort();
+    targets.dedup();
+    assert_eq!(targets.len(), N, "the batch's final assignment covers every member");
+    let batches = Stats::get(&coordinator.stats().heartbeat_batches);
+    let batched = Stats::get(&coordinator.stats().heartbeats_batched);
+    assert_eq!(batched, N as u64);
+    assert!(batches < N as u64, "{batches} sections for {N} concurrent joins: no batching happened");
+    let evalsha = after.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0);
+    assert_eq!(evalsha, 2 * batches, "one LOAD and one COMMIT per batch");
+    println!("{N} concurrent joins in {batches} critical sections");
+}

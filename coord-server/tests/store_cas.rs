@@ -78,9 +78,9 @@ async fn a_writer_that_outlived_its_mutex_loses_the_compare_and_set() {
         .unwrap();
     let _: () = redis::cmd("DEL").arg(&keys.mutex).query_async(&mut conn).await.unwrap();
     coordinator.heartbeat(&stream, &group, &join("b")).await.unwrap();
-    let member = MemberId::new("a").unwrap();
+    let renewals = [(MemberId::new("a").unwrap(), u64::MAX / 2)];
     let renew = Write {
-        renew: Some((&member, u64::MAX / 2)),
+        renew: &renewals,
         now_ms: before.now_ms,
         run_id: &before.run_id,
         ..Write::default()

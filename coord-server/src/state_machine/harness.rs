@@ -83,7 +83,7 @@ impl Harness {
             // The write records the current Redis run id: the suspicion is recorded (as an open round).
             self.suspected = None;
         }
-        if let Some((m, lease)) = &t.renew {
+        for (m, lease) in &t.renew {
             let e = self.liveness.entry(m.clone()).or_insert(0);
             *e = (*e).max(*lease);
         }

@@ -92,8 +92,8 @@ pub enum Input<'a> {
 pub struct Transition {
     /// The next aggregate, when it changed; `None`: write nothing to the aggregate.
     pub next: Option<GroupMetadata>,
-    /// Liveness renewal to write with the same compare-and-set: (member, lease end in ms).
-    pub renew: Option<(MemberId, u64)>,
+    /// Liveness renewals to write with the same compare-and-set: (member, lease end in ms).
+    pub renew: Vec<(MemberId, u64)>,
     /// Liveness entries to delete (members that left the group).
     pub forget: Vec<MemberId>,
     /// The answer, valid only once the writes above succeeded.
@@ -105,7 +105,7 @@ pub struct Transition {
 impl Transition {
     /// Whether anything must be written.
     pub fn writes(&self) -> bool {
-        self.next.is_some() || self.renew.is_some() || !self.forget.is_empty()
+        self.next.is_some() || !self.renew.is_empty() || !self.forget.is_empty()
     }
 }
 
@@ -268,6 +268,7 @@ impl<'a> Tx<'a> {
     /// Ends the transition: bumps the metadata version if anything changed, then derives the answer from the
     /// metadata that will be written (never from the draft before the bump).
     fn finish(self, renew: Option<(MemberId, u64)>, answer: Answer, now_ms: u64) -> Transition {
+        let renew: Vec<(MemberId, u64)> = renew.into_iter().collect();
         let Tx {
             meta, events, forget, ..
         } = self;
@@ -330,6 +331,58 @@ pub fn apply(meta: &GroupMetadata, liveness: &Liveness, input: Input<'_>, clock:
         Input::Tick { routing } => tick::tick(meta, liveness, routing, clock),
         Input::FenceMember(id) => tick::fence_by_admin(meta, liveness, id, clock),
     }
+}
+
+/// Applies several heartbeats of one group in order, as one transition (group commit): each request sees the
+/// state the previous ones left, each answer is derived from the state right after its own request, and the
+/// caller writes the final state once. The result is exactly what applying them one by one and writing after each
+/// would record, so batching changes the cost, not the behaviour.
+pub fn apply_heartbeats(
+    meta: &GroupMetadata,
+    liveness: &Liveness,
+    reqs: &[&HeartbeatRequest],
+    clock: Clock,
+) -> (Transition, Vec<Outcome>) {
+    let mut current: Cow<'_, GroupMetadata> = Cow::Borrowed(meta);
+    let mut live: Cow<'_, Liveness> = Cow::Borrowed(liveness);
+    let mut renew: BTreeMap<MemberId, u64> = BTreeMap::new();
+    let mut forget: Vec<MemberId> = Vec::new();
+    let mut events = Vec::new();
+    let mut outcomes = Vec::with_capacity(reqs.len());
+    let mut clock = clock;
+    for req in reqs {
+        let t = apply(&current, &live, Input::Heartbeat(req), clock);
+        if let Some(next) = t.next {
+            current = Cow::Owned(next);
+            // The suspicion is recorded (as an open round) by this write; later requests need not repeat it.
+            clock.suspected_loss = None;
+        }
+        for (member, lease) in t.renew {
+            let entry = live.to_mut().entry(member.clone()).or_insert(0);
+            *entry = (*entry).max(lease);
+            let r = renew.entry(member).or_insert(0);
+            *r = (*r).max(lease);
+        }
+        for member in t.forget {
+            live.to_mut().remove(&member);
+            renew.remove(&member);
+            forget.push(member);
+        }
+        events.extend(t.events);
+        outcomes.push(t.outcome);
+    }
+    let next = match current {
+        Cow::Borrowed(_) => None,
+        Cow::Owned(next) => Some(next),
+    };
+    let transition = Transition {
+        next,
+        renew: renew.into_iter().collect(),
+        forget,
+        outcome: Outcome::Done,
+        events,
+    };
+    (transition, outcomes)
 }
 
 /// A new group's metadata.

@@ -69,7 +69,7 @@ fn no_change_heartbeat_renews_liveness_only() {
     h.advance(INTERVAL);
     let t = h.apply(Input::Heartbeat(&follow_up(&a, &[])));
     assert!(t.next.is_none());
-    assert_eq!(t.renew, Some((member("a"), h.now + TTL)));
+    assert_eq!(t.renew, vec![(member("a"), h.now + TTL)]);
 }
 
 #[test]
@@ -402,6 +402,31 @@ fn suspected_loss_opens_a_round_on_admin_fence_too() {
         h.meta.correction.as_ref().map(|r| r.reported_max_version),
         Some(MetadataVersion(9))
     );
+}
+
+#[test]
+fn a_batch_of_heartbeats_records_what_one_by_one_would() {
+    let mut h = Harness::new(6);
+    let a = h.join("a");
+    let b = h.join("b");
+    let reqs = [
+        follow_up(&a, &[]),
+        req("c", 0, MetadataVersion(0), &[], &[]),
+        follow_up(&b, &[]),
+        follow_up(&a, &[3, 4, 5]),
+        req("d", 0, MetadataVersion(0), &[], &[]),
+    ];
+    let mut one_by_one = h.clone();
+    let expected: Vec<_> = reqs
+        .iter()
+        .map(|r| one_by_one.apply(Input::Heartbeat(r)).outcome)
+        .collect();
+    let refs: Vec<&protocol::messages::HeartbeatRequest> = reqs.iter().collect();
+    let (t, outcomes) = super::apply_heartbeats(&h.meta, &h.liveness, &refs, h.clock());
+    assert_eq!(outcomes, expected, "same answers");
+    h.record(&t);
+    assert_eq!(h.meta, one_by_one.meta, "same recorded metadata");
+    assert_eq!(h.liveness, one_by_one.liveness, "same leases");
 }
 
 #[test]
