@@ -13,7 +13,10 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
+# Default features are all features of the SDKs (`metrics`), so this run and the tests below cover them.
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== SDKs with no features (metrics off)"
+cargo clippy -p redis-stream-consumer -p redis-stream-producer --all-targets --no-default-features -- -D warnings
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast

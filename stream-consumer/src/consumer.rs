@@ -16,6 +16,7 @@ use crate::handler::{DynHandler, DynListener, NoListener};
 use crate::heartbeat::Driver;
 use crate::lease::LeaseView;
 use crate::membership::Membership;
+use crate::metrics::ConsumerMetrics;
 use crate::shard_reader::ReaderShared;
 use crate::version_store::{version_key, DynVersionStore, MemoryVersionStore};
 
@@ -31,6 +32,8 @@ pub struct Consumer {
     /// Random per process: tells the coordinator a retried join from a new incarnation of the member id.
     instance_id: String,
     status: watch::Sender<ConsumerStatus>,
+    /// Registered at build time, with the recorder the application installed before (see [`crate::metrics`]).
+    metrics: ConsumerMetrics,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -163,6 +166,7 @@ impl Consumer {
         store: Option<Arc<dyn DynVersionStore>>,
     ) -> Consumer {
         let status = watch::Sender::new(ConsumerStatus::initial(config.member_id.clone()));
+        let metrics = ConsumerMetrics::new(&config.stream, &config.group);
         Consumer {
             config: Arc::new(config),
             handler,
@@ -170,6 +174,7 @@ impl Consumer {
             store: store.unwrap_or_else(|| Arc::new(MemoryVersionStore::new())),
             instance_id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
             status,
+            metrics,
         }
     }
 
@@ -260,6 +265,7 @@ impl Consumer {
             max_deliveries: c.max_deliveries,
             retry_min: c.timings.retry_backoff_min,
             retry_max: c.timings.retry_backoff_max,
+            metrics: self.metrics.clone(),
         });
         let membership = Membership::new(
             c.member_id.clone(),

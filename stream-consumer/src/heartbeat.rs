@@ -39,6 +39,7 @@ use crate::handler::DynListener;
 use crate::in_flight::InFlight;
 use crate::lease::{effective_lease, Lease};
 use crate::membership::{Membership, ShardState};
+use crate::metrics::failure_status;
 use crate::shard_reader::{self, ReaderControl, ReaderExit, ReaderShared};
 use crate::version_store::DynVersionStore;
 
@@ -267,8 +268,8 @@ impl State {
     }
 
     async fn on_answer(&mut self, resp: HeartbeatResponse, sent_at: Instant) -> Flow {
+        self.count(resp.status);
         let t = &self.d.config.timings;
-        self.counters.count(resp.status);
         self.backoff = None;
         let lease = effective_lease(
             Duration::from_millis(resp.assignment_lease_ms),
@@ -289,6 +290,7 @@ impl State {
                 metadata_version = %resp.metadata_version, "joined the group");
         }
         if !actions.drain.is_empty() || !actions.start.is_empty() {
+            self.d.shared.metrics.rebalanced();
             info!(group = %self.d.config.group, member_id = %resp.member_id, status = %resp.status,
                 metadata_version = %resp.metadata_version, epoch = %resp.member_epoch,
                 drain = ?actions.drain, start = ?actions.start, pending = ?resp.pending, "assignment changed");
@@ -324,6 +326,7 @@ impl State {
 
     fn on_failure(&mut self, e: CoordError, joining: bool) -> Flow {
         self.counters.failed += 1;
+        self.d.shared.metrics.heartbeat(failure_status(&e));
         if let Some(status) = e.status() {
             self.d.membership.record_status(status);
         }
@@ -361,7 +364,7 @@ impl State {
 
     /// Fenced or forgotten: kill every reader, wait, report lost, rejoin (epoch 0) on the next heartbeat.
     async fn lost(&mut self, status: Status, why: &str) {
-        self.counters.count(status);
+        self.count(status);
         self.d.membership.record_status(status);
         warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, %status, reason = why,
             "member lost its assignment: stopping every reader, then rejoining");
@@ -372,6 +375,7 @@ impl State {
         self.lease.revoke();
         self.d.shared.lease.publish(&self.lease);
         self.counters.rejoins += 1;
+        self.d.shared.metrics.rejoined();
         if !lost.is_empty() {
             self.d.listener.on_lost(lost).await;
         }
@@ -381,6 +385,7 @@ impl State {
     /// The lease ran out without a successful heartbeat: stop reading everything now.
     async fn expire_lease(&mut self) {
         self.counters.lease_expiries += 1;
+        self.d.shared.metrics.lease_expired();
         warn!(group = %self.d.config.group, member_id = %self.d.config.member_id,
             "assignment lease ran out without a successful heartbeat: every shard enters local revoking state");
         let stopped = self.d.membership.revoke_all();
@@ -493,7 +498,7 @@ impl State {
                 .await
             {
                 Ok(resp) => {
-                    self.counters.count(resp.status);
+                    self.count(resp.status);
                     self.d.membership.apply(&resp, false);
                 }
                 Err(e) => debug!(group = %self.d.config.group, error = %e, "revoke report before leaving failed"),
@@ -575,15 +580,35 @@ impl State {
         }
     }
 
+    /// Counts a heartbeat answer (or refusal) by status, in the counters and the metrics.
+    fn count(&mut self, status: Status) {
+        self.counters.count(status);
+        self.d.shared.metrics.heartbeat(status.as_str());
+    }
+
+    /// Publishes the status. The gauges are set first, so whoever sees the status can already read them.
     fn publish(&self) {
-        self.d.status.send_replace(self.snapshot());
+        let s = self.snapshot();
+        self.record_gauges(&s, self.lease.remaining_at(Instant::now()));
+        self.d.status.send_replace(s);
     }
 
     fn publish_closed(&self) {
         let mut s = self.snapshot();
         s.closed = true;
         s.joined = false;
+        // Closed: nothing is read whatever the lease said (the error path stops without revoking it).
+        self.record_gauges(&s, Duration::ZERO);
         self.d.status.send_replace(s);
+    }
+
+    fn record_gauges(&self, s: &ConsumerStatus, lease_remaining: Duration) {
+        self.d.shared.metrics.status(
+            lease_remaining,
+            s.reading.len(),
+            s.revoking.len(),
+            s.max_observed_version.0,
+        );
     }
 }
 

@@ -94,9 +94,17 @@
 //! * [`dead_letter`]: the dead-letter entry format.
 //! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer).
 //! * `error`: [`ConsumerError`], [`ConfigError`], [`HandlerError`].
+//! * [`metrics`]: metric names, labels, and where each is updated.
 //!
 //! The coordinator HTTP client (several URLs, failover on connection errors and on
 //! `503 COORDINATOR_TERMINATING`) is `client_core::CoordClient`, shared with the producer SDK.
+//!
+//! # Optional features
+//! * `metrics` (default): records the consumer's metrics (assignment lease remaining, revoking shards, heartbeat
+//!   outcomes by status, lease expiries, rejoins, rebalances, handler errors, dead letters) through the
+//!   [`metrics`](https://docs.rs/metrics/0.24) facade. The application installs the recorder (the exporter of its
+//!   choice) *before* building the consumer. Names and update points: [`metrics`]. Disable it with
+//!   `default-features = false`; the [`metrics::names`] constants stay available.
 #![warn(missing_docs)]
 
 mod config;
@@ -109,6 +117,7 @@ mod in_flight;
 mod lease;
 mod membership;
 mod message;
+pub mod metrics;
 mod shard_reader;
 mod stream_reply;
 pub mod version_store;

@@ -27,11 +27,20 @@
 //!    member's pending list after the next owner already claimed).
 //!
 //! # Handling one entry
-//! The handler succeeds: `XACK` (retried until it succeeds while the shard is ours; an entry left pending under
-//! this member would not be delivered again while it keeps the shard). It fails (or panics): the entry stays pending and is retried in place after a
-//! jittered exponential backoff; each retry is recorded as a delivery in Redis (`XCLAIM` to this member, which
-//! increments the delivery count) so the count survives a crash. An entry whose delivery count exceeds
-//! `max_deliveries` goes to the dead-letter stream (see [`crate::dead_letter`]).
+//! The handler succeeds: the entry is acknowledged. Acknowledgements are batched (one `XACK` per read instead of
+//! one round trip per entry): one `XACK` carrying every entry handled since the last one, sent with the next
+//! read (same connection, same round trip, its answer awaited separately), at the end of a claim batch, before
+//! a retry pause, before the reader stops or waits for its lease, and, within a read, as soon as an entry
+//! finishes [`ACK_WINDOW`] or more after the oldest unacknowledged success. Until its answer the entry counts as
+//! in flight. The `XACK` is retried until it succeeds while the shard is
+//! ours (an entry left pending under this member would not be delivered again while it keeps the shard); a
+//! killed reader tries once, briefly. A crash can thus re-deliver up to one read's handled entries (at most
+//! `batch_size`), where one-ack-per-entry re-delivered at most one: delivery stays at-least-once.
+//!
+//! It fails (or panics): the entry stays pending and is retried in place after a jittered exponential backoff;
+//! each retry is recorded as a delivery in Redis (`XCLAIM` to this member, which increments the delivery count)
+//! so the count survives a crash. An entry whose delivery count exceeds `max_deliveries` goes to the dead-letter
+//! stream (see [`crate::dead_letter`]).
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::FutureExt;
@@ -50,13 +59,18 @@ use tracing::{debug, warn};
 use crate::config::StartPosition;
 use crate::dead_letter;
 use crate::handler::{DynHandler, DynListener};
-use crate::in_flight::InFlight;
+use crate::in_flight::{InFlight, InFlightGuard};
 use crate::lease::LeaseView;
 use crate::message::{EntryId, Message};
+use crate::metrics::ConsumerMetrics;
 use crate::stream_reply::{self, RawEntry};
 
 /// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
 const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
+
+/// Within one read, the batched `XACK` goes out as soon as an entry finishes this long or more after the oldest
+/// handled-but-unacknowledged one (so slow handlers do not hold a whole read's acknowledgements back).
+const ACK_WINDOW: Duration = Duration::from_millis(10);
 
 /// Everything the readers of one consumer share.
 pub(crate) struct ReaderShared {
@@ -77,6 +91,8 @@ pub(crate) struct ReaderShared {
     pub max_deliveries: u32,
     pub retry_min: Duration,
     pub retry_max: Duration,
+    /// Shared with the heartbeat loop; one set of series per consumer.
+    pub metrics: ConsumerMetrics,
 }
 
 impl ReaderShared {
@@ -125,6 +141,8 @@ pub(crate) async fn run(
         dedicated: None,
         blocked_client: None,
         redis_backoff: None,
+        unacked: Vec::new(),
+        unacked_since: None,
     };
     let exit = tokio::select! {
         biased;
@@ -136,6 +154,11 @@ pub(crate) async fn run(
         reader.dedicated = None;
         if let Some(id) = reader.blocked_client.take() {
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(id)).await;
+        }
+        // Entries handled but not yet acknowledged: one brief try; if it fails they are delivered again.
+        if !reader.unacked.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), reader.send_acks()).await;
+            reader.unacked.clear();
         }
     }
     debug!(shard = %shard, ?exit, "shard reader stopped");
@@ -155,6 +178,10 @@ struct Reader {
     blocked_client: Option<i64>,
     /// Backoff after Redis errors; reset by a success.
     redis_backoff: Option<ExponentialBackoff>,
+    /// Entries handled and not yet acknowledged (still in flight), for the next batched `XACK`.
+    unacked: Vec<(EntryId, InFlightGuard)>,
+    /// When the oldest of `unacked` was handled.
+    unacked_since: Option<Instant>,
 }
 
 fn jittered(min: Duration, max: Duration) -> ExponentialBackoff {
@@ -190,6 +217,7 @@ impl Reader {
             // to a read whose reply was lost with the connection, and `>` never returns them again.
             while self.claim_pending().await && self.read_new().await {}
         }
+        self.flush_acks().await;
         self.dedicated = None;
         self.shared.listener.on_revoked(self.shard).await;
     }
@@ -271,6 +299,8 @@ impl Reader {
     /// Step 3: re-delivers the group's pending entries (any consumer's) from the start, following the cursor.
     /// Returns `false` when stopped.
     async fn claim_pending(&mut self) -> bool {
+        // Entries handled but whose acknowledgement was lost with a failed read must not be claimed again.
+        self.flush_acks().await;
         let mut cursor = "0-0".to_owned();
         loop {
             if !self.wait_for_lease().await {
@@ -297,10 +327,12 @@ impl Reader {
             for (entry, count) in entries {
                 if !self.may_handle() {
                     // Claimed to this member and left pending: the shard's next owner claims it again.
+                    self.flush_acks().await;
                     return !self.stop.is_cancelled();
                 }
                 self.handle(entry, count).await;
             }
+            self.flush_acks().await;
             if next == "0-0" {
                 return true;
             }
@@ -403,6 +435,10 @@ impl Reader {
     /// Step 4: new entries. Returns `false` when stopped, `true` after a failed read (claim again first).
     async fn read_new(&mut self) -> bool {
         loop {
+            if !self.may_handle() {
+                // Not reading on: acknowledge what was handled now rather than with a next read.
+                self.flush_acks().await;
+            }
             if !self.wait_for_lease().await {
                 return false;
             }
@@ -430,6 +466,7 @@ impl Reader {
                         }
                         self.handle(entry, 1).await;
                     }
+                    // The acknowledgements still queued go out with the next read (see `blocking_read`).
                 }
                 Err(e) if is_nogroup(&e) => {
                     self.dedicated = Some((conn, client_id));
@@ -447,6 +484,11 @@ impl Reader {
     }
 
     /// One blocking `XREADGROUP`. A stop while blocked unblocks the read and still waits for its answer.
+    ///
+    /// The queued acknowledgements (the previous read's entries) are sent on the same connection just before
+    /// the read, without waiting for their answer first: both travel in one round trip, and the entries stop
+    /// being in flight as soon as the `XACK` answer arrives (it comes before the read's, which may block). If it
+    /// fails they stay queued and are sent again on the shared connection before anything is claimed.
     async fn blocking_read(
         &mut self,
         conn: &mut MultiplexedConnection,
@@ -466,6 +508,18 @@ impl Reader {
             .arg("STREAMS")
             .arg(&self.key)
             .arg(">");
+        let ack = (!self.unacked.is_empty()).then(|| {
+            let mut ack_conn = conn.clone();
+            let mut xack = redis::cmd("XACK");
+            xack.arg(&self.key).arg(self.shared.group.as_str());
+            for (id, _) in &self.unacked {
+                xack.arg(id.to_string());
+            }
+            async move { xack.query_async::<i64>(&mut ack_conn).await }
+        });
+        let mut ack_done = ack.is_none();
+        let ack = futures::future::OptionFuture::from(ack);
+        tokio::pin!(ack);
         self.blocked_client = client_id;
         let read = cmd.query_async::<Value>(conn);
         tokio::pin!(read);
@@ -473,6 +527,13 @@ impl Reader {
         let reply = loop {
             tokio::select! {
                 biased;
+                r = &mut ack, if !ack_done => {
+                    ack_done = true;
+                    if let Some(Ok(_)) = r {
+                        self.unacked.clear();
+                        self.unacked_since = None;
+                    }
+                }
                 r = &mut read => break r,
                 _ = self.stop.cancelled(), if unblock_at.is_none() && client_id.is_some() => {
                     unblock_at = Some(tokio::time::Instant::now());
@@ -488,16 +549,23 @@ impl Reader {
             }
         };
         self.blocked_client = None;
+        if !ack_done {
+            // Sent before the read on the same connection: answered by now (or failed with it).
+            if let Some(Ok(_)) = ack.await {
+                self.unacked.clear();
+                self.unacked_since = None;
+            }
+        }
         stream_reply::read_group(&reply?).map_err(reply_error)
     }
 
     /// Handles one entry until it is acknowledged, dead-lettered, or left pending because the shard is no longer
     /// ours.
     async fn handle(&mut self, entry: RawEntry, delivery_count: u32) {
-        let _in_flight = self.in_flight.begin();
+        let in_flight = self.in_flight.begin();
         let Some(fields) = entry.fields else {
             // Pending but trimmed from the stream: nothing to hand over; drop it from the pending list.
-            self.ack(entry.id).await;
+            self.acknowledge(entry.id, in_flight).await;
             return;
         };
         let mut message = Message {
@@ -522,12 +590,14 @@ impl Reader {
                 .await;
             let error = match outcome {
                 Ok(Ok(())) => {
-                    self.ack(message.id).await;
+                    self.shared.metrics.entry_handled();
+                    self.acknowledge(message.id, in_flight).await;
                     return;
                 }
                 Ok(Err(e)) => e.to_string(),
                 Err(panic) => panic_message(panic),
             };
+            self.shared.metrics.handler_failed();
             warn!(shard = %self.shard, id = %message.id, deliveries = message.delivery_count, error = %error,
                 "handler failed");
             if message.delivery_count >= self.shared.max_deliveries {
@@ -538,6 +608,8 @@ impl Reader {
                 .get_or_insert_with(|| jittered(self.shared.retry_min, self.shared.retry_max))
                 .next()
                 .unwrap_or(self.shared.retry_max);
+            // The entries handled before this one are not held back by its retries.
+            self.flush_acks().await;
             if !self.pause(delay).await || !self.may_handle() {
                 // Left pending: the shard's next owner (or this member, if it gets the shard back) retries it.
                 return;
@@ -590,31 +662,53 @@ impl Reader {
         self.redis_failed(what, e).await || *attempts_after_stop > 0
     }
 
-    /// `XACK`, retried until it succeeds while the shard is ours. A lost ack only means the entry is delivered
-    /// again (at-least-once).
-    async fn ack(&mut self, id: EntryId) {
+    /// Queues a handled entry for the next batched `XACK` (it stays in flight until then); sends the batch at
+    /// once when its oldest entry has waited [`ACK_WINDOW`]. (The queue holds at most one read's or one claim
+    /// batch's entries: `batch_size`.)
+    async fn acknowledge(&mut self, id: EntryId, in_flight: InFlightGuard) {
+        let since = *self.unacked_since.get_or_insert_with(Instant::now);
+        self.unacked.push((id, in_flight));
+        if since.elapsed() >= ACK_WINDOW {
+            self.flush_acks().await;
+        }
+    }
+
+    /// One `XACK` of every queued entry, retried until it succeeds while the shard is ours; then they are no
+    /// longer in flight. A lost ack only means the entries are delivered again (at-least-once).
+    async fn flush_acks(&mut self) {
+        if self.unacked.is_empty() {
+            return;
+        }
         let mut attempts_after_stop = 3;
         loop {
-            let mut conn = self.shared.conn.clone();
-            let r: Result<i64, RedisError> = redis::cmd("XACK")
-                .arg(&self.key)
-                .arg(self.shared.group.as_str())
-                .arg(id.to_string())
-                .query_async(&mut conn)
-                .await;
-            match r {
-                Ok(_) => {
+            match self.send_acks().await {
+                Ok(()) => {
                     self.redis_ok();
-                    return;
+                    break;
                 }
                 Err(e) => {
                     if !self.retry_after("XACK", &e, &mut attempts_after_stop).await {
-                        warn!(shard = %self.shard, id = %id, "entry left unacknowledged; it will be delivered again");
-                        return;
+                        warn!(shard = %self.shard, entries = self.unacked.len(),
+                            "entries left unacknowledged; they will be delivered again");
+                        break;
                     }
                 }
             }
         }
+        self.unacked.clear();
+        self.unacked_since = None;
+    }
+
+    /// `XACK <shard> <group> <every queued id>`, once.
+    async fn send_acks(&self) -> Result<(), RedisError> {
+        let mut conn = self.shared.conn.clone();
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&self.key).arg(self.shared.group.as_str());
+        for (id, _) in &self.unacked {
+            cmd.arg(id.to_string());
+        }
+        let _acked: i64 = cmd.query_async(&mut conn).await?;
+        Ok(())
     }
 
     /// Appends the entry to the shard's dead-letter stream and acknowledges it, atomically.
@@ -638,6 +732,7 @@ impl Reader {
             match r {
                 Ok((dead_letter_id,)) => {
                     self.redis_ok();
+                    self.shared.metrics.dead_lettered();
                     warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.dead_letter_key,
                         "entry dead-lettered");
                     return;

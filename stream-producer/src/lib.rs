@@ -21,6 +21,7 @@
 //! * [`error`]: [`ConfigError`], [`PublishError`] with [`WriteState`], [`BatchError`], [`RefreshError`],
 //!   [`ProducerError`].
 //! * [`stats`]: the counters and routing state callers read ([`ProducerStats`]).
+//! * [`metrics`]: metric names, labels, and where each is updated.
 //!
 //! # Routing rules
 //! The cache follows the failure-handling design's producer rules; each is a test in `routing_cache`:
@@ -47,6 +48,13 @@
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
 //! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
 //! knows when retrying is safe.
+//!
+//! # Optional features
+//! * `metrics` (default): records the producer's metrics (routing cache age, routing lease remaining, refresh
+//!   failures, rollbacks, refused publishes, record outcomes) through the [`metrics`](https://docs.rs/metrics/0.24)
+//!   facade. The application installs the recorder (the exporter of its choice) *before* building the producer.
+//!   Names and update points: [`metrics`]. Disable it with `default-features = false`; the [`metrics::names`]
+//!   constants stay available.
 //!
 //! # Example
 //! ```no_run
@@ -80,6 +88,7 @@
 mod batcher;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod producer;
 mod publisher;
 mod refresher;

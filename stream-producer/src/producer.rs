@@ -48,6 +48,7 @@ impl Shared {
                 self.stats
                     .records_not_written
                     .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                self.stats.metrics.records(0, n, 0);
                 vec![Err(e); records.len()]
             }
         }
@@ -82,7 +83,7 @@ impl Producer {
     }
 
     pub(crate) fn start(config: ProducerConfig, store: SharedVersionStore) -> Result<Producer, ConfigError> {
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats::new(&config.stream));
         let client = CoordClient::new(
             config.coordinator_urls.clone(),
             config.coordinator_timeout,

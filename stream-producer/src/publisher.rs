@@ -447,6 +447,7 @@ impl Publisher {
         s.records_written.fetch_add(written, Ordering::Relaxed);
         s.records_not_written.fetch_add(not_written, Ordering::Relaxed);
         s.records_unknown.fetch_add(unknown, Ordering::Relaxed);
+        s.metrics.records(written, not_written, unknown);
     }
 }
 

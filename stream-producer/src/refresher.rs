@@ -151,19 +151,28 @@ impl Refresher {
     pub(crate) async fn routing_for_publish(&self) -> Result<RoutingInfo, PublishError> {
         let decision = self.cache().for_publish(Instant::now());
         let refused = match decision {
-            PublishRoute::Use(info) => return Ok(info),
+            PublishRoute::Use(info) => return Ok(self.used(info)),
             PublishRoute::Refuse(why) => why,
             PublishRoute::RefreshFirst => {
                 self.refresh_if(|c, now| matches!(c.for_publish(now), PublishRoute::RefreshFirst))
                     .await;
                 match self.cache().route(Instant::now()) {
-                    Ok(info) => return Ok(info),
+                    Ok(info) => return Ok(self.used(info)),
                     Err(why) => why,
                 }
             }
         };
         self.stats.routing_refusals.fetch_add(1, Ordering::Relaxed);
+        let m = &self.stats.metrics;
+        m.refused(matches!(refused, Unavailable::Expired { .. }));
+        m.cache(self.cache().gauges_at(Instant::now()));
         Err(self.unavailable(refused))
+    }
+
+    /// Updates the routing gauges from the routing a publish is about to use (cheap: no lock, no clock read).
+    fn used(&self, info: RoutingInfo) -> RoutingInfo {
+        self.stats.metrics.routing_used(info.age, info.lease_remaining);
+        info
     }
 
     fn unavailable(&self, why: Unavailable) -> PublishError {
@@ -198,12 +207,17 @@ impl Refresher {
         if let Err(e) = self.refresh_locked(&mut flight).await {
             tracing::debug!(stream = %self.stream, error = %e, "routing refresh failed");
             self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
+            self.stats.metrics.refresh_failed();
             self.cache().refresh_failed(Instant::now());
             *self
                 .last_error
                 .lock()
                 .expect("the last-error lock is never held across a panic") = Some(Arc::new(e));
         }
+        // After every attempt, failed or not: during an outage the background retries keep the age growing and
+        // the lease going down in the gauges even when nothing is published.
+        let gauges = self.cache().gauges_at(Instant::now());
+        self.stats.metrics.cache(gauges);
     }
 
     async fn refresh_locked(&self, flight: &mut Flight) -> Result<(), RefreshError> {
@@ -240,6 +254,7 @@ impl Refresher {
         let s = &self.stats;
         if applied.is_success() {
             s.refreshes.fetch_add(1, Ordering::Relaxed);
+            s.metrics.refreshed();
         }
         match applied {
             Applied::Replaced { from, to } => {
@@ -251,6 +266,7 @@ impl Refresher {
                 s.sync_metadata_responses.fetch_add(1, Ordering::Relaxed);
                 if from != Some(to) {
                     s.routing_rollbacks.fetch_add(1, Ordering::Relaxed);
+                    s.metrics.rolled_back();
                     tracing::warn!(stream = %self.stream, from = ?from, routing_version = %to,
                         "coordinator answered SYNC_METADATA: adopted the routing Redis stores (rollback)");
                 }

@@ -78,6 +78,18 @@ pub struct RoutingInfo {
     pub age: Duration,
 }
 
+/// What the routing gauges show at one instant, valid lease or not (see `crate::metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CacheGauges {
+    /// Time since the send time of the refresh that last returned or renewed the entry, even after its lease
+    /// ended (an outage shows as an age that keeps growing). `None` before the first successful refresh.
+    pub age: Option<Duration>,
+    /// Time left on the lease; zero when it ended or no routing was ever fetched.
+    pub lease_remaining: Duration,
+    /// The version of the entry, valid or not.
+    pub version: Option<RoutingVersion>,
+}
+
 /// Why the publish path has no routing to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unavailable {
@@ -257,6 +269,17 @@ impl RoutingCache {
         }
     }
 
+    /// The values the routing gauges show at `now`.
+    pub fn gauges_at(&self, now: Instant) -> CacheGauges {
+        CacheGauges {
+            age: self.entry.map(|e| now.saturating_duration_since(e.lease_start)),
+            lease_remaining: self
+                .entry
+                .map_or(Duration::ZERO, |e| e.lease_end().saturating_duration_since(now)),
+            version: self.entry.map(|e| e.version),
+        }
+    }
+
     /// What the publish path should do at `now`.
     pub fn for_publish(&self, now: Instant) -> PublishRoute {
         let may_attempt = self.may_attempt(now);
@@ -410,6 +433,32 @@ mod tests {
             c.route(sent + ms(LEASE_MS)).is_err(),
             "the lease ends exactly at send + TTL"
         );
+    }
+
+    #[test]
+    fn gauges_keep_the_age_growing_after_the_lease_ended() {
+        let t0 = Instant::now();
+        let mut c = RoutingCache::new(RETRY);
+        assert_eq!(
+            c.gauges_at(t0),
+            CacheGauges {
+                age: None,
+                lease_remaining: Duration::ZERO,
+                version: None
+            }
+        );
+        c.apply(&resp(Status::Ok, 1, 4), t0);
+        let g = c.gauges_at(t0 + ms(400));
+        assert_eq!(
+            (g.age, g.lease_remaining, g.version),
+            (Some(ms(400)), ms(1100), Some(RoutingVersion(1)))
+        );
+        c.refresh_failed(t0 + ms(500));
+        // Past the lease end: no routing to publish with, but the age still tells how old the last one is.
+        let g = c.gauges_at(t0 + ms(LEASE_MS + 700));
+        assert_eq!(g.age, Some(ms(LEASE_MS + 700)));
+        assert_eq!(g.lease_remaining, Duration::ZERO);
+        assert!(c.route(t0 + ms(LEASE_MS + 700)).is_err());
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! Counters of a producer, and the snapshot callers read ([`ProducerStats`]).
 //!
 //! These are the producer's signals from the failure-handling design: routing cache age and refresh failures,
-//! routing rollbacks (`SYNC_METADATA`), and publish outcomes by write state.
+//! routing rollbacks (`SYNC_METADATA`), and publish outcomes by write state. The same signals go to the `metrics`
+//! facade (see [`crate::metrics`]) from the same places.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use protocol::names::StreamName;
 use protocol::RoutingVersion;
+
+use crate::metrics::ProducerMetrics;
 
 /// Live counters, shared by the producer's tasks.
 #[derive(Debug, Default)]
@@ -25,6 +29,8 @@ pub(crate) struct Stats {
     pub pipelines: AtomicU64,
     pub pipelines_in_flight: AtomicU64,
     pub batches: AtomicU64,
+    /// The facade's handles, updated next to the counters above. Records nothing in `Stats::default()`.
+    pub metrics: ProducerMetrics,
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -32,6 +38,14 @@ fn get(c: &AtomicU64) -> u64 {
 }
 
 impl Stats {
+    /// Counters from zero, and metrics labelled with `stream` in the recorder installed now.
+    pub(crate) fn new(stream: &StreamName) -> Self {
+        Stats {
+            metrics: ProducerMetrics::new(stream),
+            ..Stats::default()
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> ProducerStats {
         ProducerStats {
             routing_version: None,

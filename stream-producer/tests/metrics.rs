@@ -1,0 +1,322 @@
+//! The producer's metrics (`metrics` feature), each provoked against a real redis-server and the in-process
+//! coordinator, and read back from an in-memory recorder installed as the process's global recorder.
+//!
+//! Tests of this binary share that recorder (`cargo test` runs them on threads of one process; nextest runs each
+//! in its own process). They stay apart by their labels: every test publishes to its own stream.
+#![cfg(feature = "metrics")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use common::{any_port, coordinator_config, DEADLINE};
+use coord_server::server::CoordinatorHandle;
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+use protocol::messages::CreateGroupRequest;
+use protocol::names::{GroupName, StreamName};
+use stream_producer::metrics::{names, OUTCOME_NOT_WRITTEN, OUTCOME_WRITTEN, REASON_ROUTING_EXPIRED};
+use stream_producer::{MemoryVersionStore, Producer, ProducerBuilder, PublishError, VersionStore};
+use test_support::{wait_until, FaultProxy, Mode, RedisServer};
+
+/// Counters and gauges by name and label set; reading never resets anything.
+///
+/// Not metrics-util's `DebuggingRecorder`: its snapshots swap every counter and gauge back to 0, so a second
+/// read, or a read by another test sharing the global recorder, would see values that were never recorded.
+#[derive(Clone, Default)]
+struct MemoryRecorder {
+    series: Arc<Mutex<HashMap<SeriesKey, Arc<metrics::atomics::AtomicU64>>>>,
+}
+
+/// A metric name and its labels.
+type SeriesKey = (String, BTreeMap<String, String>);
+
+impl MemoryRecorder {
+    fn cell(&self, key: &Key) -> Arc<metrics::atomics::AtomicU64> {
+        let labels = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        let mut series = self.series.lock().unwrap();
+        Arc::clone(series.entry((key.name().to_owned(), labels)).or_default())
+    }
+
+    fn raw(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let series = self.series.lock().unwrap();
+        let cell = series.get(&(name.to_owned(), labels.clone()));
+        cell.unwrap_or_else(|| panic!("no series {name}{labels:?}"))
+            .load(Ordering::Acquire)
+    }
+
+    /// A gauge's value (gauges store the bits of an `f64`).
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        f64::from_bits(self.raw(name, labels))
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.raw(name, labels)
+    }
+
+    /// Every series whose labels include `labels`: (name, full label set).
+    fn series_with(&self, labels: &[(&str, &str)]) -> Vec<SeriesKey> {
+        let series = self.series.lock().unwrap();
+        series
+            .keys()
+            .filter(|(_, l)| labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .cloned()
+            .collect()
+    }
+}
+
+impl metrics::Recorder for MemoryRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.cell(key))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.cell(key))
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// The process-global recorder, installed by the first test that asks (before it builds any producer: handles
+/// are registered at build time).
+fn recorder() -> &'static MemoryRecorder {
+    static RECORDER: OnceLock<MemoryRecorder> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let r = MemoryRecorder::default();
+        metrics::set_global_recorder(r.clone()).expect("no other global recorder in this test binary");
+        r
+    })
+}
+
+/// Redis, a coordinator reached through a fault proxy (so a crash also drops its kept-alive connections), and a
+/// stream of its own.
+struct Env {
+    redis: RedisServer,
+    coordinator: Option<CoordinatorHandle>,
+    proxy: FaultProxy,
+    stream: String,
+}
+
+impl Env {
+    async fn start(stream: &str, lease: Duration) -> Env {
+        let redis = RedisServer::start().await;
+        let coordinator = CoordinatorHandle::spawn(coordinator_config(&redis.url(), lease, any_port()))
+            .await
+            .expect("coordinator starts");
+        coordinator
+            .coordinator()
+            .create_group(
+                &StreamName::new(stream).unwrap(),
+                &GroupName::new("billing").unwrap(),
+                &CreateGroupRequest {
+                    shard_count: Some(4),
+                    timings: None,
+                },
+            )
+            .await
+            .expect("stream routing created");
+        let proxy = FaultProxy::start(coordinator.addr()).await;
+        Env {
+            redis,
+            coordinator: Some(coordinator),
+            proxy,
+            stream: stream.to_owned(),
+        }
+    }
+
+    fn producer(&self) -> ProducerBuilder {
+        Producer::builder(&self.stream)
+            .coordinator(format!("http://{}", self.proxy.addr()))
+            .redis(self.redis.url())
+    }
+
+    /// The coordinator crashes: its process and its connections are gone.
+    fn crash_coordinator(&mut self) {
+        self.coordinator.take().expect("coordinator running").abort();
+        self.proxy.set_mode(Mode::Reset);
+    }
+
+    fn stream(&self) -> [(&str, &str); 1] {
+        [("stream", &self.stream)]
+    }
+
+    fn with<'a>(&'a self, key: &'a str, value: &'a str) -> [(&'a str, &'a str); 2] {
+        [("stream", &self.stream), (key, value)]
+    }
+}
+
+/// Short lease (refresh every 500 ms) so the outage plays out quickly.
+const SHORT_LEASE: Duration = Duration::from_millis(1500);
+
+#[tokio::test]
+async fn routing_cache_age_grows_and_refresh_failures_are_counted_while_the_coordinator_is_gone() {
+    let m = recorder();
+    let mut env = Env::start("metrics-outage", SHORT_LEASE).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    producer.send("before", &[("f", "v")]).await.unwrap();
+    let s = env.stream();
+    assert_eq!(m.counter(names::RECORDS, &env.with("outcome", OUTCOME_WRITTEN)), 1);
+    assert!(m.counter(names::ROUTING_REFRESHES, &s) >= 1);
+    assert_eq!(m.counter(names::ROUTING_REFRESH_FAILURES, &s), 0);
+    assert_eq!(m.gauge(names::ROUTING_VERSION, &s), 1.0);
+    let lease = m.gauge(names::ROUTING_LEASE_REMAINING, &s);
+    assert!(lease > 0.0 && lease <= SHORT_LEASE.as_secs_f64(), "{lease}");
+    assert!(m.gauge(names::ROUTING_CACHE_AGE, &s) < SHORT_LEASE.as_secs_f64());
+
+    env.crash_coordinator();
+    let s = env.stream();
+    // Nothing is published from here: the background refresher's failing retries keep the gauges current.
+    wait_until(DEADLINE, "a refresh failure counted", || {
+        let failures = m.counter(names::ROUTING_REFRESH_FAILURES, &s);
+        async move { failures >= 1 }
+    })
+    .await;
+    let mut ages = Vec::new();
+    wait_until(DEADLINE, "the routing lease gauge at 0", || {
+        ages.push(m.gauge(names::ROUTING_CACHE_AGE, &s));
+        let lease = m.gauge(names::ROUTING_LEASE_REMAINING, &s);
+        async move { lease == 0.0 }
+    })
+    .await;
+    // The age keeps growing past the lease while refreshes keep failing.
+    wait_until(DEADLINE, "the cache age past the lease", || {
+        let age = m.gauge(names::ROUTING_CACHE_AGE, &s);
+        ages.push(age);
+        async move { age > SHORT_LEASE.as_secs_f64() }
+    })
+    .await;
+    println!("routing cache age samples during the outage: {ages:?}");
+    assert!(
+        ages.windows(2).all(|w| w[1] >= w[0]),
+        "the age never went down: {ages:?}"
+    );
+    assert!(ages.last() > ages.first(), "the age grew: {ages:?}");
+    let failures = m.counter(names::ROUTING_REFRESH_FAILURES, &s);
+    assert!(failures >= 2, "retries with backoff: {failures}");
+    assert!(failures <= producer.stats().refresh_failures);
+
+    // A publish now fails closed, and says why.
+    let err = producer.send("after", &[("f", "v")]).await.unwrap_err();
+    assert!(matches!(err, PublishError::RoutingExpired { .. }), "{err:?}");
+    assert_eq!(
+        m.counter(names::PUBLISH_FAILURES, &env.with("reason", REASON_ROUTING_EXPIRED)),
+        1
+    );
+    assert_eq!(m.counter(names::RECORDS, &env.with("outcome", OUTCOME_NOT_WRITTEN)), 1);
+    assert_eq!(m.gauge(names::ROUTING_LEASE_REMAINING, &s), 0.0);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_updates_the_routing_gauges_without_a_refresh() {
+    let m = recorder();
+    // A long lease: no periodic refresh (10 s) during the test.
+    let env = Env::start("metrics-publish", Duration::from_secs(30)).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    let s = env.stream();
+    let refreshes = m.counter(names::ROUTING_REFRESHES, &s);
+    let age_at_refresh = m.gauge(names::ROUTING_CACHE_AGE, &s);
+    wait_until(DEADLINE, "the routing to be 300 ms old", || {
+        let old = producer.routing().is_some_and(|r| r.age >= Duration::from_millis(300));
+        async move { old }
+    })
+    .await;
+    assert_eq!(
+        m.gauge(names::ROUTING_CACHE_AGE, &s),
+        age_at_refresh,
+        "nothing updated it yet"
+    );
+    producer.send("k", &[("f", "v")]).await.unwrap();
+    let age = m.gauge(names::ROUTING_CACHE_AGE, &s);
+    let lease = m.gauge(names::ROUTING_LEASE_REMAINING, &s);
+    assert!(age >= 0.3, "the publish set the age: {age}");
+    assert!(lease > 0.0 && lease <= 30.0 - 0.3, "and the lease: {lease}");
+    assert_eq!(m.counter(names::ROUTING_REFRESHES, &s), refreshes, "without a refresh");
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_routing_rollback_is_counted() {
+    let m = recorder();
+    let env = Env::start("metrics-rollback", SHORT_LEASE).await;
+    // This producer's version store remembers routing version 5; Redis stores version 1 (a lost add-shards).
+    let store = MemoryVersionStore::new();
+    store.store(&env.stream, 5).await.unwrap();
+    let producer = env.producer().version_store(store).build().unwrap();
+    producer.ready().await.unwrap();
+    let s = env.stream();
+    assert_eq!(m.counter(names::ROUTING_ROLLBACKS, &s), 1);
+    assert_eq!(
+        m.gauge(names::ROUTING_VERSION, &s),
+        1.0,
+        "the stored routing is adopted"
+    );
+    assert_eq!(producer.stats().routing_rollbacks, 1);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn every_name_is_registered_at_build_with_low_cardinality_labels_and_documented() {
+    let m = recorder();
+    let env = Env::start("metrics-names", SHORT_LEASE).await;
+    let producer = env.producer().build().unwrap();
+    let series = m.series_with(&env.stream());
+    let registered: BTreeSet<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
+    let all: BTreeSet<&str> = names::ALL.into_iter().collect();
+    assert_eq!(registered, all, "every series exists from the build, at 0");
+    let mut labelled: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (name, labels) in &series {
+        let extra: Vec<(&str, &str)> = labels
+            .iter()
+            .filter(|(k, _)| k.as_str() != "stream")
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match name.as_str() {
+            names::PUBLISH_FAILURES | names::RECORDS => {
+                assert_eq!(extra.len(), 1, "{name}: {labels:?}");
+                labelled.entry(name.as_str()).or_default().insert(extra[0].1);
+            }
+            _ => assert!(extra.is_empty(), "{name}: {labels:?}"),
+        }
+    }
+    assert_eq!(
+        labelled[names::PUBLISH_FAILURES],
+        BTreeSet::from(["no_routing", "routing_expired"])
+    );
+    assert_eq!(
+        labelled[names::RECORDS],
+        BTreeSet::from(["not_written", "unknown", "written"])
+    );
+    producer.close().await.unwrap();
+
+    // docs/metrics.md lists exactly these names (the runbooks and alert rules are checked against that page by
+    // coord-server's `every_documented_name_is_real`).
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md")).unwrap();
+    let section = page
+        .split("## Client metrics")
+        .nth(1)
+        .expect("a \"## Client metrics\" section");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let documented: BTreeSet<&str> = section
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("redis_stream_producer_"))
+        .collect();
+    assert_eq!(
+        documented, all,
+        "docs/metrics.md \"Client metrics\" lists the producer's names"
+    );
+}
