@@ -265,6 +265,7 @@ impl Consumer {
             max_deliveries: c.max_deliveries,
             retry_min: c.timings.retry_backoff_min,
             retry_max: c.timings.retry_backoff_max,
+            reclaim_every: c.timings.member_ttl,
             metrics: self.metrics.clone(),
         });
         let membership = Membership::new(

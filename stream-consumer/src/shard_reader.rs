@@ -32,10 +32,10 @@
 //! read (same connection, same round trip, its answer awaited separately), at the end of a claim batch, before
 //! a retry pause, before the reader stops or waits for its lease, and, within a read, as soon as an entry
 //! finishes [`ACK_WINDOW`] or more after the oldest unacknowledged success. Until its answer the entry counts as
-//! in flight. The `XACK` is retried until it succeeds while the shard is
-//! ours (an entry left pending under this member would not be delivered again while it keeps the shard); a
-//! killed reader tries once, briefly. A crash can thus re-deliver up to one read's handled entries (at most
-//! `batch_size`), where one-ack-per-entry re-delivered at most one: delivery stays at-least-once.
+//! in flight. The `XACK` is retried until it succeeds while the shard is ours (an entry left pending under this
+//! member would not be delivered again while it keeps the shard); a killed reader tries once, briefly. A crash
+//! can thus re-deliver up to one read's handled entries (at most `batch_size`), where one-ack-per-entry
+//! re-delivered at most one: delivery stays at-least-once.
 //!
 //! It fails (or panics): the entry stays pending and is retried in place after a jittered exponential backoff;
 //! each retry is recorded as a delivery in Redis (`XCLAIM` to this member, which increments the delivery count)
@@ -91,6 +91,10 @@ pub(crate) struct ReaderShared {
     pub max_deliveries: u32,
     pub retry_min: Duration,
     pub retry_max: Duration,
+    /// How often the reader claims the group's pending entries again while it reads: a read sent by a previous
+    /// owner's reader before it was killed can reach Redis late (delayed by the network) and hand new entries to
+    /// that dead member; `>` never returns them, so only a claim does. One member TTL bounds how long they wait.
+    pub reclaim_every: Duration,
     /// Shared with the heartbeat loop; one set of series per consumer.
     pub metrics: ConsumerMetrics,
 }
@@ -143,6 +147,7 @@ pub(crate) async fn run(
         redis_backoff: None,
         unacked: Vec::new(),
         unacked_since: None,
+        last_claim: Instant::now(),
     };
     let exit = tokio::select! {
         biased;
@@ -182,6 +187,8 @@ struct Reader {
     unacked: Vec<(EntryId, InFlightGuard)>,
     /// When the oldest of `unacked` was handled.
     unacked_since: Option<Instant>,
+    /// When the last claim of pending entries finished (see [`ReaderShared::reclaim_every`]).
+    last_claim: Instant,
 }
 
 fn jittered(min: Duration, max: Duration) -> ExponentialBackoff {
@@ -334,6 +341,7 @@ impl Reader {
             }
             self.flush_acks().await;
             if next == "0-0" {
+                self.last_claim = Instant::now();
                 return true;
             }
             cursor = next;
@@ -435,6 +443,12 @@ impl Reader {
     /// Step 4: new entries. Returns `false` when stopped, `true` after a failed read (claim again first).
     async fn read_new(&mut self) -> bool {
         loop {
+            if self.last_claim.elapsed() >= self.shared.reclaim_every {
+                // Claim again (entries a late read handed to a dead member); acks go out first so nothing this
+                // reader handled is claimed back.
+                self.flush_acks().await;
+                return true;
+            }
             if !self.may_handle() {
                 // Not reading on: acknowledge what was handled now rather than with a next read.
                 self.flush_acks().await;
@@ -510,11 +524,7 @@ impl Reader {
             .arg(">");
         let ack = (!self.unacked.is_empty()).then(|| {
             let mut ack_conn = conn.clone();
-            let mut xack = redis::cmd("XACK");
-            xack.arg(&self.key).arg(self.shared.group.as_str());
-            for (id, _) in &self.unacked {
-                xack.arg(id.to_string());
-            }
+            let xack = self.xack_cmd();
             async move { xack.query_async::<i64>(&mut ack_conn).await }
         });
         let mut ack_done = ack.is_none();
@@ -702,13 +712,19 @@ impl Reader {
     /// `XACK <shard> <group> <every queued id>`, once.
     async fn send_acks(&self) -> Result<(), RedisError> {
         let mut conn = self.shared.conn.clone();
+        let _acked: i64 = self.xack_cmd().query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// `XACK <shard> <group> <every queued id>`.
+    fn xack_cmd(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("XACK");
         cmd.arg(&self.key).arg(self.shared.group.as_str());
+        let mut buf = [0u8; ENTRY_ID_MAX_LEN];
         for (id, _) in &self.unacked {
-            cmd.arg(id.to_string());
+            cmd.arg(entry_id_arg(*id, &mut buf));
         }
-        let _acked: i64 = cmd.query_async(&mut conn).await?;
-        Ok(())
+        cmd
     }
 
     /// Appends the entry to the shard's dead-letter stream and acknowledges it, atomically.
@@ -748,6 +764,51 @@ impl Reader {
     }
 }
 
+/// Longest `<ms>-<seq>`: two 20-digit numbers and the dash.
+const ENTRY_ID_MAX_LEN: usize = 41;
+
+/// `<ms>-<seq>`, formatted into `buf` without allocating (an acknowledgement carries one per entry; `to_string`
+/// was a visible share of the read loop's CPU).
+fn entry_id_arg(id: EntryId, buf: &mut [u8; ENTRY_ID_MAX_LEN]) -> &[u8] {
+    let mut at = buf.len();
+    for (i, mut n) in [id.seq, id.ms].into_iter().enumerate() {
+        if i == 1 {
+            at -= 1;
+            buf[at] = b'-';
+        }
+        loop {
+            at -= 1;
+            buf[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    &buf[at..]
+}
+
 fn reply_error(e: stream_reply::ReplyError) -> RedisError {
     RedisError::from((redis::ErrorKind::Parse, "unexpected stream reply", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_id_arg_matches_display() {
+        let mut buf = [0u8; ENTRY_ID_MAX_LEN];
+        for (ms, seq) in [
+            (0, 0),
+            (1, 0),
+            (0, 9),
+            (1_700_000_000_123, 42),
+            (u64::MAX, u64::MAX),
+            (10, 100),
+        ] {
+            let id = EntryId { ms, seq };
+            assert_eq!(entry_id_arg(id, &mut buf), id.to_string().as_bytes());
+        }
+    }
 }

@@ -29,6 +29,8 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy)]
 struct Control {
     mode: Mode,
+    /// Where new connections are forwarded ([`FaultProxy::set_target`]).
+    target: SocketAddr,
     /// Bumped on every switch to [`Mode::Reset`], so a connection notices a
     /// reset even if the mode was switched back before it looked.
     reset_epoch: u64,
@@ -50,7 +52,6 @@ impl Control {
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
-    target: SocketAddr,
     control: watch::Sender<Control>,
     accept_task: JoinHandle<()>,
 }
@@ -71,14 +72,14 @@ impl FaultProxy {
             .unwrap_or_else(|e| panic!("fault proxy: cannot read its address: {e}"));
         let (control, watcher) = watch::channel(Control {
             mode: Mode::Pass,
+            target,
             reset_epoch: 0,
             shutdown: false,
         });
-        let accept_task = tokio::spawn(accept_loop(listener, target, watcher));
+        let accept_task = tokio::spawn(accept_loop(listener, watcher));
         tracing::debug!(%addr, %target, "fault proxy started");
         FaultProxy {
             addr,
-            target,
             control,
             accept_task,
         }
@@ -94,9 +95,16 @@ impl FaultProxy {
         format!("redis://{}", self.addr)
     }
 
-    /// The address traffic is forwarded to.
+    /// The address new connections are forwarded to.
     pub fn target(&self) -> SocketAddr {
-        self.target
+        self.control.borrow().target
+    }
+
+    /// Forwards new connections to `target` from now on (a failover behind a stable address). Current
+    /// connections keep their upstream; switch to [`Mode::Reset`] and back to drop them.
+    pub fn set_target(&self, target: SocketAddr) {
+        self.control.send_modify(|control| control.target = target);
+        tracing::debug!(addr = %self.addr, %target, "fault proxy target");
     }
 
     /// The current mode.
@@ -127,7 +135,7 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, mut control: watch::Receiver<Control>) {
+async fn accept_loop(listener: TcpListener, mut control: watch::Receiver<Control>) {
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -151,7 +159,7 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, mut control: wat
                     reset(&client);
                     continue;
                 }
-                connections.spawn(run_connection(client, target, control.clone(), now.reset_epoch));
+                connections.spawn(run_connection(client, now.target, control.clone(), now.reset_epoch));
             }
             Err(e) => {
                 // E.g. out of file descriptors; do not spin.
