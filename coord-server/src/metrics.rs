@@ -288,7 +288,10 @@ impl Metrics {
             describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
             describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
             describe_counter!(names::MUTEX_BUSY, "Mutex tries that found it held");
-            describe_counter!(names::HEARTBEAT_BATCHES, "Critical sections that ran a batch of heartbeats");
+            describe_counter!(
+                names::HEARTBEAT_BATCHES,
+                "Critical sections that ran a batch of heartbeats"
+            );
             describe_counter!(names::HEARTBEATS_BATCHED, "Heartbeats run in batched critical sections");
             describe_counter!(names::MUTEX_TIMEOUTS, "Sections that gave up on a busy mutex");
             describe_counter!(names::REVISION_CONFLICTS, "Revision compare-and-set writes that lost");
