@@ -102,7 +102,14 @@ async fn concurrent_heartbeats_share_critical_sections() {
     let coordinator = Coordinator::connect(Config::new(server.url())).await.unwrap();
     let (stream, group) = (StreamName::new("orders").unwrap(), GroupName::new("billing").unwrap());
     coordinator
-        .create_group(&stream, &group, &CreateGroupRequest { shard_count: Some(256), timings: None })
+        .create_group(
+            &stream,
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(256),
+                timings: None,
+            },
+        )
         .await
         .unwrap();
     const N: usize = 200;
@@ -136,7 +143,10 @@ async fn concurrent_heartbeats_share_critical_sections() {
     let batches = Stats::get(&coordinator.stats().heartbeat_batches);
     let batched = Stats::get(&coordinator.stats().heartbeats_batched);
     assert_eq!(batched, N as u64);
-    assert!(batches < N as u64, "{batches} sections for {N} concurrent joins: no batching happened");
+    assert!(
+        batches < N as u64,
+        "{batches} sections for {N} concurrent joins: no batching happened"
+    );
     let evalsha = after.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0);
     assert_eq!(evalsha, 2 * batches, "one LOAD and one COMMIT per batch");
     println!("{N} concurrent joins in {batches} critical sections");
