@@ -1,0 +1,578 @@
+//! Consumer benchmark (issue 7, item 1): the consumer SDK against a hand-written raw loop, over the same records,
+//! in the same run, against one private `redis-server` (started through `examples::redis_launcher`) and an
+//! in-process coordinator.
+//!
+//! ```text
+//! cargo run --release -p examples --bin consumer_bench -- --records 400000 --payload-bytes 100
+//! ```
+//!
+//! 1. `--records` entries (one field `p` of `--payload-bytes` bytes) are appended round-robin to the 8 shard
+//!    streams (`protocol::keys::shard_stream`) with pipelined `XADD`s, once, before anything is measured.
+//! 2. Every measured run reads *all* entries of the 8 shards through a Redis consumer group of its own (so every
+//!    run reads the same records), and acknowledges every one of them:
+//!    * raw: one task and one connection per shard; each round trip is one pipeline `XACK <the previous batch's
+//!      ids>` + `XREADGROUP COUNT <count> STREAMS <shard> >`, until the shard is empty, then a last `XACK`. The
+//!      reply is walked (ids kept, fields looked at) but not copied.
+//!    * sdk-N: N `stream_consumer` members (batch size `<count>`, no-op handler that counts). The members join
+//!      and settle (every shard read, none pending or revoking) while the Redis groups stand at the end of the
+//!      streams (`XGROUP CREATE ... $`); then the clock starts, every group is moved to the beginning (`XGROUP
+//!      SETID ... 0`) and one wake-up entry is appended per shard (the readers are blocked in `XREADGROUP`), so
+//!      the run reads every record plus those 8. The clock stops when the handler has seen them all and no
+//!      entry is pending (`XPENDING`), i.e. when the last `XACK` is in.
+//! 3. Each mode runs `--rounds` times, alternating; the best rate of each mode is reported with the ratio to the
+//!    best raw rate (goal: >= 0.85).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Parser;
+use coord_server::server::CoordinatorHandle;
+use examples::redis_launcher::RedisLauncher;
+use protocol::keys;
+use protocol::messages::CreateGroupRequest;
+use protocol::metadata::GroupTimings;
+use protocol::names::{GroupName, StreamName};
+use protocol::ShardId;
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use stream_consumer::{Consumer, ConsumerHandle, Message};
+use tokio::sync::Notify;
+
+/// Shards of the benchmark stream.
+const SHARDS: u32 = 8;
+
+#[derive(Parser, Debug)]
+#[command(about = "Raw XREADGROUP + pipelined XACK loop vs the consumer SDK, same records, same run")]
+struct Args {
+    /// Records pre-loaded into the 8 shards.
+    #[arg(long, default_value_t = 400_000)]
+    records: usize,
+    /// Payload size of every record, in bytes.
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// Entries per read (`XREADGROUP COUNT`; the SDK's batch size), the same for both.
+    #[arg(long, default_value_t = stream_consumer::DEFAULT_BATCH_SIZE)]
+    count: usize,
+    /// SDK member counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    members: Vec<usize>,
+    /// Rounds of every mode (the best of each is reported).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Skip the raw loop (for profiling the SDK alone; no ratios then).
+    #[arg(long)]
+    no_raw: bool,
+    /// Skip the SDK runs (for profiling the raw loop alone).
+    #[arg(long)]
+    no_sdk: bool,
+}
+
+/// CPU and Redis work spent so far: this process's CPU time, `redis-server`'s CPU time, and the calls of the
+/// commands a reader sends (`INFO cpu`, `INFO commandstats`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Cost {
+    client_cpu_s: f64,
+    redis_cpu_s: f64,
+    xreadgroup_calls: u64,
+    xack_calls: u64,
+}
+
+impl Cost {
+    async fn now(con: &mut MultiplexedConnection) -> Result<Cost> {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query_async(con)
+            .await?;
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let calls = |cmd: &str| -> u64 {
+            info.lines()
+                .find_map(|l| {
+                    let rest = l.strip_prefix("cmdstat_")?.strip_prefix(cmd)?.strip_prefix(":calls=")?;
+                    rest.split(',').next()?.parse().ok()
+                })
+                .unwrap_or(0)
+        };
+        Ok(Cost {
+            client_cpu_s: process_cpu_s(),
+            redis_cpu_s: field("used_cpu_sys") + field("used_cpu_user"),
+            xreadgroup_calls: calls("xreadgroup"),
+            xack_calls: calls("xack"),
+        })
+    }
+
+    fn since(self, before: Cost) -> Cost {
+        Cost {
+            client_cpu_s: self.client_cpu_s - before.client_cpu_s,
+            redis_cpu_s: self.redis_cpu_s - before.redis_cpu_s,
+            xreadgroup_calls: self.xreadgroup_calls - before.xreadgroup_calls,
+            xack_calls: self.xack_calls - before.xack_calls,
+        }
+    }
+
+    /// `client µs, redis µs, XREADGROUP, XACK` per record.
+    fn per_record(&self, n: u64) -> String {
+        let n = n.max(1) as f64;
+        format!(
+            "cpu/record: client {:.2} us, redis {:.2} us; per 1000 records: {:.1} XREADGROUP, {:.1} XACK",
+            self.client_cpu_s * 1e6 / n,
+            self.redis_cpu_s * 1e6 / n,
+            self.xreadgroup_calls as f64 * 1000.0 / n,
+            self.xack_calls as f64 * 1000.0 / n
+        )
+    }
+}
+
+/// User + system CPU time of this process (`/proc/self/stat`, clock ticks of 10 ms); 0 where unavailable.
+fn process_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// One measured run.
+struct RunResult {
+    records: u64,
+    took: Duration,
+    cost: Cost,
+}
+
+fn shard_key(stream: &StreamName, shard: u32) -> String {
+    keys::shard_stream(stream, ShardId(shard))
+}
+
+/// Appends `records` entries round-robin over the shards, pipelines of 256 on 8 connections.
+async fn preload(client: &redis::Client, stream: &StreamName, records: usize, payload: &[u8]) -> Result<()> {
+    let keys: Arc<Vec<String>> = Arc::new((0..SHARDS).map(|s| shard_key(stream, s)).collect());
+    let payload: Arc<Vec<u8>> = Arc::new(payload.to_vec());
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut con = client.get_multiplexed_async_connection().await?;
+        let (keys, payload, next) = (keys.clone(), payload.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(256, Ordering::Relaxed) as usize;
+                if from >= records {
+                    return Ok::<_, redis::RedisError>(());
+                }
+                let mut pipe = redis::pipe();
+                for i in from..(from + 256).min(records) {
+                    pipe.cmd("XADD")
+                        .arg(&keys[i % keys.len()])
+                        .arg("*")
+                        .arg("p")
+                        .arg(payload.as_slice())
+                        .ignore();
+                }
+                let () = pipe.query_async(&mut con).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn total_len(con: &mut MultiplexedConnection, stream: &StreamName) -> Result<u64> {
+    let mut pipe = redis::pipe();
+    for s in 0..SHARDS {
+        pipe.cmd("XLEN").arg(shard_key(stream, s));
+    }
+    let lens: Vec<u64> = pipe.query_async(con).await?;
+    Ok(lens.iter().sum())
+}
+
+/// Entries pending in `group` over every shard (`XPENDING` summaries).
+async fn pending_total(con: &mut MultiplexedConnection, stream: &StreamName, group: &str) -> Result<u64> {
+    let mut pipe = redis::pipe();
+    for s in 0..SHARDS {
+        pipe.cmd("XPENDING").arg(shard_key(stream, s)).arg(group);
+    }
+    let replies: Vec<Value> = pipe.query_async(con).await?;
+    let mut total = 0;
+    for r in replies {
+        if let Value::Array(items) = r {
+            if let Some(Value::Int(n)) = items.first() {
+                total += u64::try_from(*n).unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Creates the Redis consumer group `group` on every shard at `at` (`0` or `$`).
+async fn create_redis_groups(
+    con: &mut MultiplexedConnection,
+    stream: &StreamName,
+    group: &str,
+    at: &str,
+) -> Result<()> {
+    let mut pipe = redis::pipe();
+    for s in 0..SHARDS {
+        pipe.cmd("XGROUP")
+            .arg("CREATE")
+            .arg(shard_key(stream, s))
+            .arg(group)
+            .arg(at)
+            .ignore();
+    }
+    let () = pipe.query_async(con).await?;
+    Ok(())
+}
+
+/// Walks one `XREADGROUP` reply: pushes the entry ids to `ids`, returns the entries and the field bytes seen.
+fn walk_read_reply(reply: &Value, ids: &mut Vec<Vec<u8>>) -> Result<(u64, u64)> {
+    let streams = match reply {
+        Value::Nil => return Ok((0, 0)),
+        Value::Array(streams) => streams,
+        other => bail!("unexpected XREADGROUP reply {other:?}"),
+    };
+    let (mut entries, mut bytes) = (0u64, 0u64);
+    for stream in streams {
+        let Value::Array(pair) = stream else {
+            bail!("unexpected stream item {stream:?}");
+        };
+        let Some(Value::Array(list)) = pair.get(1) else {
+            bail!("unexpected stream item {pair:?}");
+        };
+        for entry in list {
+            let Value::Array(parts) = entry else {
+                bail!("unexpected entry {entry:?}");
+            };
+            let (Some(Value::BulkString(id)), Some(Value::Array(fields))) = (parts.first(), parts.get(1)) else {
+                bail!("unexpected entry {parts:?}");
+            };
+            ids.push(id.clone());
+            for f in fields {
+                if let Value::BulkString(b) = f {
+                    bytes += b.len() as u64;
+                }
+            }
+            entries += 1;
+        }
+    }
+    Ok((entries, bytes))
+}
+
+/// One shard of the raw loop: pipelined `XACK` of the previous batch + `XREADGROUP` of the next, until empty.
+async fn raw_shard(mut con: MultiplexedConnection, key: String, group: String, count: usize) -> Result<u64> {
+    let mut ids: Vec<Vec<u8>> = Vec::with_capacity(count);
+    let mut read = 0u64;
+    let mut field_bytes = 0u64;
+    loop {
+        let mut pipe = redis::pipe();
+        if !ids.is_empty() {
+            pipe.cmd("XACK").arg(&key).arg(&group).arg(&ids).ignore();
+        }
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&group)
+            .arg("raw")
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(">");
+        let (reply,): (Value,) = pipe.query_async(&mut con).await?;
+        ids.clear();
+        let (n, b) = walk_read_reply(&reply, &mut ids)?;
+        read += n;
+        field_bytes += b;
+        if n == 0 {
+            ensure!(field_bytes > 0 || read == 0, "fields were read");
+            return Ok(read);
+        }
+    }
+}
+
+async fn raw_run(
+    client: &redis::Client,
+    con: &mut MultiplexedConnection,
+    stream: &StreamName,
+    group: &str,
+    count: usize,
+) -> Result<RunResult> {
+    create_redis_groups(con, stream, group, "0").await?;
+    let mut cons = Vec::new();
+    for _ in 0..SHARDS {
+        cons.push(client.get_multiplexed_async_connection().await?);
+    }
+    let before = Cost::now(con).await?;
+    let start = Instant::now();
+    let tasks: Vec<_> = cons
+        .into_iter()
+        .enumerate()
+        .map(|(s, con)| {
+            let key = shard_key(stream, s as u32);
+            tokio::spawn(raw_shard(con, key, group.to_owned(), count))
+        })
+        .collect();
+    let mut read = 0;
+    for t in tasks {
+        read += t.await??;
+    }
+    let took = start.elapsed();
+    let cost = Cost::now(con).await?.since(before);
+    let pending = pending_total(con, stream, group).await?;
+    ensure!(pending == 0, "raw: {pending} entries left pending");
+    Ok(RunResult {
+        records: read,
+        took,
+        cost,
+    })
+}
+
+/// Timings of the benchmark group: the defaults scaled down so joins settle quickly.
+fn timings() -> GroupTimings {
+    GroupTimings {
+        member_ttl_ms: 3_000,
+        heartbeat_interval_ms: 300,
+        rebalance_timeout_ms: 5_000,
+        assignment_lease_ms: 2_400,
+    }
+}
+
+struct SdkEnv<'a> {
+    coordinator: &'a CoordinatorHandle,
+    redis_url: String,
+    stream: &'a StreamName,
+    count: usize,
+}
+
+/// Waits until the members read every shard between them, nothing pending or revoking, each at least one.
+async fn settled(members: &[ConsumerHandle], deadline: Duration) -> Result<()> {
+    let until = Instant::now() + deadline;
+    loop {
+        let statuses: Vec<_> = members.iter().map(ConsumerHandle::status).collect();
+        let reading: usize = statuses.iter().map(|s| s.reading.len()).sum();
+        if reading == SHARDS as usize
+            && statuses
+                .iter()
+                .all(|s| !s.reading.is_empty() && s.pending.is_empty() && s.revoking.is_empty())
+        {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("members did not settle within {deadline:?}: {statuses:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn sdk_run(env: &SdkEnv<'_>, con: &mut MultiplexedConnection, group: &str, members: usize) -> Result<RunResult> {
+    let stream = env.stream;
+    env.coordinator
+        .coordinator()
+        .create_group(
+            stream,
+            &GroupName::new(group)?,
+            &CreateGroupRequest {
+                shard_count: Some(SHARDS),
+                timings: Some(timings()),
+            },
+        )
+        .await
+        .context("create the coordinator group")?;
+    // At the end of every shard: the members join and settle without reading anything.
+    create_redis_groups(con, stream, group, "$").await?;
+    let handled = Arc::new(AtomicU64::new(0));
+    let target = Arc::new(AtomicU64::new(u64::MAX));
+    let done = Arc::new(Notify::new());
+    let t = timings();
+    let mut handles = Vec::new();
+    for m in 0..members {
+        let (handled, target, done) = (handled.clone(), target.clone(), done.clone());
+        let consumer = Consumer::builder(stream.as_str(), group)
+            .coordinator(env.coordinator.url())
+            .redis(env.redis_url.as_str())
+            .member_id(format!("{group}-m{m}"))
+            .heartbeat_interval(Duration::from_millis(t.heartbeat_interval_ms))
+            .member_ttl(Duration::from_millis(t.member_ttl_ms))
+            .assignment_lease(Duration::from_millis(t.assignment_lease_ms))
+            .lease_safety_margin(Duration::from_millis(300))
+            .request_timeout(Duration::from_secs(1))
+            .read_block(Duration::from_millis(500))
+            .batch_size(env.count)
+            .handler(move |_msg: Message| {
+                let n = handled.fetch_add(1, Ordering::Relaxed) + 1;
+                if n == target.load(Ordering::Relaxed) {
+                    done.notify_one();
+                }
+                std::future::ready(Ok::<_, std::convert::Infallible>(()))
+            })
+            .build()?;
+        handles.push(consumer.spawn());
+    }
+    settled(&handles, Duration::from_secs(30)).await?;
+    let expected = total_len(con, stream).await? + u64::from(SHARDS);
+    target.store(expected, Ordering::Relaxed);
+    let mut pipe = redis::pipe();
+    for s in 0..SHARDS {
+        let key = shard_key(stream, s);
+        pipe.cmd("XGROUP").arg("SETID").arg(&key).arg(group).arg("0").ignore();
+        pipe.cmd("XADD").arg(&key).arg("*").arg("w").arg("1").ignore();
+    }
+    let before = Cost::now(con).await?;
+    let start = Instant::now();
+    let () = pipe.query_async(con).await?;
+    let deadline = Duration::from_secs(600);
+    tokio::time::timeout(deadline, done.notified()).await.with_context(|| {
+        format!(
+            "not every entry handled: {} of {expected}",
+            handled.load(Ordering::Relaxed)
+        )
+    })?;
+    // The clock stops when the last acknowledgement is in.
+    while pending_total(con, stream, group).await? > 0 {
+        if start.elapsed() > deadline {
+            bail!("entries left pending");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = start.elapsed();
+    let cost = Cost::now(con).await?.since(before);
+    let seen = handled.load(Ordering::Relaxed);
+    let closes: Vec<_> = handles.into_iter().map(ConsumerHandle::close).collect();
+    for report in futures::future::join_all(closes).await {
+        report?;
+    }
+    ensure!(
+        seen == expected,
+        "sdk: handled {seen}, expected {expected} (duplicates?)"
+    );
+    Ok(RunResult {
+        records: seen,
+        took,
+        cost,
+    })
+}
+
+fn rate(n: u64, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let redis = RedisLauncher::start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = redis::Client::open(redis.url())?;
+    let mut con = client.get_multiplexed_async_connection().await?;
+    let stream = StreamName::new("cbench")?;
+
+    let mut config = coord_server::Config::new(redis.url());
+    config.listen = "127.0.0.1:0".parse()?;
+    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
+
+    let payload = vec![b'x'; args.payload_bytes];
+    let t = Instant::now();
+    preload(&client, &stream, args.records, &payload).await?;
+    let loaded = total_len(&mut con, &stream).await?;
+    ensure!(loaded == args.records as u64, "{loaded} entries loaded");
+    println!(
+        "{} records of {} B payload pre-loaded into {SHARDS} shards in {:.2?}; COUNT {} for both; \
+         SDK members {:?}; {} rounds (best of each reported)",
+        args.records,
+        args.payload_bytes,
+        t.elapsed(),
+        args.count,
+        args.members,
+        args.rounds
+    );
+
+    let env = SdkEnv {
+        coordinator: &coordinator,
+        redis_url: redis.url(),
+        stream: &stream,
+        count: args.count,
+    };
+    // Best rate of each mode, and the cost of that run.
+    let mut raw_best = (0f64, Cost::default(), 0u64);
+    let mut sdk_best = vec![(0f64, Cost::default(), 0u64); args.members.len()];
+    let keep = |best: &mut (f64, Cost, u64), run: &RunResult| {
+        let r = rate(run.records, run.took);
+        if r > best.0 {
+            *best = (r, run.cost, run.records);
+        }
+        r
+    };
+    for round in 1..=args.rounds {
+        if !args.no_raw {
+            let group = format!("raw-r{round}");
+            let run = raw_run(&client, &mut con, &stream, &group, args.count).await?;
+            let r = keep(&mut raw_best, &run);
+            println!(
+                "round {round} raw            {r:>9.0} records/s ({} in {:.2?}; {})",
+                run.records,
+                run.took,
+                run.cost.per_record(run.records)
+            );
+        }
+        for (i, &members) in args.members.iter().enumerate().filter(|_| !args.no_sdk) {
+            let group = format!("sdk{members}-r{round}");
+            let run = sdk_run(&env, &mut con, &group, members).await?;
+            let r = keep(&mut sdk_best[i], &run);
+            println!(
+                "round {round} sdk {members} member{} {r:>9.0} records/s ({} in {:.2?}; {})",
+                if members == 1 { " " } else { "s" },
+                run.records,
+                run.took,
+                run.cost.per_record(run.records)
+            );
+        }
+    }
+
+    println!();
+    println!(
+        "## Consumer throughput ({} records, {} B payload, {SHARDS} shards, COUNT {})",
+        args.records, args.payload_bytes, args.count
+    );
+    println!("| run | records/s | SDK / raw | goal | client CPU/record | redis CPU/record | XREADGROUP + XACK per 1000 records |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let costs = |c: &Cost, n: u64| {
+        let n = n.max(1) as f64;
+        format!(
+            "{:.2} us | {:.2} us | {:.1} + {:.1}",
+            c.client_cpu_s * 1e6 / n,
+            c.redis_cpu_s * 1e6 / n,
+            c.xreadgroup_calls as f64 * 1000.0 / n,
+            c.xack_calls as f64 * 1000.0 / n
+        )
+    };
+    if !args.no_raw {
+        let (r, c, n) = &raw_best;
+        println!(
+            "| raw XREADGROUP + pipelined XACK (8 shard tasks) | {r:.0} | 1.000 | | {} |",
+            costs(c, *n)
+        );
+    }
+    for (&members, (r, c, n)) in args.members.iter().zip(&sdk_best).filter(|_| !args.no_sdk) {
+        let ratio = if raw_best.0 > 0.0 {
+            format!("{:.3}", r / raw_best.0)
+        } else {
+            "n/a".to_owned()
+        };
+        println!(
+            "| SDK, {members} member{} (no-op handler, XACK on) | {r:.0} | {ratio} | >= 0.85 | {} |",
+            if members == 1 { "" } else { "s" },
+            costs(c, *n)
+        );
+    }
+    coordinator.shutdown().await;
+    drop(redis);
+    Ok(())
+}
