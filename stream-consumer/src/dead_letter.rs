@@ -33,7 +33,7 @@ pub(crate) fn entry_fields(
     member: &MemberId,
     error: &str,
 ) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut fields = message.fields.clone();
+    let mut fields = (*message.fields).clone();
     fields.extend([
         (FIELD_ORIGINAL_ID.into(), message.id.to_string().into_bytes()),
         (FIELD_GROUP.into(), group.as_str().as_bytes().to_vec()),

@@ -136,6 +136,7 @@ pub(crate) async fn run(
     in_flight: Arc<InFlight>,
 ) -> ReaderExit {
     let mut reader = Reader {
+        stream: Arc::new(shared.stream.clone()),
         key: keys::shard_stream(&shared.stream, shard),
         dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
         shared,
@@ -172,6 +173,8 @@ pub(crate) async fn run(
 
 struct Reader {
     shared: Arc<ReaderShared>,
+    /// The stream name every message of this reader shares.
+    stream: Arc<StreamName>,
     shard: ShardId,
     key: String,
     dead_letter_key: String,
@@ -579,10 +582,10 @@ impl Reader {
             return;
         };
         let mut message = Message {
-            stream: self.shared.stream.clone(),
+            stream: Arc::clone(&self.stream),
             shard: self.shard,
             id: entry.id,
-            fields,
+            fields: Arc::new(fields),
             delivery_count,
         };
         let mut backoff: Option<ExponentialBackoff> = None;
