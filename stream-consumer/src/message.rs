@@ -2,9 +2,9 @@
 
 use protocol::names::StreamName;
 use protocol::ShardId;
-use std::sync::Arc;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// A Redis stream entry id, `<milliseconds>-<sequence>`. Ordered as Redis orders entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

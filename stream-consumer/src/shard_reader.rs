@@ -364,7 +364,7 @@ impl Reader {
             .arg(self.shared.batch_size)
             .query_async(&mut conn)
             .await?;
-        let claim = stream_reply::auto_claim(&reply).map_err(reply_error)?;
+        let claim = stream_reply::auto_claim(reply).map_err(reply_error)?;
         if !claim.deleted.is_empty() {
             debug!(shard = %self.shard, deleted = claim.deleted.len(), "pending entries no longer in the stream");
         }
@@ -569,7 +569,7 @@ impl Reader {
                 self.unacked_since = None;
             }
         }
-        stream_reply::read_group(&reply?).map_err(reply_error)
+        stream_reply::read_group(reply?).map_err(reply_error)
     }
 
     /// Handles one entry until it is acknowledged, dead-lettered, or left pending because the shard is no longer
@@ -647,7 +647,7 @@ impl Reader {
             .arg(id.to_string())
             .query_async(&mut conn)
             .await;
-        match r.map(|v| stream_reply::entries("XCLAIM", &v)) {
+        match r.map(|v| stream_reply::entries("XCLAIM", v)) {
             Ok(Ok(entries)) => Some(entries.iter().any(|e| e.id == id && e.fields.is_some())),
             Ok(Err(e)) => {
                 warn!(shard = %self.shard, error = %e, "XCLAIM");

@@ -64,6 +64,24 @@ fn bytes(v: &Value) -> Option<Vec<u8>> {
     }
 }
 
+/// Like [`bytes`], moving the buffer out instead of copying it (replies are parsed once; the read loop is hot).
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.into_bytes()),
+        other => bytes(&other),
+    }
+}
+
+/// The items of an array or set, or the value back (for the error message) when it is neither.
+fn into_items(v: Value) -> Result<Vec<Value>, Value> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        other => Err(other),
+    }
+}
+
 fn text(v: &Value) -> Option<String> {
     bytes(v).and_then(|b| String::from_utf8(b).ok())
 }
@@ -87,56 +105,55 @@ fn items(v: &Value) -> Option<&[Value]> {
     }
 }
 
-fn fields(command: &'static str, v: &Value) -> Result<Option<Fields>, ReplyError> {
+fn fields(command: &'static str, v: Value) -> Result<Option<Fields>, ReplyError> {
+    let pair = |k: Value, v: Value| -> Result<(Vec<u8>, Vec<u8>), ReplyError> {
+        Ok((
+            into_bytes(k).ok_or_else(|| err(command, "field"))?,
+            into_bytes(v).ok_or_else(|| err(command, "value"))?,
+        ))
+    };
     match v {
         Value::Nil => Ok(None),
         Value::Map(pairs) => pairs
-            .iter()
-            .map(|(k, v)| {
-                Ok((
-                    bytes(k).ok_or_else(|| err(command, "field"))?,
-                    bytes(v).ok_or_else(|| err(command, "value"))?,
-                ))
-            })
+            .into_iter()
+            .map(|(k, v)| pair(k, v))
             .collect::<Result<_, _>>()
             .map(Some),
         other => {
-            let flat = items(other).ok_or_else(|| err(command, format!("fields are {other:?}")))?;
+            let flat = into_items(other).map_err(|o| err(command, format!("fields are {o:?}")))?;
             if flat.len() % 2 != 0 {
                 return Err(err(command, "odd number of field items"));
             }
-            flat.chunks(2)
-                .map(|kv| {
-                    Ok((
-                        bytes(&kv[0]).ok_or_else(|| err(command, "field"))?,
-                        bytes(&kv[1]).ok_or_else(|| err(command, "value"))?,
-                    ))
-                })
-                .collect::<Result<_, _>>()
-                .map(Some)
+            let mut out = Vec::with_capacity(flat.len() / 2);
+            let mut it = flat.into_iter();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                out.push(pair(k, v)?);
+            }
+            Ok(Some(out))
         }
     }
 }
 
 /// A list of `[id, fields]` pairs (the body of `XRANGE`, `XCLAIM`, and of one stream in `XREADGROUP`).
-pub(crate) fn entries(command: &'static str, v: &Value) -> Result<Vec<RawEntry>, ReplyError> {
+pub(crate) fn entries(command: &'static str, v: Value) -> Result<Vec<RawEntry>, ReplyError> {
     let list = match v {
         Value::Nil => return Ok(Vec::new()),
-        other => items(other).ok_or_else(|| err(command, format!("entry list is {other:?}")))?,
+        other => into_items(other).map_err(|o| err(command, format!("entry list is {o:?}")))?,
     };
-    list.iter()
+    list.into_iter()
         .map(|e| match e {
             // XCLAIM of an entry deleted meanwhile answers nil in its place (older servers).
             Value::Nil => Ok(None),
             other => {
-                let pair = items(other).ok_or_else(|| err(command, format!("entry is {other:?}")))?;
-                match pair {
-                    [id, f] => Ok(Some(RawEntry {
-                        id: entry_id(command, id)?,
+                let pair = into_items(other).map_err(|o| err(command, format!("entry is {o:?}")))?;
+                let mut it = pair.into_iter();
+                match (it.next(), it.next(), it.next()) {
+                    (Some(id), Some(f), None) => Ok(Some(RawEntry {
+                        id: entry_id(command, &id)?,
                         fields: fields(command, f)?,
                     })),
-                    [id] => Ok(Some(RawEntry {
-                        id: entry_id(command, id)?,
+                    (Some(id), None, None) => Ok(Some(RawEntry {
+                        id: entry_id(command, &id)?,
                         fields: None,
                     })),
                     _ => Err(err(command, "entry is not [id, fields]")),
@@ -148,23 +165,32 @@ pub(crate) fn entries(command: &'static str, v: &Value) -> Result<Vec<RawEntry>,
 }
 
 /// An `XREADGROUP` reply for one stream: nil on timeout, else `[[key, entries]]` (or a RESP3 map).
-pub(crate) fn read_group(v: &Value) -> Result<Vec<RawEntry>, ReplyError> {
+pub(crate) fn read_group(v: Value) -> Result<Vec<RawEntry>, ReplyError> {
     const CMD: &str = "XREADGROUP";
     match v {
         Value::Nil => Ok(Vec::new()),
-        Value::Map(pairs) => match pairs.as_slice() {
-            [] => Ok(Vec::new()),
-            [(_, list)] => entries(CMD, list),
-            _ => Err(err(CMD, "more than one stream")),
-        },
+        Value::Map(pairs) => {
+            let mut it = pairs.into_iter();
+            match (it.next(), it.next()) {
+                (None, _) => Ok(Vec::new()),
+                (Some((_, list)), None) => entries(CMD, list),
+                _ => Err(err(CMD, "more than one stream")),
+            }
+        }
         other => {
-            let streams = items(other).ok_or_else(|| err(CMD, format!("{other:?}")))?;
-            match streams {
-                [] => Ok(Vec::new()),
-                [one] => match items(one) {
-                    Some([_, list]) => entries(CMD, list),
-                    _ => Err(err(CMD, "stream is not [key, entries]")),
-                },
+            let streams = into_items(other).map_err(|o| err(CMD, format!("{o:?}")))?;
+            let mut it = streams.into_iter();
+            match (it.next(), it.next()) {
+                (None, _) => Ok(Vec::new()),
+                (Some(one), None) => {
+                    let mut parts = into_items(one)
+                        .map_err(|_| err(CMD, "stream is not [key, entries]"))?
+                        .into_iter();
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(_), Some(list), None) => entries(CMD, list),
+                        _ => Err(err(CMD, "stream is not [key, entries]")),
+                    }
+                }
                 _ => Err(err(CMD, "more than one stream")),
             }
         }
@@ -172,24 +198,23 @@ pub(crate) fn read_group(v: &Value) -> Result<Vec<RawEntry>, ReplyError> {
 }
 
 /// An `XAUTOCLAIM` reply: `[next, entries, deleted]` (Redis 7) or `[next, entries]` (6.2).
-pub(crate) fn auto_claim(v: &Value) -> Result<AutoClaim, ReplyError> {
+pub(crate) fn auto_claim(v: Value) -> Result<AutoClaim, ReplyError> {
     const CMD: &str = "XAUTOCLAIM";
-    let parts = items(v).ok_or_else(|| err(CMD, format!("{v:?}")))?;
-    let (next, list, deleted) = match parts {
-        [next, list] => (next, list, None),
-        [next, list, deleted] => (next, list, Some(deleted)),
+    let mut parts = into_items(v).map_err(|o| err(CMD, format!("{o:?}")))?.into_iter();
+    let (next, list, deleted) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(next), Some(list), deleted, None) => (next, list, deleted),
         _ => return Err(err(CMD, "not [next, entries, deleted]")),
     };
     let deleted = match deleted {
         None | Some(Value::Nil) => Vec::new(),
-        Some(d) => items(d)
+        Some(d) => items(&d)
             .ok_or_else(|| err(CMD, "deleted ids"))?
             .iter()
             .map(|id| entry_id(CMD, id))
             .collect::<Result<_, _>>()?,
     };
     Ok(AutoClaim {
-        next: text(next).ok_or_else(|| err(CMD, "cursor"))?,
+        next: text(&next).ok_or_else(|| err(CMD, "cursor"))?,
         entries: entries(CMD, list)?,
         deleted,
     })
@@ -234,7 +259,7 @@ mod tests {
 
     #[test]
     fn read_group_timeout_is_empty() {
-        assert_eq!(read_group(&Value::Nil).unwrap(), vec![]);
+        assert_eq!(read_group(Value::Nil).unwrap(), vec![]);
     }
 
     #[test]
@@ -246,7 +271,7 @@ mod tests {
                 arr(vec![b("1-1"), arr(vec![b("k"), b("v")])]),
             ]),
         ])]);
-        let e = read_group(&v).unwrap();
+        let e = read_group(v.clone()).unwrap();
         assert_eq!(e.len(), 2);
         assert_eq!(e[0].id, id(1, 0));
         assert_eq!(
@@ -261,7 +286,7 @@ mod tests {
             b("key"),
             arr(vec![arr(vec![b("5-0"), arr(vec![b("k"), b("v")])])]),
         )]);
-        assert_eq!(read_group(&v).unwrap()[0].id, id(5, 0));
+        assert_eq!(read_group(v.clone()).unwrap()[0].id, id(5, 0));
     }
 
     #[test]
@@ -274,7 +299,7 @@ mod tests {
             ]),
             arr(vec![b("2-0")]),
         ]);
-        let c = auto_claim(&v).unwrap();
+        let c = auto_claim(v.clone()).unwrap();
         assert_eq!(c.next, "7-0");
         assert_eq!(c.entries.len(), 2);
         assert_eq!(c.entries[1].fields, None, "nil fields: deleted");
@@ -283,7 +308,7 @@ mod tests {
 
     #[test]
     fn auto_claim_redis_6_shape() {
-        let c = auto_claim(&arr(vec![b("0-0"), arr(vec![])])).unwrap();
+        let c = auto_claim(arr(vec![b("0-0"), arr(vec![])])).unwrap();
         assert_eq!(c.next, "0-0");
         assert!(c.entries.is_empty() && c.deleted.is_empty());
     }
@@ -303,10 +328,10 @@ mod tests {
 
     #[test]
     fn malformed_replies_are_errors_not_panics() {
-        assert!(read_group(&Value::Int(1)).is_err());
-        assert!(auto_claim(&arr(vec![b("0-0")])).is_err());
-        assert!(entries("X", &arr(vec![arr(vec![b("1-0"), arr(vec![b("odd")])])])).is_err());
-        assert!(entries("X", &arr(vec![arr(vec![b("nope"), arr(vec![])])])).is_err());
+        assert!(read_group(Value::Int(1)).is_err());
+        assert!(auto_claim(arr(vec![b("0-0")])).is_err());
+        assert!(entries("X", arr(vec![arr(vec![b("1-0"), arr(vec![b("odd")])])])).is_err());
+        assert!(entries("X", arr(vec![arr(vec![b("nope"), arr(vec![])])])).is_err());
         assert!(pending_rows(&arr(vec![arr(vec![b("1-0")])])).is_err());
     }
 }
