@@ -334,13 +334,6 @@ impl State {
             error!(group = %self.d.config.group, error = %e, "the coordinator refused the consumer");
             return Flow::Fatal(ConsumerError::Coordinator(e));
         }
-        if e.status() == Some(Status::CoordinatorTerminating) {
-            // A kept-alive connection to a terminating instance would keep answering TERMINATING; a fresh client
-            // (fresh connection pool) reaches whatever now listens at the URLs.
-            if let Ok(c) = coord_client(&self.d.config) {
-                self.client = Arc::new(c);
-            }
-        }
         let delay = self
             .backoff
             .get_or_insert_with(|| {
