@@ -7,6 +7,7 @@
 
 use protocol::messages::{ErrorResponse, HeartbeatRequest, HeartbeatResponse, RoutingQuery, RoutingResponse};
 use protocol::names::{GroupName, StreamName};
+use protocol::redact::redact_url;
 use protocol::{MemberEpoch, Status};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -167,9 +168,9 @@ impl CoordClient {
             }
             match req.send().await {
                 Err(e) => {
-                    tracing::debug!(url = %base, error = %e, "coordinator unreachable; trying the next URL");
+                    tracing::debug!(url = %redact_url(base), error = %e, "coordinator unreachable; trying the next URL");
                     last_err = Some(CoordError::Unreachable {
-                        url: base.clone(),
+                        url: redact_url(base),
                         source: e,
                     });
                 }
@@ -179,7 +180,7 @@ impl CoordClient {
                         Ok(b) => b,
                         Err(e) => {
                             last_err = Some(CoordError::Unreachable {
-                                url: base.clone(),
+                                url: redact_url(base),
                                 source: e,
                             });
                             continue;
@@ -188,7 +189,7 @@ impl CoordClient {
                     if http_status.is_success() {
                         self.current.store(i, Ordering::Relaxed);
                         return serde_json::from_slice(&body).map_err(|e| CoordError::Decode {
-                            url: base.clone(),
+                            url: redact_url(base),
                             detail: e.to_string(),
                         });
                     }
@@ -199,7 +200,7 @@ impl CoordClient {
                             member_epoch: e.member_epoch,
                         },
                         Err(_) => CoordError::Decode {
-                            url: base.clone(),
+                            url: redact_url(base),
                             detail: format!("HTTP {http_status} with a body that is not an ErrorResponse"),
                         },
                     };
@@ -209,7 +210,7 @@ impl CoordClient {
                         self.current.store(i, Ordering::Relaxed);
                         return Err(err);
                     }
-                    tracing::debug!(url = %base, "coordinator terminating or answering garbage; trying the next URL");
+                    tracing::debug!(url = %redact_url(base), "coordinator terminating or answering garbage; trying the next URL");
                     last_err = Some(err);
                 }
             }

@@ -1,11 +1,14 @@
 //! Coordinator configuration: typed fields with defaults, checked once by [`Config::validate`].
 
 use protocol::metadata::GroupTimings;
+use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Settings of one coordinator instance.
-#[derive(Debug, Clone)]
+use crate::auth::{self, Grant};
+
+/// Settings of one coordinator instance. `Debug` hides the tokens and the Redis URL's credentials.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
     /// Redis URL (`redis://host:port/db`).
@@ -26,10 +29,36 @@ pub struct Config {
     pub default_timings: GroupTimings,
     /// Routing lease given to producers of new streams.
     pub routing_lease: Duration,
-    /// Bearer token required by admin endpoints, if set.
+    /// Bearer token required by admin endpoints, if set: an admin grant on every stream (see [`crate::auth`]).
     pub admin_token: Option<String>,
-    /// Bearer token required by consumer and producer endpoints, if set.
+    /// Bearer token required by consumer and producer endpoints, if set: consumer and producer grants on every
+    /// stream.
     pub client_token: Option<String>,
+    /// Token table: tokens with a role on a stream-name prefix. Once non-empty, every API route needs a token.
+    pub tokens: Vec<Grant>,
+    /// Accept a listen address that is not loopback although nothing protects the admin routes.
+    pub insecure_no_admin_token: bool,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hidden = |t: &Option<String>| t.as_ref().map(|_| "***");
+        f.debug_struct("Config")
+            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("listen", &self.listen)
+            .field("tick_interval", &self.tick_interval)
+            .field("mutex_ttl", &self.mutex_ttl)
+            .field("critical_section_timeout", &self.critical_section_timeout)
+            .field("body_limit_bytes", &self.body_limit_bytes)
+            .field("request_timeout", &self.request_timeout)
+            .field("default_timings", &self.default_timings)
+            .field("routing_lease", &self.routing_lease)
+            .field("admin_token", &hidden(&self.admin_token))
+            .field("client_token", &hidden(&self.client_token))
+            .field("tokens", &self.tokens)
+            .field("insecure_no_admin_token", &self.insecure_no_admin_token)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -46,6 +75,8 @@ impl Default for Config {
             routing_lease: Duration::from_secs(30),
             admin_token: None,
             client_token: None,
+            tokens: Vec::new(),
+            insecure_no_admin_token: false,
         }
     }
 }
@@ -76,6 +107,88 @@ impl Config {
         if self.routing_lease < Duration::from_secs(1) {
             return Err("routing_lease must be at least 1 s".into());
         }
+        self.validate_auth()?;
         self.default_timings.validate()
+    }
+
+    /// The auth rules: well-formed single tokens, and no admin route open to the network by accident.
+    fn validate_auth(&self) -> Result<(), String> {
+        for (name, token) in [("admin_token", &self.admin_token), ("client_token", &self.client_token)] {
+            if let Some(token) = token {
+                auth::check_token(token).map_err(|e| format!("{name}: {e}"))?;
+            }
+        }
+        if !self.listen.ip().is_loopback() && !auth::has_admin_credential(self) && !self.insecure_no_admin_token {
+            return Err(format!(
+                "listen address {} is not loopback and no admin token is set: anyone who reaches the port could \
+                 fence members, recreate groups and add shards. Set an admin token (--admin-token-file, \
+                 COORD_ADMIN_TOKEN, or an admin line in --tokens-file), listen on loopback, or accept the risk \
+                 with --insecure-no-admin-token",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Role, StreamScope};
+
+    fn listening_on(addr: &str) -> Config {
+        Config {
+            listen: addr.parse().expect("literal address"),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn a_non_loopback_listener_needs_an_admin_token_or_the_insecure_flag() {
+        for open in ["0.0.0.0:7400", "10.1.2.3:7400", "[::]:7400"] {
+            let err = listening_on(open).validate().expect_err(open);
+            assert!(err.contains("--insecure-no-admin-token"), "{err}");
+        }
+        for loopback in ["127.0.0.1:7400", "[::1]:0"] {
+            listening_on(loopback).validate().expect(loopback);
+        }
+        let mut client_only = listening_on("0.0.0.0:7400");
+        client_only.client_token = Some("client".into());
+        assert!(
+            client_only.validate().is_err(),
+            "a client token does not protect admin routes"
+        );
+
+        let mut single = listening_on("0.0.0.0:7400");
+        single.admin_token = Some("admin".into());
+        single.validate().expect("admin token");
+        let mut table = listening_on("0.0.0.0:7400");
+        table.tokens = vec![Grant::new(Role::Admin, StreamScope::All, "admin").expect("grant")];
+        table.validate().expect("admin grant");
+        let mut insecure = listening_on("0.0.0.0:7400");
+        insecure.insecure_no_admin_token = true;
+        insecure.validate().expect("explicitly insecure");
+    }
+
+    #[test]
+    fn debug_hides_tokens_and_redis_credentials() {
+        let mut config = Config::new("user:hunter2@redis:6379");
+        config.admin_token = Some("hunter3".into());
+        config.client_token = Some("hunter4".into());
+        config.tokens = vec![Grant::new(Role::Consumer, StreamScope::All, "hunter5").expect("grant")];
+        let text = format!("{config:?}");
+        assert!(!text.contains("hunter"), "{text}");
+        assert!(text.contains("***@redis:6379"), "{text}");
+    }
+
+    #[test]
+    fn unusable_single_tokens_are_refused() {
+        let mut config = Config {
+            admin_token: Some("two words".into()),
+            ..Config::default()
+        };
+        assert!(config.validate().is_err());
+        config.admin_token = Some(String::new());
+        assert!(config.validate().is_err());
     }
 }

@@ -46,7 +46,7 @@ pub struct Coordinator {
 impl std::fmt::Debug for Coordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coordinator")
-            .field("redis", &self.inner.config.redis_url)
+            .field("redis", &protocol::redact::redact_url(&self.inner.config.redis_url))
             .finish_non_exhaustive()
     }
 }

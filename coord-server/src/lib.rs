@@ -12,10 +12,12 @@
 //! * [`startup`]: Redis version and command checks.
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
+//! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
 //! * [`config`], [`error`], [`stats`].
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod coordinator;
 pub mod error;

@@ -1,11 +1,15 @@
 //! The `coord-server` binary: flags and environment into a [`Config`], logging, signals, and [`serve`].
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use coord_server::auth::{self, Grant, Role};
 use coord_server::server::serve;
 use coord_server::{Config, Coordinator};
+use protocol::redact::redact_url;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -48,13 +52,40 @@ struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "COORD_BODY_LIMIT_BYTES")]
     body_limit_bytes: Option<usize>,
-    /// Bearer token required by admin endpoints. Without it, anyone who reaches the port can fence members,
-    /// recreate groups and add shards.
-    #[arg(long, env = "COORD_ADMIN_TOKEN", hide_env_values = true)]
+    /// Bearer token required by admin endpoints (every stream). Without one, anyone who reaches the port can
+    /// fence members, recreate groups and add shards. Prefer the environment or --admin-token-file: a flag's
+    /// value is visible to every local user in /proc/PID/cmdline.
+    #[arg(
+        long,
+        env = "COORD_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
     admin_token: Option<String>,
-    /// Bearer token required by the consumer and producer endpoints.
-    #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
+    /// File holding the admin bearer token (surrounding whitespace ignored).
+    #[arg(long, env = "COORD_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Bearer token required by the consumer and producer endpoints (every stream). Prefer the environment or
+    /// --client-token-file.
+    #[arg(
+        long,
+        env = "COORD_CLIENT_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "client_token_file"
+    )]
     client_token: Option<String>,
+    /// File holding the client bearer token (surrounding whitespace ignored).
+    #[arg(long, env = "COORD_CLIENT_TOKEN_FILE")]
+    client_token_file: Option<PathBuf>,
+    /// Token table: one `role:prefix:token` per line (role admin, consumer or producer; prefix a stream-name
+    /// prefix such as `tenant-a.`, or `*` for every stream; `#` comments). Once given, every API route needs a
+    /// token. See docs/security.md.
+    #[arg(long, env = "COORD_TOKENS_FILE")]
+    tokens_file: Option<PathBuf>,
+    /// Start although the listen address is not loopback and no admin token is set (admin routes open to
+    /// anyone who reaches the port).
+    #[arg(long, env = "COORD_INSECURE_NO_ADMIN_TOKEN")]
+    insecure_no_admin_token: bool,
     /// Log output format (the level comes from RUST_LOG, default `info`).
     #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -66,8 +97,17 @@ enum LogFormat {
     Json,
 }
 
+/// The trimmed content of a token file; an empty file is an error, not "no token".
+fn read_token_file(path: &Path, what: &str) -> anyhow::Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} file {}", path.display()))?;
+    let token = text.trim();
+    anyhow::ensure!(!token.is_empty(), "the {what} file {} is empty", path.display());
+    Ok(token.to_owned())
+}
+
 impl Args {
-    fn config(&self) -> Config {
+    fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::new(self.redis_url.clone());
         config.listen = self.listen;
         let ms = Duration::from_millis;
@@ -96,9 +136,26 @@ impl Args {
         if let Some(v) = self.assignment_lease_ms {
             t.assignment_lease_ms = v;
         }
-        config.admin_token = self.admin_token.clone().filter(|t| !t.is_empty());
-        config.client_token = self.client_token.clone().filter(|t| !t.is_empty());
-        config
+        config.admin_token = match &self.admin_token_file {
+            Some(path) => Some(read_token_file(path, "admin token")?),
+            None => self.admin_token.clone().filter(|t| !t.is_empty()),
+        };
+        config.client_token = match &self.client_token_file {
+            Some(path) => Some(read_token_file(path, "client token")?),
+            None => self.client_token.clone().filter(|t| !t.is_empty()),
+        };
+        if let Some(path) = &self.tokens_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token table {}", path.display()))?;
+            config.tokens = Grant::parse_table(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            anyhow::ensure!(
+                !config.tokens.is_empty(),
+                "the token table {} has no grant",
+                path.display()
+            );
+        }
+        config.insecure_no_admin_token = self.insecure_no_admin_token;
+        Ok(config)
     }
 }
 
@@ -145,23 +202,41 @@ async fn shutdown_signal() {
     }
 }
 
+/// Warns about tokens given as flags: every local user can read a process's command line.
+fn warn_about_visible_tokens(matches: &ArgMatches) {
+    for (id, flag) in [("admin_token", "--admin-token"), ("client_token", "--client-token")] {
+        if matches.value_source(id) == Some(ValueSource::CommandLine) {
+            warn!(
+                "{flag} on the command line is visible to every local user (/proc/PID/cmdline, ps); use \
+                 {flag}-file or the environment instead"
+            );
+        }
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     // Checked here too so a bad flag is reported as such, not as a failure to reach Redis.
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    if config.admin_token.is_none() {
+    if !auth::role_is_protected(&config, Role::Admin) {
         warn!(
-            "NO ADMIN TOKEN (--admin-token / COORD_ADMIN_TOKEN): anyone who reaches {} can fence members, recreate \
-             groups and add shards",
+            "NO ADMIN TOKEN (--admin-token-file / COORD_ADMIN_TOKEN / --tokens-file): anyone who reaches {} can \
+             fence members, recreate groups and add shards",
+            config.listen
+        );
+    }
+    if !auth::role_is_protected(&config, Role::Consumer) && !config.listen.ip().is_loopback() {
+        warn!(
+            "no client token: anyone who reaches {} can join any group and fetch any stream's routing",
             config.listen
         );
     }
     let listen = config.listen;
     let coordinator = Coordinator::connect(config)
         .await
-        .with_context(|| format!("cannot start against Redis at {}", redact(&args.redis_url)))?;
+        .with_context(|| format!("cannot start against Redis at {}", redact_url(&args.redis_url)))?;
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -173,18 +248,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The URL without its userinfo, so a password never reaches the logs.
-fn redact(url: &str) -> String {
-    match (url.split_once("://"), url.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
-        _ => url.to_owned(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     init_logging(args.log_format);
+    warn_about_visible_tokens(&matches);
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

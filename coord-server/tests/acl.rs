@@ -1,6 +1,8 @@
 //! `deploy/redis/users.acl` and `deploy/redis/redis.conf` on a real Redis: the coordinator runs as its ACL user
 //! (create, join, heartbeat, tick, lag scrape, admin calls) without a single `NOPERM`, the producer and consumer
 //! users publish and consume, each user is refused what it does not need, and `FLUSHALL` is denied to all of them.
+//! Consumer and producer users are per tenant (stream-name prefix): tenant a's users reach none of tenant b's
+//! shards or dead-letter streams.
 
 mod common;
 
@@ -15,7 +17,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use test_support::{wait_until, RedisServer};
 
-const S: &str = "orders";
+const S: &str = "tenant-a.orders";
+/// A stream of the other tenant of `deploy/redis/users.acl`.
+const OTHER: &str = "tenant-b.orders";
 const G: &str = "billing";
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -79,6 +83,14 @@ fn dead_letter_key(shard: u32) -> String {
     protocol::keys::dead_letter_stream(&StreamName::new(S).expect("stream"), ShardId(shard))
 }
 
+fn other_tenant_shard_key(shard: u32) -> String {
+    protocol::keys::shard_stream(&StreamName::new(OTHER).expect("stream"), ShardId(shard))
+}
+
+fn other_tenant_dead_letter_key(shard: u32) -> String {
+    protocol::keys::dead_letter_stream(&StreamName::new(OTHER).expect("stream"), ShardId(shard))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -132,14 +144,14 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         reqwest::StatusCode::OK
     );
     assert_eq!(
-        api.get("/v1/streams/orders/routing").await.status(),
+        api.get(&format!("/v1/streams/{S}/routing")).await.status(),
         reqwest::StatusCode::OK
     );
     assert_eq!(api.get("/readyz").await.status(), reqwest::StatusCode::OK);
     let fence = api
         .request(
             reqwest::Method::POST,
-            "/v1/streams/orders/groups/billing/members/b/fence",
+            &format!("/v1/streams/{S}/groups/{G}/members/b/fence"),
         )
         .send()
         .await
@@ -147,7 +159,7 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
     assert_eq!(fence.status(), reqwest::StatusCode::OK);
 
     // The producer publishes.
-    let mut producer = connect(&redis, "producer").await;
+    let mut producer = connect(&redis, "producer-tenant-a").await;
     for i in 0..3 {
         run(
             &mut producer,
@@ -171,7 +183,7 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
     .expect("XTRIM as producer");
 
     // The consumer reads, acknowledges, re-delivers and dead-letters.
-    let mut consumer = connect(&redis, "consumer").await;
+    let mut consumer = connect(&redis, "consumer-tenant-a").await;
     let ok = |r: Result<Value, RedisError>, what: &str| r.unwrap_or_else(|e| panic!("{what} as consumer: {e}"));
     ok(
         run(
@@ -358,10 +370,11 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         run(&mut consumer, redis::cmd("DEL").arg(shard_key(0))).await,
         "consumer DEL a shard",
     );
+    tenant_users_reach_only_their_prefix(&redis, &mut producer, &mut consumer).await;
     for (user, conn) in [
         ("coordinator", &mut coordinator),
-        ("consumer", &mut consumer),
-        ("producer", &mut producer),
+        ("consumer-tenant-a", &mut consumer),
+        ("producer-tenant-a", &mut producer),
     ] {
         assert_noperm(
             run(conn, &mut redis::cmd("FLUSHALL")).await,
@@ -377,6 +390,97 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         .expect("EXISTS");
     assert_eq!(exists, 1);
     coord.shutdown().await;
+}
+
+/// Tenant a's producer and consumer against tenant b's shards: every command refused, while tenant b's own users
+/// work there.
+async fn tenant_users_reach_only_their_prefix(
+    redis: &RedisServer,
+    producer_a: &mut MultiplexedConnection,
+    consumer_a: &mut MultiplexedConnection,
+) {
+    let mut producer_b = connect(redis, "producer-tenant-b").await;
+    run(
+        &mut producer_b,
+        redis::cmd("XADD")
+            .arg(other_tenant_shard_key(0))
+            .arg("*")
+            .arg("k")
+            .arg("v"),
+    )
+    .await
+    .expect("XADD as tenant b's producer");
+    let mut consumer_b = connect(redis, "consumer-tenant-b").await;
+    run(
+        &mut consumer_b,
+        redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(other_tenant_shard_key(0))
+            .arg(G)
+            .arg("0"),
+    )
+    .await
+    .expect("XGROUP CREATE as tenant b's consumer");
+
+    let theirs = other_tenant_shard_key(0);
+    assert_noperm(
+        run(producer_a, redis::cmd("XTRIM").arg(&theirs).arg("MAXLEN").arg(0)).await,
+        "tenant a's producer XTRIMs tenant b's shard",
+    );
+    assert_noperm(
+        run(producer_a, redis::cmd("XADD").arg(&theirs).arg("*").arg("k").arg("v")).await,
+        "tenant a's producer XADDs to tenant b's shard",
+    );
+    assert_noperm(
+        run(
+            consumer_a,
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(G)
+                .arg("a")
+                .arg("STREAMS")
+                .arg(&theirs)
+                .arg(">"),
+        )
+        .await,
+        "tenant a's consumer reads tenant b's shard",
+    );
+    assert_noperm(
+        run(
+            consumer_a,
+            redis::cmd("XGROUP").arg("CREATE").arg(&theirs).arg("other").arg("0"),
+        )
+        .await,
+        "tenant a's consumer creates a group on tenant b's shard",
+    );
+    assert_noperm(
+        run(
+            consumer_a,
+            redis::cmd("XADD")
+                .arg(other_tenant_dead_letter_key(0))
+                .arg("*")
+                .arg("k")
+                .arg("v"),
+        )
+        .await,
+        "tenant a's consumer dead-letters into tenant b",
+    );
+    // The prefix is `tenant-a.`, not `tenant-a`: a stream `tenant-ab` is not tenant a's.
+    let lookalike = protocol::keys::shard_stream(&StreamName::new("tenant-ab").expect("stream"), ShardId(0));
+    assert_noperm(
+        run(
+            producer_a,
+            redis::cmd("XADD").arg(&lookalike).arg("*").arg("k").arg("v"),
+        )
+        .await,
+        "tenant a's producer XADDs to a look-alike prefix",
+    );
+    let len: i64 = redis::cmd("XLEN")
+        .arg(&theirs)
+        .query_async(&mut redis.connection().await)
+        .await
+        .expect("XLEN");
+    assert_eq!(len, 1, "tenant b's shard is untouched");
 }
 
 /// The entry ids of an `XREADGROUP` reply (one stream).

@@ -532,16 +532,18 @@ async fn tokens_are_required_when_configured() {
     let group_path = "/v1/streams/orders/groups/billing";
 
     let unauthorized = |resp| error_json(resp, StatusCode::UNAUTHORIZED, Status::Unauthorized);
+    // A valid token without the role: known caller, not allowed.
+    let forbidden = |resp| error_json(resp, StatusCode::FORBIDDEN, Status::Unauthorized);
     unauthorized(anonymous.post(group_path, &create).await).await;
-    unauthorized(client.post(group_path, &create).await).await;
+    forbidden(client.post(group_path, &create).await).await;
     admin.create_group(S, G, 2).await;
     unauthorized(anonymous.get(group_path).await).await;
-    unauthorized(client.get("/v1/groups").await).await;
-    unauthorized(client.get("/v1/streams/orders").await).await;
+    forbidden(client.get("/v1/groups").await).await;
+    forbidden(client.get("/v1/streams/orders").await).await;
     ok_json::<GroupList>(admin.get("/v1/groups").await, StatusCode::OK).await;
 
     unauthorized(anonymous.post(HB, &join("a")).await).await;
-    unauthorized(admin.post(HB, &join("a")).await).await;
+    forbidden(admin.post(HB, &join("a")).await).await;
     unauthorized(
         Api::new(coord.url())
             .with_token("client-secreT")

@@ -166,7 +166,7 @@ impl AdminClient {
 
     async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T, CliError> {
         let resp = rb.send().await.map_err(|source| CliError::Transport {
-            url: self.base.clone(),
+            url: protocol::redact::redact_url(&self.base),
             source,
         })?;
         decode(resp).await
@@ -198,7 +198,7 @@ fn seg(name: &str) -> String {
 }
 
 async fn decode<T: DeserializeOwned>(resp: Response) -> Result<T, CliError> {
-    let url = resp.url().to_string();
+    let url = protocol::redact::redact_url(resp.url().as_str());
     let http = resp.status().as_u16();
     let text = resp.text().await.map_err(|source| CliError::Transport {
         url: url.clone(),

@@ -13,6 +13,7 @@
 //! * [`messages`]: HTTP request and response bodies.
 //! * [`metadata`]: the documents stored in Redis (group aggregate, stream routing).
 //! * [`error`]: decode and name errors.
+//! * [`redact`]: `redact_url`, the one way every crate prints a URL that may carry a password.
 //!
 //! # Example
 //! ```
@@ -30,6 +31,7 @@ pub mod keys;
 pub mod messages;
 pub mod metadata;
 pub mod names;
+pub mod redact;
 pub mod routing;
 pub mod status;
 pub mod version;

@@ -129,7 +129,7 @@ impl ConsumerConfig {
             return Err(ConfigError::InvalidCoordinatorUrl(bad.clone()));
         }
         redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-            url: self.redis_url.clone(),
+            url: protocol::redact::redact_url(&self.redis_url),
             source,
         })?;
         let t = &self.timings;
@@ -238,7 +238,10 @@ impl fmt::Debug for ConsumerBuilder {
             .field("group", &self.group)
             .field("member_id", &self.member_id)
             .field("coordinator_urls", &self.coordinator_urls)
-            .field("redis_url", &self.redis_url)
+            .field(
+                "redis_url",
+                &self.redis_url.as_deref().map(protocol::redact::redact_url),
+            )
             .field("start_from", &self.start_from)
             .field("timings", &self.timings)
             .field("max_deliveries", &self.max_deliveries)

@@ -27,7 +27,7 @@ pub enum ConfigError {
     /// The Redis URL does not parse.
     #[error("invalid Redis URL {url:?}: {source}")]
     InvalidRedisUrl {
-        /// The URL as given.
+        /// The URL as given, with its credentials replaced by `***`.
         url: String,
         /// Why redis-rs refused it.
         #[source]

@@ -10,9 +10,11 @@ use protocol::messages::{
 };
 use serde::Deserialize;
 
+use super::auth::{AdminAuth, AuthRejection};
 use super::error::ApiError;
-use super::extract::{etag, AdminAuth, GroupPath, IfMatch, JsonBody, MemberPath, QueryParams, StreamPath};
+use super::extract::{etag, GroupPath, IfMatch, JsonBody, MemberPath, QueryParams, StreamPath};
 use super::AppState;
+use crate::auth::{Denied, Role};
 
 fn group_answer(status: StatusCode, group: GroupDescription) -> Response {
     (status, [(header::ETAG, etag(group.revision))], Json(group)).into_response()
@@ -104,12 +106,22 @@ pub(super) struct ListGroupsQuery {
     rebuild: bool,
 }
 
-/// `GET /v1/groups?rebuild=true|false`.
+/// `GET /v1/groups?rebuild=true|false`: the groups of the streams the token reaches.
 pub(super) async fn list_groups(
-    _auth: AdminAuth,
+    AdminAuth(access): AdminAuth,
     State(state): State<AppState>,
     QueryParams(query): QueryParams<ListGroupsQuery>,
-) -> Result<Json<GroupList>, ApiError> {
+) -> Result<Json<GroupList>, AuthRejection> {
+    // A rebuild scans every tenant's keys: only a token that reaches every stream may ask for that work.
+    if query.rebuild && !access.covers_all() {
+        return Err(AuthRejection::Denied(Denied::NeedsAllStreams { role: Role::Admin }));
+    }
     // A rebuild writes the index, but the index holds nothing that cannot be rebuilt again: no gate needed.
-    Ok(Json(state.coordinator.list_groups(query.rebuild).await?))
+    let mut list = state
+        .coordinator
+        .list_groups(query.rebuild)
+        .await
+        .map_err(|e| AuthRejection::Api(e.into()))?;
+    list.groups.retain(|g| access.covers(g.stream.as_str()));
+    Ok(Json(list))
 }

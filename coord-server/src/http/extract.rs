@@ -1,7 +1,7 @@
 //! Extractors that turn a request into validated values, or into a typed [`ApiError`].
 //!
 //! axum's own extractors answer failures in plain text; these wrap them so every refusal is an
-//! `INVALID_REQUEST` (or `UNAUTHORIZED`) [`ErrorResponse`](protocol::messages::ErrorResponse).
+//! `INVALID_REQUEST` [`ErrorResponse`](protocol::messages::ErrorResponse). Bearer tokens are checked in `auth`.
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::header;
@@ -12,7 +12,6 @@ use protocol::{NameError, StoreRevision};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use super::AppState;
 
 /// A JSON body (`Content-Type: application/json`), decoded strictly: the wire types deny unknown fields.
 pub(super) struct JsonBody<T>(pub T);
@@ -151,54 +150,6 @@ pub(super) fn etag(revision: StoreRevision) -> String {
     format!("\"{}\"", revision.0)
 }
 
-/// Admin endpoints: requires `Authorization: Bearer <admin_token>` when the coordinator has one.
-pub(super) struct AdminAuth;
-
-/// Consumer and producer endpoints: requires `Authorization: Bearer <client_token>` when the coordinator has one.
-pub(super) struct ClientAuth;
-
-impl FromRequestParts<AppState> for AdminAuth {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        check_bearer(parts, state.coordinator.config().admin_token.as_deref(), "admin")?;
-        Ok(AdminAuth)
-    }
-}
-
-impl FromRequestParts<AppState> for ClientAuth {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        check_bearer(parts, state.coordinator.config().client_token.as_deref(), "client")?;
-        Ok(ClientAuth)
-    }
-}
-
-fn check_bearer(parts: &Parts, expected: Option<&str>, kind: &str) -> Result<(), ApiError> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
-    let presented = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::unauthorized(format!("the {kind} bearer token is not valid"))),
-        None => Err(ApiError::unauthorized(format!(
-            "this endpoint requires Authorization: Bearer <{kind} token>"
-        ))),
-    }
-}
-
-/// Compares without stopping at the first difference, so response timing does not reveal a token prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,12 +167,5 @@ mod tests {
         for bad in ["", "\"\"", "W/\"4\"", "\"4\", \"5\"", "abc", "-1", "\"4"] {
             assert!(parse_if_match(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
     }
 }

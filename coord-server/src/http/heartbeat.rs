@@ -4,13 +4,14 @@ use axum::extract::State;
 use axum::Json;
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse};
 
+use super::auth::ConsumerAuth;
 use super::error::ApiError;
-use super::extract::{ClientAuth, GroupPath, JsonBody};
+use super::extract::{GroupPath, JsonBody};
 use super::AppState;
 
 /// Answers from what the critical section wrote to Redis, so a lost answer is repaired by the next heartbeat.
 pub(super) async fn heartbeat(
-    _auth: ClientAuth,
+    _auth: ConsumerAuth,
     State(state): State<AppState>,
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<HeartbeatRequest>,

@@ -7,7 +7,8 @@
 //! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
-//! * `extract`: validated path names, strict JSON, `If-Match`, bearer tokens.
+//! * `extract`: validated path names, strict JSON, `If-Match`.
+//! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
 //!
 //! # Ordering contract
@@ -19,6 +20,7 @@
 //! against `openapi.json`.
 
 mod admin;
+mod auth;
 pub mod error;
 mod extract;
 mod health;

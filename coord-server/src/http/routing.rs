@@ -6,15 +6,16 @@ use protocol::messages::{RoutingQuery, RoutingResponse};
 
 use crate::Error;
 
+use super::auth::ProducerAuth;
 use super::error::ApiError;
-use super::extract::{ClientAuth, QueryParams, StreamPath};
+use super::extract::{QueryParams, StreamPath};
 use super::AppState;
 
 /// A read: it takes no mutex and is not run detached. A terminating instance still refuses it (with
 /// `Connection: close`), so producers move to another instance with the consumers instead of holding on to one
 /// that is going away.
 pub(super) async fn fetch_routing(
-    _auth: ClientAuth,
+    _auth: ProducerAuth,
     State(state): State<AppState>,
     StreamPath(stream): StreamPath,
     QueryParams(query): QueryParams<RoutingQuery>,

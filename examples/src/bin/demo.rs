@@ -645,7 +645,7 @@ async fn create_group(url: &str, settings: &Settings, admin_token: Option<&str>)
     let response = request
         .send()
         .await
-        .with_context(|| format!("cannot reach the coordinator at {url}"))?;
+        .with_context(|| format!("cannot reach the coordinator at {}", protocol::redact::redact_url(url)))?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -914,7 +914,11 @@ async fn run(
         match args.coordinator_url.as_deref().filter(|u| !u.is_empty()) {
             Some(url) => {
                 let url = url.trim_end_matches('/').to_owned();
-                (url.clone(), None, format!("{url} (external)"))
+                (
+                    url.clone(),
+                    None,
+                    format!("{} (external)", protocol::redact::redact_url(&url)),
+                )
             }
             None => {
                 let mut config = coord_server::Config::new(redis_url.clone());
@@ -1208,7 +1212,12 @@ async fn main() -> ExitCode {
 
     // Redis: given, or a private redis-server (killed when `_launcher` is dropped, also on Ctrl-C).
     let (redis_url, redis_label, _launcher) = match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
-        Some(url) => (url.to_owned(), format!("{url} (given)"), None),
+        // The label is printed and logged: never with the URL's password.
+        Some(url) => (
+            url.to_owned(),
+            format!("{} (given)", protocol::redact::redact_url(url)),
+            None,
+        ),
         None => match RedisLauncher::start().await {
             Ok(l) => {
                 let label = format!("{} (private redis-server, {})", l.url(), l.bin().display());

@@ -1,0 +1,453 @@
+//! Bearer tokens: which role a token holds and which streams it reaches.
+//!
+//! A [`Grant`] gives one token one [`Role`] on the streams whose name starts with a prefix (or on every stream).
+//! A token may appear in several grants (a client that consumes and produces, an operator of two tenants); its
+//! rights are their union. The single-token settings of older versions ([`Config::admin_token`],
+//! [`Config::client_token`]) are grants on every stream: admin, and consumer plus producer.
+//!
+//! A route is open (no token needed) only while nothing could authorise it: no token table and no single token of
+//! its kind. Once a table is configured every route but the probes and `/metrics` needs a token.
+//!
+//! Tokens are compared in constant time ([`token_eq`]), against every credential (no early exit), so neither
+//! the timing of a refusal nor of a success tells which credential, or which prefix of one, a guess matched.
+
+use std::fmt;
+
+use crate::config::Config;
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The admin endpoints: create, describe, recreate, fence, add shards, list.
+    Admin,
+    /// Consumer heartbeats (join, heartbeat, leave).
+    Consumer,
+    /// The producers' routing fetch.
+    Producer,
+}
+
+impl Role {
+    /// The name used in token tables and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Consumer => "consumer",
+            Role::Producer => "producer",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Role, String> {
+        match text {
+            "admin" => Ok(Role::Admin),
+            "consumer" => Ok(Role::Consumer),
+            "producer" => Ok(Role::Producer),
+            other => Err(format!("unknown role {other:?} (expected admin, consumer or producer)")),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The streams a grant reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamScope {
+    /// Every stream (`*` in a token table; the single-token settings).
+    All,
+    /// The streams whose name starts with this prefix. End it with a separator (`tenant-a.`): `tenant-a`
+    /// would also cover `tenant-ab`.
+    Prefix(String),
+}
+
+impl StreamScope {
+    /// Parses `*` or a prefix made of the characters a stream name may hold.
+    ///
+    /// # Errors
+    /// A sentence naming the rule broken.
+    pub fn parse(text: &str) -> Result<StreamScope, String> {
+        if text == "*" {
+            return Ok(StreamScope::All);
+        }
+        if text.is_empty() {
+            return Err("empty stream prefix (use * for every stream)".into());
+        }
+        if text.len() > protocol::names::MAX_NAME_LEN {
+            return Err(format!(
+                "stream prefix is longer than {} bytes",
+                protocol::names::MAX_NAME_LEN
+            ));
+        }
+        if let Some(c) = text
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(format!("stream prefix {text:?} holds {c:?}, which no stream name can"));
+        }
+        Ok(StreamScope::Prefix(text.to_owned()))
+    }
+
+    /// Whether `stream` is in scope (a plain byte-prefix test: names are ASCII).
+    pub fn covers(&self, stream: &str) -> bool {
+        match self {
+            StreamScope::All => true,
+            StreamScope::Prefix(prefix) => stream.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+impl fmt::Display for StreamScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StreamScope::All => f.write_str("*"),
+            StreamScope::Prefix(p) => f.write_str(p),
+        }
+    }
+}
+
+/// One line of the token table: a token, its role and its streams. `Debug` never shows the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// What the token may do.
+    pub role: Role,
+    /// Where.
+    pub scope: StreamScope,
+    token: String,
+}
+
+impl Grant {
+    /// A grant of `role` on `scope` to `token`.
+    ///
+    /// # Errors
+    /// A token that is empty or holds a character a header value cannot carry unchanged (space, control,
+    /// non-ASCII).
+    pub fn new(role: Role, scope: StreamScope, token: impl Into<String>) -> Result<Grant, String> {
+        let token = token.into();
+        check_token(&token)?;
+        Ok(Grant { role, scope, token })
+    }
+
+    /// Parses a token table: one grant per line, `role:prefix:token` (the token is everything after the second
+    /// `:`), `*` as prefix for every stream; blank lines and lines starting with `#` are skipped.
+    ///
+    /// # Errors
+    /// The line number and the rule broken; the token itself is never repeated in the message.
+    pub fn parse_table(text: &str) -> Result<Vec<Grant>, String> {
+        let mut grants = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = |e: String| format!("token table line {}: {e}", i + 1);
+            let mut parts = line.splitn(3, ':');
+            let (Some(role), Some(scope), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(at("expected role:prefix:token".into()));
+            };
+            let grant = Grant::new(
+                Role::parse(role).map_err(at)?,
+                StreamScope::parse(scope).map_err(at)?,
+                token,
+            )
+            .map_err(at)?;
+            grants.push(grant);
+        }
+        Ok(grants)
+    }
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("role", &self.role)
+            .field("scope", &self.scope)
+            .field("token", &"***")
+            .finish()
+    }
+}
+
+/// Tokens travel in a header and are compared byte for byte after trimming: refuse what could never match.
+pub(crate) fn check_token(token: &str) -> Result<(), String> {
+    if token.is_empty() {
+        return Err("empty token".into());
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("a token may hold only visible ASCII characters (no spaces)".into());
+    }
+    Ok(())
+}
+
+/// Equality of a presented token with a configured one in time that depends only on the presented token's
+/// length (which its sender knows), never on the configured token's length or content.
+pub fn token_eq(presented: &[u8], expected: &[u8]) -> bool {
+    if expected.is_empty() {
+        return false;
+    }
+    // Lengths differ => nonzero; then every presented byte is compared (cycling over the expected bytes), with no
+    // branch on the data, so a wrong length costs the same as a wrong last byte.
+    let mut diff = presented.len() ^ expected.len();
+    for (i, &b) in presented.iter().enumerate() {
+        diff |= usize::from(b ^ expected[i % expected.len()]);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No `Authorization: Bearer <token>` header (401).
+    Missing {
+        /// The role the route needs.
+        role: Role,
+    },
+    /// A token that matches no credential (401).
+    Invalid,
+    /// A valid token without the role the route needs (403).
+    WrongRole {
+        /// The role the route needs.
+        role: Role,
+    },
+    /// A valid token whose grants of this role do not cover the stream (403).
+    OutOfScope {
+        /// The role the route needs.
+        role: Role,
+        /// The stream asked for.
+        stream: String,
+    },
+    /// A valid token whose grants of this role do not cover every stream, for an operation that spans them
+    /// (403).
+    NeedsAllStreams {
+        /// The role the route needs.
+        role: Role,
+    },
+}
+
+impl Denied {
+    /// Whether the caller is unknown (401) rather than known but not allowed (403).
+    pub fn is_unauthenticated(&self) -> bool {
+        matches!(self, Denied::Missing { .. } | Denied::Invalid)
+    }
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denied::Missing { role } => {
+                write!(
+                    f,
+                    "this endpoint requires Authorization: Bearer <token with the {role} role>"
+                )
+            }
+            Denied::Invalid => f.write_str("the bearer token is not valid"),
+            Denied::WrongRole { role } => write!(f, "the bearer token does not have the {role} role"),
+            Denied::OutOfScope { role, stream } => {
+                write!(f, "the bearer token's {role} role does not cover stream {stream:?}")
+            }
+            Denied::NeedsAllStreams { role } => write!(
+                f,
+                "this operation spans every stream and needs a token with the {role} role on every stream (*)"
+            ),
+        }
+    }
+}
+
+/// What an authorised request may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing could authorise the route: it is open (see the module docs).
+    Open,
+    /// The scopes of the token's grants of the route's role (at least one).
+    Scoped(Vec<StreamScope>),
+}
+
+impl Access {
+    /// Whether `stream` may be reached.
+    pub fn covers(&self, stream: &str) -> bool {
+        match self {
+            Access::Open => true,
+            Access::Scoped(scopes) => scopes.iter().any(|s| s.covers(stream)),
+        }
+    }
+
+    /// Whether every stream may be reached (needed for what spans tenants, such as rebuilding the index).
+    pub fn covers_all(&self) -> bool {
+        match self {
+            Access::Open => true,
+            Access::Scoped(scopes) => scopes.contains(&StreamScope::All),
+        }
+    }
+}
+
+/// Every credential of `config` as (role, scope, token): the table, then the single-token settings.
+fn credentials(config: &Config) -> impl Iterator<Item = (Role, &StreamScope, &str)> {
+    const ALL: &StreamScope = &StreamScope::All;
+    let table = config.tokens.iter().map(|g| (g.role, &g.scope, g.token.as_str()));
+    let admin = config.admin_token.iter().map(|t| (Role::Admin, ALL, t.as_str()));
+    let client = config
+        .client_token
+        .iter()
+        .flat_map(|t| [(Role::Consumer, ALL, t.as_str()), (Role::Producer, ALL, t.as_str())]);
+    table.chain(admin).chain(client)
+}
+
+/// Whether any credential can authorise `role`: the table is non-empty, or the single token of its kind is set.
+pub fn role_is_protected(config: &Config, role: Role) -> bool {
+    !config.tokens.is_empty()
+        || match role {
+            Role::Admin => config.admin_token.is_some(),
+            Role::Consumer | Role::Producer => config.client_token.is_some(),
+        }
+}
+
+/// The token of an `Authorization` header value: the `Bearer` scheme, matched case-insensitively (RFC 9110
+/// §11.1), then one or more spaces.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, rest) = header.trim_start().split_once([' ', '\t'])?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Decides a request for `role` with the `Authorization` header value `header` (`None` when absent or not
+/// visible ASCII).
+///
+/// # Errors
+/// [`Denied`]: missing or invalid token, or a token without `role`.
+pub fn authorize(config: &Config, header: Option<&str>, role: Role) -> Result<Access, Denied> {
+    if !role_is_protected(config, role) {
+        return Ok(Access::Open);
+    }
+    let presented = header.and_then(bearer_token).ok_or(Denied::Missing { role })?;
+    let mut known = false;
+    let mut scopes = Vec::new();
+    // Every credential is compared, whatever matched before.
+    for (grant_role, scope, token) in credentials(config) {
+        let equal = token_eq(presented.as_bytes(), token.as_bytes());
+        known |= equal;
+        if equal && grant_role == role {
+            scopes.push(scope.clone());
+        }
+    }
+    if !known {
+        return Err(Denied::Invalid);
+    }
+    if scopes.is_empty() {
+        return Err(Denied::WrongRole { role });
+    }
+    Ok(Access::Scoped(scopes))
+}
+
+/// Whether `config` has any admin credential (the start-up check of a non-loopback listen address).
+pub fn has_admin_credential(config: &Config) -> bool {
+    credentials(config).any(|(role, _, _)| role == Role::Admin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with(table: &str) -> Config {
+        Config {
+            tokens: Grant::parse_table(table).expect("table"),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn token_comparison_needs_equal_length_and_bytes() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(
+            !token_eq(b"secretsecret", b"secret"),
+            "a repeated token is not the token"
+        );
+        assert!(!token_eq(b"", b"secret"));
+        assert!(!token_eq(b"", b""));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer   "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+    }
+
+    #[test]
+    fn table_lines_parse_and_errors_never_echo_the_token() {
+        let grants = Grant::parse_table(
+            "# tenant a\nadmin:tenant-a.:tok-a\n\nconsumer:*:tok:with:colons\n  producer:tenant-b.:tok-b  \n",
+        )
+        .expect("table");
+        assert_eq!(grants.len(), 3);
+        assert_eq!(grants[1].scope, StreamScope::All);
+        assert_eq!(grants[1].token, "tok:with:colons");
+        let debug = format!("{grants:?}");
+        assert!(!debug.contains("tok-") && !debug.contains("colons"), "{debug}");
+        for bad in [
+            "reader:*:hunter2",
+            "admin::hunter2",
+            "admin:a{b:hunter2",
+            "admin:*:",
+            "admin:*",
+            "admin:*:hun ter2",
+        ] {
+            let err = Grant::parse_table(bad).expect_err(bad);
+            assert!(err.contains("line 1"), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn grants_are_scoped_by_role_and_prefix() {
+        let config =
+            config_with("admin:tenant-a.:ta\nconsumer:tenant-a.:ca\nconsumer:tenant-b.:cb\nproducer:tenant-a.:ca");
+        let a = authorize(&config, Some("Bearer ca"), Role::Consumer).expect("consumer a");
+        assert!(a.covers("tenant-a.orders"));
+        assert!(!a.covers("tenant-b.orders"));
+        assert!(authorize(&config, Some("Bearer ca"), Role::Producer).is_ok());
+        assert_eq!(
+            authorize(&config, Some("Bearer cb"), Role::Producer),
+            Err(Denied::WrongRole { role: Role::Producer })
+        );
+        assert_eq!(
+            authorize(&config, Some("Bearer cx"), Role::Consumer),
+            Err(Denied::Invalid)
+        );
+        assert_eq!(
+            authorize(&config, None, Role::Admin),
+            Err(Denied::Missing { role: Role::Admin })
+        );
+        let admin = authorize(&config, Some("Bearer ta"), Role::Admin).expect("admin a");
+        assert!(!admin.covers_all());
+    }
+
+    #[test]
+    fn single_tokens_keep_their_old_meaning() {
+        let mut config = Config::default();
+        assert_eq!(authorize(&config, None, Role::Admin), Ok(Access::Open));
+        config.client_token = Some("c".into());
+        assert_eq!(
+            authorize(&config, None, Role::Admin),
+            Ok(Access::Open),
+            "admin stays open"
+        );
+        assert!(authorize(&config, Some("Bearer c"), Role::Consumer).is_ok_and(|a| a.covers_all()));
+        assert!(authorize(&config, Some("Bearer c"), Role::Producer).is_ok());
+        assert!(!has_admin_credential(&config));
+        config.admin_token = Some("a".into());
+        assert!(has_admin_credential(&config));
+        assert_eq!(
+            authorize(&config, Some("Bearer a"), Role::Consumer),
+            Err(Denied::WrongRole { role: Role::Consumer })
+        );
+    }
+}
