@@ -228,3 +228,35 @@ async fn unreachable_urls_are_skipped() {
     let (s, g) = names();
     assert_eq!(client.heartbeat(&s, &g, &request()).await.unwrap().status, Status::Ok);
 }
+
+#[tokio::test]
+async fn refused_tokens_are_typed_final_answers_sent_with_the_bearer_token() {
+    use wiremock::matchers::header;
+    for http in [401, 403] {
+        let first = MockServer::start().await;
+        let second = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(header("authorization", "Bearer tenant-a-consumer"))
+            .respond_with(ResponseTemplate::new(http).set_body_json(ErrorResponse {
+                status: Status::Unauthorized,
+                message: "the bearer token's consumer role does not cover stream \"orders\"".into(),
+                member_epoch: None,
+                retry_after_ms: None,
+            }))
+            .mount(&first)
+            .await;
+        let client = CoordClient::new(
+            vec![first.uri(), second.uri()],
+            Duration::from_secs(1),
+            Some("tenant-a-consumer".into()),
+        )
+        .unwrap();
+        let (s, g) = names();
+        let err = client.heartbeat(&s, &g, &request()).await.unwrap_err();
+        assert_eq!(err.status(), Some(Status::Unauthorized), "{http}: {err}");
+        assert!(!err.is_retryable(), "{http}");
+        assert!(err.to_string().contains("does not cover stream"), "{err}");
+        assert_eq!(hits(&first).await, 1, "{http}: the token was sent");
+        assert_eq!(hits(&second).await, 0, "{http}: a refusal is not a failover reason");
+    }
+}

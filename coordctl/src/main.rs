@@ -30,9 +30,19 @@ struct Cli {
     /// Coordinator base URL (any instance, or the Service).
     #[arg(long, env = "COORD_URL", default_value = "http://127.0.0.1:7400", global = true)]
     url: String,
-    /// Admin bearer token (required when the coordinator has one).
-    #[arg(long, env = "COORD_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    /// Admin bearer token (required when the coordinator has one). Prefer the environment or --token-file: a
+    /// flag's value is visible to every local user in /proc/PID/cmdline.
+    #[arg(
+        long,
+        env = "COORD_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true,
+        conflicts_with = "token_file"
+    )]
     token: Option<String>,
+    /// File holding the admin bearer token (surrounding whitespace ignored).
+    #[arg(long, env = "COORD_ADMIN_TOKEN_FILE", global = true)]
+    token_file: Option<std::path::PathBuf>,
     /// Print JSON (the coordinator's wire types) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -153,8 +163,21 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The token of `--token-file`, else of `--token` / `COORD_ADMIN_TOKEN`.
+fn token(cli: &Cli) -> Result<Option<String>, CliError> {
+    let Some(path) = &cli.token_file else {
+        return Ok(cli.token.clone());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Refused(format!("cannot read the token file {}: {e}", path.display())))?;
+    match text.trim() {
+        "" => Err(CliError::Refused(format!("the token file {} is empty", path.display()))),
+        token => Ok(Some(token.to_owned())),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let client = AdminClient::new(&cli.url, cli.token.clone(), Duration::from_millis(cli.timeout_ms))?;
+    let client = AdminClient::new(&cli.url, token(&cli)?, Duration::from_millis(cli.timeout_ms))?;
     let json = cli.json;
     match cli.command {
         Command::Groups { rebuild } => {

@@ -68,7 +68,9 @@ impl Run {
 async fn coordctl(url: &str, token: Option<&str>, args: &[&str]) -> Run {
     let mut cmd = Command::new(BIN);
     cmd.arg("--url").arg(url).args(args);
-    cmd.env_remove("COORD_URL").env_remove("COORD_ADMIN_TOKEN");
+    cmd.env_remove("COORD_URL")
+        .env_remove("COORD_ADMIN_TOKEN")
+        .env_remove("COORD_ADMIN_TOKEN_FILE");
     if let Some(t) = token {
         cmd.env("COORD_ADMIN_TOKEN", t);
     }
@@ -386,6 +388,12 @@ async fn the_admin_token_is_sent_and_failures_exit_nonzero() {
     assert_eq!(list.groups.len(), 1);
     let flag = coordctl(&url, None, &["--token", "admin-secret", "routing", S, "--json"]).await;
     assert_eq!(flag.code, 0, "{}", flag.stderr);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, "admin-secret\n").expect("write the token file");
+    let token_file = token_file.to_string_lossy().into_owned();
+    let file = coordctl(&url, None, &["--token-file", &token_file, "groups", "--json"]).await;
+    assert_eq!(file.code, 0, "{}", file.stderr);
 
     let usage = coordctl(&url, None, &["fence", S]).await;
     assert_eq!(usage.code, 2, "usage errors are clap's 2: {}", usage.stderr);

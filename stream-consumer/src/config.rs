@@ -84,8 +84,9 @@ impl Default for Timings {
 /// Longest accepted duration setting.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
-/// A validated consumer configuration (readable through [`Consumer::config`]).
-#[derive(Debug, Clone)]
+/// A validated consumer configuration (readable through [`Consumer::config`]). `Debug` hides the coordinator
+/// token and the Redis URL's credentials.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ConsumerConfig {
     /// The logical stream (prefix of the shard keys).
@@ -110,6 +111,24 @@ pub struct ConsumerConfig {
     pub max_deliveries: u32,
     /// Entries fetched per read (`COUNT`).
     pub batch_size: usize,
+}
+
+impl fmt::Debug for ConsumerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerConfig")
+            .field("stream", &self.stream)
+            .field("group", &self.group)
+            .field("member_id", &self.member_id)
+            .field("member_id_generated", &self.member_id_generated)
+            .field("coordinator_urls", &self.coordinator_urls)
+            .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
+            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("start_from", &self.start_from)
+            .field("timings", &self.timings)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("batch_size", &self.batch_size)
+            .finish()
+    }
 }
 
 impl ConsumerConfig {
@@ -451,6 +470,23 @@ mod tests {
             .coordinator("http://127.0.0.1:7400")
             .redis("redis://127.0.0.1:6379")
             .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+    }
+
+    #[test]
+    fn debug_and_errors_hide_the_token_and_redis_credentials() {
+        let c = base()
+            .redis("redis://consumer:hunter2@redis:6379")
+            .coordinator_token("hunter3")
+            .build()
+            .unwrap();
+        let text = format!("{:?}", c.config());
+        assert!(!text.contains("hunter"), "{text}");
+        assert!(text.contains("redis://***@redis:6379"), "{text}");
+        let builder = format!("{:?}", base().redis("consumer:hunter2@redis:6379"));
+        assert!(!builder.contains("hunter"), "{builder}");
+        let e = base().redis("consumer:hunter2@redis:6379").build().unwrap_err();
+        assert!(matches!(e, ConfigError::InvalidRedisUrl { .. }), "{e}");
+        assert!(!e.to_string().contains("hunter"), "{e}");
     }
 
     #[test]

@@ -54,8 +54,8 @@ impl Default for BatchingConfig {
 }
 
 /// The settings of a [`Producer`], readable after [`build`](ProducerBuilder::build) through
-/// [`Producer::config`].
-#[derive(Debug, Clone)]
+/// [`Producer::config`]. `Debug` hides the coordinator token and the Redis URL's credentials.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ProducerConfig {
     /// The stream records are published to.
@@ -87,6 +87,25 @@ pub struct ProducerConfig {
     pub refresh_retry_min: Duration,
     /// Longest wait between failed routing refreshes. Default 1 s.
     pub refresh_retry_max: Duration,
+}
+
+impl std::fmt::Debug for ProducerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerConfig")
+            .field("stream", &self.stream)
+            .field("coordinator_urls", &self.coordinator_urls)
+            .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
+            .field("coordinator_timeout", &self.coordinator_timeout)
+            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("connections", &self.connections)
+            .field("redis_connect_timeout", &self.redis_connect_timeout)
+            .field("redis_response_timeout", &self.redis_response_timeout)
+            .field("trim", &self.trim)
+            .field("batching", &self.batching)
+            .field("refresh_retry_min", &self.refresh_retry_min)
+            .field("refresh_retry_max", &self.refresh_retry_max)
+            .finish()
+    }
 }
 
 impl ProducerConfig {
@@ -378,6 +397,16 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         check(ok()).unwrap();
+    }
+
+    #[test]
+    fn debug_hides_the_token_and_redis_credentials() {
+        let b = ok()
+            .redis("redis://producer:hunter2@redis:6379")
+            .coordinator_token("hunter3");
+        let text = format!("{b:?}");
+        assert!(!text.contains("hunter"), "{text}");
+        assert!(text.contains("redis://***@redis:6379"), "{text}");
     }
 
     #[test]
