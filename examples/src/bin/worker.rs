@@ -133,8 +133,13 @@ async fn main() -> Result<()> {
         builder = builder.version_store(store);
     }
     let consumer = builder.build().context("invalid configuration")?;
+    let coordinators: Vec<String> = args
+        .coordinator_urls
+        .iter()
+        .map(|u| protocol::redact::redact_url(u))
+        .collect();
     info!(stream = %args.stream, group = %args.group, member_id = %consumer.member_id(),
-        coordinators = ?args.coordinator_urls, "worker starting");
+        redis = %protocol::redact::redact_url(&args.redis_url), ?coordinators, "worker starting");
 
     // Log every change of the reading set, whatever caused it.
     let mut status = consumer.status();
