@@ -341,11 +341,6 @@ pub fn authorize(config: &Config, header: Option<&str>, role: Role) -> Result<Ac
     Ok(Access::Scoped(scopes))
 }
 
-/// Whether `config` has any admin credential (the start-up check of a non-loopback listen address).
-pub fn has_admin_credential(config: &Config) -> bool {
-    credentials(config).any(|(role, _, _)| role == Role::Admin)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,9 +437,9 @@ mod tests {
         );
         assert!(authorize(&config, Some("Bearer c"), Role::Consumer).is_ok_and(|a| a.covers_all()));
         assert!(authorize(&config, Some("Bearer c"), Role::Producer).is_ok());
-        assert!(!has_admin_credential(&config));
+        assert!(!role_is_protected(&config, Role::Admin));
         config.admin_token = Some("a".into());
-        assert!(has_admin_credential(&config));
+        assert!(role_is_protected(&config, Role::Admin));
         assert_eq!(
             authorize(&config, Some("Bearer a"), Role::Consumer),
             Err(Denied::WrongRole { role: Role::Consumer })

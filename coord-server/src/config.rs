@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::auth::{self, Grant};
+use crate::auth::{self, Grant, Role};
 
 /// Settings of one coordinator instance. `Debug` hides the tokens and the Redis URL's credentials.
 #[derive(Clone)]
@@ -118,7 +118,11 @@ impl Config {
                 auth::check_token(token).map_err(|e| format!("{name}: {e}"))?;
             }
         }
-        if !self.listen.ip().is_loopback() && !auth::has_admin_credential(self) && !self.insecure_no_admin_token {
+        // Open means no token can authorise the admin routes; a token table without an admin line closes them.
+        if !self.listen.ip().is_loopback()
+            && !auth::role_is_protected(self, Role::Admin)
+            && !self.insecure_no_admin_token
+        {
             return Err(format!(
                 "listen address {} is not loopback and no admin token is set: anyone who reaches the port could \
                  fence members, recreate groups and add shards. Set an admin token (--admin-token-file, \
@@ -134,7 +138,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{Role, StreamScope};
+    use crate::auth::StreamScope;
 
     fn listening_on(addr: &str) -> Config {
         Config {
@@ -165,6 +169,11 @@ mod tests {
         let mut table = listening_on("0.0.0.0:7400");
         table.tokens = vec![Grant::new(Role::Admin, StreamScope::All, "admin").expect("grant")];
         table.validate().expect("admin grant");
+        let mut locked = listening_on("0.0.0.0:7400");
+        locked.tokens = vec![Grant::new(Role::Consumer, StreamScope::All, "client").expect("grant")];
+        locked
+            .validate()
+            .expect("a table without admin lines closes the admin routes");
         let mut insecure = listening_on("0.0.0.0:7400");
         insecure.insecure_no_admin_token = true;
         insecure.validate().expect("explicitly insecure");
