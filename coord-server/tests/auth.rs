@@ -140,6 +140,15 @@ async fn tenant_tokens_reach_only_their_prefix_and_role_on_every_route() {
     let before: GroupDescription = admin_b.describe(B, G).await;
 
     // Admin routes of tenant b, with tenant a's admin token: all refused, before the body is read.
+    forbidden(
+        admin_a
+            .post(
+                &format!("/v1/streams/{B}/groups/{G}"),
+                &serde_json::json!({"nonsense": true}),
+            )
+            .await,
+    )
+    .await;
     forbidden(admin_a.get(&format!("/v1/streams/{B}/groups/{G}")).await).await;
     forbidden(admin_a.get(&format!("/v1/streams/{B}")).await).await;
     forbidden(
