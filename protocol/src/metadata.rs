@@ -153,6 +153,11 @@ pub struct ShardRecord {
     /// Member that owns it now: it may read it (if also the target) or must drain it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<MemberId>,
+    /// While the owner must drain it: the lowest `metadataVersion` an answer telling the owner so can carry. A
+    /// `REVOKED` ack from a request with a lower version was sent before the owner was told (a late or duplicated
+    /// request) and is ignored. Absent in metadata of older builds: acks are then not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoke_since_version: Option<MetadataVersion>,
 }
 
 /// An open metadata correction round (see `docs/protocol.md`).

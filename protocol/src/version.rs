@@ -35,6 +35,13 @@ counter!(
     /// metadata correction round, see `docs/protocol.md`). Clients remember the highest one they saw.
     MetadataVersion(u64)
 );
+impl MetadataVersion {
+    /// The largest version on the wire: 2^53 - 1, the largest integer every JSON implementation reads exactly
+    /// (JavaScript's `Number.MAX_SAFE_INTEGER`). Heartbeats carrying more are refused, and the coordinator never
+    /// stores more, so no stored version can fail the coordinator's own validation.
+    pub const MAX_SAFE: MetadataVersion = MetadataVersion((1 << 53) - 1);
+}
+
 counter!(
     /// Version of a stream's routing (shard count, resharding records): +1 on every committed change.
     RoutingVersion(u64)

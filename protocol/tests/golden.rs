@@ -217,10 +217,12 @@ fn stored_documents() {
             ShardRecord {
                 target: Some(member("a")),
                 owner: Some(member("a")),
+                ..ShardRecord::default()
             },
             ShardRecord {
                 target: None,
                 owner: Some(member("a")),
+                ..ShardRecord::default()
             },
         ],
         correction: Some(CorrectionRound {

@@ -22,11 +22,13 @@ use std::collections::BTreeSet;
 
 use protocol::metadata::CorrectionRound;
 
-use super::{Event, Tx};
+use super::{bounds, Event, Tx};
 
-/// Opens a round, or feeds the open one. New evidence of a loss (a higher reported version, or `restart_wait`
-/// for the coordinator's own suspicion) restarts the one-TTL wait: leases granted in the newly lost history
-/// run from then.
+/// Opens a round, or feeds the open one. A higher reported version raises the version retired at the close.
+/// Only the coordinator's own evidence of a new loss (`restart_wait`: a Redis run id change, or a version it saw
+/// itself) restarts the one-TTL wait, for leases granted in the newly lost history. A client's report does not:
+/// a loss it reveals happened before it was sent, so the leases of that history end within one TTL of the round's
+/// start, and otherwise a client reporting ever higher versions would hold the round open for ever.
 pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64, restart_wait: bool) {
     match &tx.get().correction {
         None => {
@@ -44,7 +46,9 @@ pub fn open(tx: &mut Tx<'_>, reported: MetadataVersion, now_ms: u64, restart_wai
         Some(round) if reported > round.reported_max_version || (restart_wait && round.started_at_ms < now_ms) => {
             let round = tx.get_mut().correction.as_mut().expect("matched Some");
             round.reported_max_version = round.reported_max_version.max(reported);
-            round.started_at_ms = now_ms;
+            if restart_wait {
+                round.started_at_ms = round.started_at_ms.max(now_ms);
+            }
         }
         Some(_) => {}
     }
@@ -108,6 +112,25 @@ pub fn clear_claim(tx: &mut Tx<'_>, id: &MemberId, shard: ShardId) {
     }
 }
 
+/// Clears `id`'s claims on shards it no longer reports reading or draining (`listed`).
+pub fn keep_listed_claims(tx: &mut Tx<'_>, id: &MemberId, listed: &BTreeSet<ShardId>) {
+    let ended: Vec<ShardId> = tx
+        .get()
+        .correction
+        .as_ref()
+        .map(|r| {
+            r.claims
+                .iter()
+                .filter(|(shard, c)| c.contains(id) && !listed.contains(shard))
+                .map(|(shard, _)| *shard)
+                .collect()
+        })
+        .unwrap_or_default();
+    for shard in ended {
+        clear_claim(tx, id, shard);
+    }
+}
+
 /// Forgets a member that left the group (its claims and sync mark).
 pub fn forget(tx: &mut Tx<'_>, id: &MemberId) {
     let present = tx
@@ -166,7 +189,11 @@ pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
     if waited && round.claims.is_empty() && unsynced(tx).is_empty() {
         // Retire the lost version numbers: the next version is above every version a client reported, so a number
         // never names two different contents and the clients' remembered maximum stops reopening rounds.
-        let retired = round.reported_max_version.max(meta.metadata_version);
+        // Bounded again here for rounds recorded by builds that did not bound reports.
+        let retired = round
+            .reported_max_version
+            .min(bounds::REPORT_LIMIT)
+            .max(meta.metadata_version);
         let next = tx.get_mut();
         next.metadata_version = retired;
         next.correction = None;

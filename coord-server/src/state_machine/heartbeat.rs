@@ -2,7 +2,8 @@
 //!
 //! Order of the checks, each explained where it is made:
 //! 1. reject malformed input before anything else;
-//! 2. a reported version above the stored one opens (or feeds) the correction round, whatever follows;
+//! 2. a reported version above the stored one, within what a lost history can produce (`bounds`), opens (or
+//!    feeds) the correction round, whatever follows;
 //! 3. identify the incarnation: join, retry of a join, current epoch, previous epoch after a lost response;
 //! 4. apply REVOKED acks that match the recorded ownership (others change nothing);
 //! 5. advance the member's epoch once it has nothing left to drain;
@@ -13,12 +14,12 @@
 use protocol::messages::{HeartbeatRequest, RevokeState, MAX_INSTANCE_ID_LEN};
 use protocol::metadata::{MemberRecord, MAX_SHARDS};
 use protocol::names::MemberId;
-use protocol::{MemberEpoch, ShardId, Status};
+use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::BTreeSet;
 
 use super::lease::{is_held, lease_end};
 use super::reconcile::{accept_revoked, has_revokes, settle, view};
-use super::{correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{bounds, correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
 
 pub(super) fn heartbeat(
     meta: &protocol::metadata::GroupMetadata,
@@ -35,9 +36,16 @@ pub(super) fn heartbeat(
     let stored = meta.metadata_version;
     let reported = req.max_observed_version.max(req.metadata_version);
     if reported > stored {
-        // Even a leaving member's report counts: others may hold leases from the lost history too.
-        tx.events.push(Event::RegressionReported { reported, stored });
-        correction::open(&mut tx, reported, now, false);
+        let ceiling = bounds::report_ceiling(stored, now);
+        if reported > ceiling {
+            // No lost history reaches it: a buggy or hostile client. Served as if it carried the stored version.
+            tx.events.push(Event::ImplausibleVersionIgnored { reported, ceiling });
+        } else {
+            // Whoever sends it, even a leave or a member Redis does not know: a loss is what makes Redis forget
+            // members, and others may hold leases from the lost history.
+            tx.events.push(Event::RegressionReported { reported, stored });
+            correction::open(&mut tx, reported, now, false);
+        }
     }
     if req.member_epoch.is_leave() {
         return leave(tx, req, now);
@@ -81,7 +89,7 @@ pub(super) fn heartbeat(
         if correction::is_open(&tx) {
             correction::clear_claim(&mut tx, id, r.shard);
         }
-        if !accept_revoked(&mut tx, id, r.shard, now)
+        if !accept_revoked(&mut tx, id, r.shard, req.metadata_version, now)
             && tx
                 .get()
                 .shards
@@ -96,7 +104,18 @@ pub(super) fn heartbeat(
         }
     }
 
-    let claims = foreign_claims(&tx, req);
+    if correction::is_open(&tx) && req.metadata_version == stored {
+        // At the stored version the report lists everything the member reads or drains: a claim it no longer
+        // lists has ended (a late duplicate may have recorded it after the member had acknowledged the shard).
+        correction::keep_listed_claims(&mut tx, id, &listed_shards(req));
+    }
+    // A request behind the stored version was sent before writes Redis has, its own acks among them (a late or
+    // duplicated request): its claims are explained by that history and are no evidence of a loss.
+    let claims = if req.metadata_version < stored {
+        Vec::new()
+    } else {
+        foreign_claims(&tx, req)
+    };
     if !claims.is_empty() {
         // A member reading a shard Redis records for someone else: a lost write whose version number was reused.
         correction::open(&mut tx, stored, now, false);
@@ -135,10 +154,12 @@ fn validate(req: &HeartbeatRequest) -> Result<(), String> {
             req.member_epoch
         ));
     }
-    // Versions beyond 2^53 are not exact in JSON numbers of other languages, and no group gets there.
-    let limit = 1u64 << 53;
-    if req.metadata_version.0 > limit || req.max_observed_version.0 > limit {
-        return Err("metadataVersion and maxObservedVersion must be at most 2^53".into());
+    // Larger numbers are not exact in JSON numbers of other languages; the coordinator never stores one.
+    let limit = MetadataVersion::MAX_SAFE;
+    if req.metadata_version > limit || req.max_observed_version > limit {
+        return Err(format!(
+            "metadataVersion and maxObservedVersion must be at most {limit} (2^53 - 1)"
+        ));
     }
     let too_many = (MAX_SHARDS as usize) * 2;
     if req.owned.len() + req.revoking.len() > too_many {
@@ -207,28 +228,27 @@ fn advance_epoch(tx: &mut Tx<'_>, id: &MemberId, now: u64) {
     }
 }
 
-/// Shards the member reports reading or draining that Redis records for another owner.
-fn foreign_claims(tx: &Tx<'_>, req: &HeartbeatRequest) -> Vec<ShardId> {
-    let meta = tx.get();
+/// Shards the member reports reading or draining.
+fn listed_shards(req: &HeartbeatRequest) -> BTreeSet<ShardId> {
     let draining = req
         .revoking
         .iter()
         .filter(|r| r.state == RevokeState::Draining)
         .map(|r| r.shard);
-    let mut claims: Vec<ShardId> = req
-        .owned
-        .iter()
-        .copied()
-        .chain(draining)
+    req.owned.iter().copied().chain(draining).collect()
+}
+
+/// Shards the member reports reading or draining that Redis records for another owner.
+fn foreign_claims(tx: &Tx<'_>, req: &HeartbeatRequest) -> Vec<ShardId> {
+    let meta = tx.get();
+    listed_shards(req)
+        .into_iter()
         .filter(|s| {
             meta.shards
                 .get(s.index())
                 .is_some_and(|r| r.owner.as_ref() != Some(&req.member_id))
         })
-        .collect();
-    claims.sort_unstable();
-    claims.dedup();
-    claims
+        .collect()
 }
 
 /// Leave: only the current incarnation may leave. The SDK sends it after stopping every reader, so its shards are

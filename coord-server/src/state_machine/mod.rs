@@ -14,10 +14,11 @@
 //! * `target`: records new targets and assignment epochs.
 //! * `reconcile`: one member's view (assigned / pending / revoke) and ownership moves.
 //! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
-//! * `correction`: the metadata correction round.
+//! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
 //! * `heartbeat`, `tick`, `admin`: the inputs.
 
 pub mod assignor;
+pub mod bounds;
 mod correction;
 mod heartbeat;
 mod lease;
@@ -28,9 +29,13 @@ mod tick;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
+mod late_request_tests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod version_bound_tests;
 
 use protocol::messages::{
     CorrectionDescription, GroupDescription, HeartbeatRequest, HeartbeatResponse, MemberDescription, ShardDescription,
@@ -147,6 +152,13 @@ pub enum Event {
         reported: MetadataVersion,
         /// The stored version.
         stored: MetadataVersion,
+    },
+    /// A client reported a version no lost history can have produced; it was ignored.
+    ImplausibleVersionIgnored {
+        /// The client's version.
+        reported: MetadataVersion,
+        /// The highest version that would have counted.
+        ceiling: MetadataVersion,
     },
     /// A correction round opened.
     CorrectionOpened {
@@ -277,7 +289,7 @@ impl<'a> Tx<'a> {
             Cow::Owned(mut next) => {
                 // Held still while a round is open: see `correction`.
                 if next.correction.is_none() {
-                    next.metadata_version = next.metadata_version.next();
+                    next.metadata_version = bounds::bump(next.metadata_version);
                 }
                 let outcome = answer.outcome(&next, now_ms);
                 (Some(next), outcome)

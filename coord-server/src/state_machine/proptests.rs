@@ -1,7 +1,10 @@
 //! Property test: random sequences of joins, heartbeats, lost answers, drains, crashes, leaves, time, ticks,
-//! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. After every step:
-//! no shard is read (or drained) by two clients whose leases are valid; after a quiet period with stable
-//! membership every shard is read by exactly one live client.
+//! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. The network loses
+//! answers, and also delays, duplicates and reorders requests: a request the client timed out (or a duplicate of
+//! one it got an answer to) reaches the coordinator later, in any order. After every step: no shard is read (or
+//! drained) by two clients whose leases are valid, and a late request opens no correction round unless Redis lost
+//! writes since it was sent; after a quiet period with stable membership no live client is fenced and every
+//! shard is read by exactly one live client.
 
 use proptest::prelude::*;
 use protocol::messages::{HeartbeatRequest, RevokeState, RevokingShard};
@@ -10,7 +13,7 @@ use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::harness::{Harness, INTERVAL, TTL};
-use super::{Input, Liveness, Outcome};
+use super::{Event, Input, Liveness, Outcome};
 use protocol::metadata::GroupMetadata;
 
 const MEMBERS: u8 = 4;
@@ -18,9 +21,20 @@ const MEMBERS: u8 = 4;
 #[derive(Debug, Clone)]
 enum Op {
     Join(u8),
-    Heartbeat { m: u8, lose: bool },
+    Heartbeat {
+        m: u8,
+        lose: bool,
+        dup: bool,
+    },
+    /// The client's request is delayed in the network: it times out (no answer) and arrives later, if ever.
+    Delay(u8),
+    /// One delayed request (chosen by index) reaches the coordinator; its answer goes nowhere.
+    Deliver(u8),
     Drain(u8),
-    Crash { m: u8, keep_versions: bool },
+    Crash {
+        m: u8,
+        keep_versions: bool,
+    },
     Leave(u8),
     Advance(u16),
     Tick,
@@ -32,7 +46,10 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..MEMBERS).prop_map(Op::Join),
-        10 => (0..MEMBERS, prop::bool::weighted(0.2)).prop_map(|(m, lose)| Op::Heartbeat { m, lose }),
+        10 => (0..MEMBERS, prop::bool::weighted(0.2), prop::bool::weighted(0.15))
+            .prop_map(|(m, lose, dup)| Op::Heartbeat { m, lose, dup }),
+        2 => (0..MEMBERS).prop_map(Op::Delay),
+        3 => any::<u8>().prop_map(Op::Deliver),
         4 => (0..MEMBERS).prop_map(Op::Drain),
         1 => (0..MEMBERS, any::<bool>()).prop_map(|(m, keep_versions)| Op::Crash { m, keep_versions }),
         1 => (0..MEMBERS).prop_map(Op::Leave),
@@ -58,10 +75,22 @@ struct Client {
     lease_until: u64,
 }
 
+/// A request in the network, with the number of Redis rollbacks before it was sent.
+#[derive(Debug, Clone)]
+struct InFlight {
+    req: HeartbeatRequest,
+    rollbacks: u32,
+}
+
+/// At most this many requests wait in the network (older ones are dropped, as a real network would).
+const MAX_IN_FLIGHT: usize = 6;
+
 struct World {
     h: Harness,
     clients: Vec<Client>,
     snapshot: Option<(GroupMetadata, Liveness)>,
+    in_flight: Vec<InFlight>,
+    rollbacks: u32,
 }
 
 fn name(m: u8) -> MemberId {
@@ -74,6 +103,8 @@ impl World {
             h: Harness::new(shards),
             clients: vec![Client::default(); MEMBERS as usize],
             snapshot: None,
+            in_flight: Vec::new(),
+            rollbacks: 0,
         }
     }
 
@@ -102,12 +133,56 @@ impl World {
         }
     }
 
+    fn send_late(&mut self, req: HeartbeatRequest) {
+        if self.in_flight.len() == MAX_IN_FLIGHT {
+            self.in_flight.remove(0);
+        }
+        self.in_flight.push(InFlight {
+            req,
+            rollbacks: self.rollbacks,
+        });
+    }
+
+    /// A delayed request arrives. The client gave up on it, so the answer is dropped. Unless Redis lost writes
+    /// since it was sent, it must not open a correction round: it carries nothing the coordinator has not seen.
+    fn deliver(&mut self, index: usize, history: &[Op]) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let late = self.in_flight.remove(index % self.in_flight.len());
+        // A join of an incarnation that has since been replaced would replace its successor: the request carries
+        // nothing that tells it from a new process taking the member id over (see design-decisions.md).
+        let current = self.clients.iter().enumerate().any(|(i, c)| {
+            late.req.member_id == name(i as u8) && late.req.instance_id == format!("m{i}-{}", c.incarnation)
+        });
+        if late.req.member_epoch.is_join() && !current {
+            return;
+        }
+        let suspected = self.h.suspected.is_some();
+        let t = self.h.apply(Input::Heartbeat(&late.req));
+        if late.rollbacks == self.rollbacks && !suspected {
+            assert!(
+                !t.events.iter().any(|e| matches!(e, Event::CorrectionOpened { .. })),
+                "a late request opened a correction round: {:?}\nevents {:?}\nops: {history:#?}",
+                late.req,
+                t.events
+            );
+        }
+    }
+
     fn heartbeat(&mut self, m: u8, lose: bool) {
+        self.heartbeat_dup(m, lose, false);
+    }
+
+    fn heartbeat_dup(&mut self, m: u8, lose: bool, dup: bool) {
         if !self.clients[m as usize].alive {
             return;
         }
         let sent_at = self.h.now;
         let req = self.request(m);
+        if dup {
+            self.send_late(req.clone());
+        }
         let t = self.h.apply(Input::Heartbeat(&req));
         if lose {
             return;
@@ -153,7 +228,7 @@ impl World {
         }
     }
 
-    fn step(&mut self, op: &Op) {
+    fn step(&mut self, op: &Op, history: &[Op]) {
         match *op {
             Op::Join(m) => {
                 let c = &mut self.clients[m as usize];
@@ -168,7 +243,14 @@ impl World {
                 }
                 self.heartbeat(m, false);
             }
-            Op::Heartbeat { m, lose } => self.heartbeat(m, lose),
+            Op::Heartbeat { m, lose, dup } => self.heartbeat_dup(m, lose, dup),
+            Op::Delay(m) => {
+                if self.clients[m as usize].alive {
+                    let req = self.request(m);
+                    self.send_late(req);
+                }
+            }
+            Op::Deliver(i) => self.deliver(usize::from(i), history),
             Op::Drain(m) => {
                 let c = &mut self.clients[m as usize];
                 let done: Vec<ShardId> = std::mem::take(&mut c.draining).into_iter().collect();
@@ -220,6 +302,7 @@ impl World {
                     self.h.liveness = live;
                     // The coordinator notices the regression (or restarts): grace.
                     self.h.grace_until = self.h.now + TTL;
+                    self.rollbacks += 1;
                 }
             }
             Op::CoordinatorRestart => self.h.grace_until = self.h.now + TTL,
@@ -256,16 +339,39 @@ impl World {
         }
     }
 
-    /// No more faults: everyone heartbeats regularly and drains promptly.
+    /// No more faults: everyone heartbeats regularly and drains promptly. After a warm-up longer than the
+    /// rebalance timeout every live client is healthy; then the requests still in the network arrive, late, and
+    /// nothing may fence a live client from then on.
     fn settle(&mut self, history: &[Op]) {
-        for _ in 0..60 {
+        const WARM_UP: u32 = 8;
+        for round in 0..60 {
+            if round == WARM_UP {
+                while !self.in_flight.is_empty() {
+                    self.deliver(0, history);
+                    self.check_no_split(history);
+                }
+            }
             self.h.advance(INTERVAL);
             for m in 0..MEMBERS {
-                self.step(&Op::Drain(m));
+                self.step(&Op::Drain(m), history);
                 self.heartbeat(m, false);
                 self.check_no_split(history);
             }
-            self.h.tick();
+            let t = self.h.tick();
+            let alive: Vec<MemberId> = (0..MEMBERS)
+                .filter(|&m| self.clients[m as usize].alive)
+                .map(name)
+                .collect();
+            let fenced: Vec<&Event> = t
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::MemberFenced { member, .. } if alive.contains(member)))
+                .collect();
+            assert!(
+                round < WARM_UP || fenced.is_empty(),
+                "a healthy member was fenced at {}: {fenced:?}\nops: {history:#?}",
+                self.h.now
+            );
         }
     }
 }
@@ -279,7 +385,7 @@ proptest! {
         let mut history = Vec::new();
         for op in &ops {
             history.push(op.clone());
-            w.step(op);
+            w.step(op, &history);
             w.check_no_split(&history);
         }
         w.settle(&history);

@@ -9,11 +9,11 @@
 
 use protocol::metadata::GroupMetadata;
 use protocol::names::MemberId;
-use protocol::ShardId;
+use protocol::{MetadataVersion, ShardId};
 use std::collections::BTreeSet;
 
 use super::lease::is_held;
-use super::{Event, Tx};
+use super::{bounds, Event, Tx};
 
 /// What one member may do with each shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,15 +55,19 @@ pub fn has_revokes(meta: &GroupMetadata, id: &MemberId, now_ms: u64) -> bool {
         .any(|s| s.owner.as_ref() == Some(id) && s.target.as_ref() != Some(id))
 }
 
-/// Applies a REVOKED ack: releases the shard only if `id` owns it, is not its target and is not held.
-/// Returns whether the ack was accepted; a stale or duplicate ack changes nothing.
-pub fn accept_revoked(tx: &mut Tx<'_>, id: &MemberId, shard: ShardId, now_ms: u64) -> bool {
+/// Applies a REVOKED ack sent by a client at metadata version `sent_at`: releases the shard only if `id` owns it,
+/// is not its target, is not held, and was told to drain it at or before `sent_at`. Returns whether the ack was
+/// accepted; a stale, duplicate or late ack changes nothing.
+pub fn accept_revoked(tx: &mut Tx<'_>, id: &MemberId, shard: ShardId, sent_at: MetadataVersion, now_ms: u64) -> bool {
     let meta = tx.get();
     let Some(s) = meta.shards.get(shard.index()) else {
         return false;
     };
     let held = meta.members.get(id).is_some_and(|m| is_held(m, now_ms));
-    if s.owner.as_ref() != Some(id) || s.target.as_ref() == Some(id) || held {
+    // A request older than the drain instruction reports a release from an earlier ownership (the client
+    // stopped when its lease ran out, then read the shard again): accepting it would free a shard being read.
+    let before_instruction = s.revoke_since_version.is_some_and(|v| sent_at < v);
+    if s.owner.as_ref() != Some(id) || s.target.as_ref() == Some(id) || held || before_instruction {
         return false;
     }
     tx.get_mut().shards[shard.index()].owner = None;
@@ -112,6 +116,30 @@ pub fn settle(tx: &mut Tx<'_>, now_ms: u64) {
             shard: ShardId(i as u32),
             to,
         });
+    }
+    // The first answer that can tell an owner to drain carries the version this transition writes (held still
+    // in a round).
+    let announce = if tx.get().correction.is_some() {
+        tx.get().metadata_version
+    } else {
+        bounds::bump(tx.get().metadata_version)
+    };
+    let marks: Vec<(usize, Option<MetadataVersion>)> = tx
+        .get()
+        .shards
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let draining = s.owner.is_some() && s.owner != s.target;
+            match (draining, s.revoke_since_version) {
+                (true, None) => Some((i, Some(announce))),
+                (false, Some(_)) => Some((i, None)),
+                _ => None,
+            }
+        })
+        .collect();
+    for (i, since) in marks {
+        tx.get_mut().shards[i].revoke_since_version = since;
     }
     // One pass over the shards (not one per member): this runs on every write of a large group.
     let meta = tx.get();

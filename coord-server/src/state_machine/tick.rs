@@ -5,7 +5,8 @@
 //!   period;
 //! * members past their rebalance timeout with shards still to drain are fenced: no more renewals, and their
 //!   shards move when the lease they were last granted ends (the same bound as expiry);
-//! * in a correction round, members still claiming a shard after the rebalance timeout are fenced likewise;
+//! * in a correction round, members still claiming a shard, or not yet synced, after the rebalance timeout are
+//!   fenced likewise;
 //! * a predecessor's hold that ended is cleared (its shards become the new incarnation's to read or revoke);
 //! * a different stream routing is adopted (shards are only ever added);
 //! * a correction round whose conditions hold is closed.
@@ -57,6 +58,10 @@ pub(super) fn tick(
             } else if round_overdue && !is_held(m, now) && claims_of(tx.get(), id) {
                 // A held member's claims are its predecessor's: they end with the hold, not by fencing.
                 Some((id.clone(), "correction round claim not released"))
+            } else if round_overdue && !synced(tx.get(), id) {
+                // A live member adopts the stored view within one heartbeat; one that keeps sending another
+                // version (a buggy client) would otherwise hold the round open for ever.
+                Some((id.clone(), "correction round: stored metadata not adopted"))
             } else {
                 None
             }
@@ -125,6 +130,10 @@ pub(super) fn fence_by_admin(meta: &GroupMetadata, liveness: &Liveness, id: &Mem
             tx.finish(None, Answer::Done, now)
         }
     }
+}
+
+fn synced(meta: &GroupMetadata, id: &MemberId) -> bool {
+    meta.correction.as_ref().is_none_or(|r| r.synced.contains(id))
 }
 
 fn claims_of(meta: &GroupMetadata, id: &MemberId) -> bool {
