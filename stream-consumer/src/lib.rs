@@ -126,6 +126,7 @@ pub use config::{ConsumerBuilder, ConsumerConfig, StartPosition, Timings, DEFAUL
 pub use consumer::{CloseReport, Consumer, ConsumerHandle, ConsumerStatus, HeartbeatCounters};
 pub use error::{ConfigError, ConsumerError, HandlerError};
 pub use handler::{Handler, RebalanceListener};
+pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
