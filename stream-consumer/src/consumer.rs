@@ -68,6 +68,9 @@ pub struct HeartbeatCounters {
     pub lease_expiries: u64,
     /// Times the member lost its assignment and rejoined with epoch 0.
     pub rejoins: u64,
+    /// Times the member gave its shards back because a reader could not read from Redis for longer than
+    /// [`Timings::read_failure_timeout`](crate::Timings::read_failure_timeout).
+    pub redis_give_backs: u64,
 }
 
 impl HeartbeatCounters {

@@ -447,6 +447,7 @@ impl State {
     /// until Redis passes the start-up check again. Returns `false` when aborted meanwhile.
     async fn give_back(&mut self, shard: ShardId, failing_for: Duration, shutdown: &CancellationToken) -> bool {
         let c = Arc::clone(&self.d.config);
+        self.counters.redis_give_backs += 1;
         self.d.shared.metrics.gave_back_for_redis();
         warn!(group = %c.group, member_id = %c.member_id, %shard, ?failing_for, bound = ?c.timings.read_failure_timeout,
             redis = %client_core::redis_check::redacted(&c.redis_url),

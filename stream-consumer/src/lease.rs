@@ -288,6 +288,7 @@ mod tests {
 
     mod under_lease {
         use super::super::*;
+        use super::MS;
         use std::sync::atomic::AtomicUsize;
 
         /// A lease view whose lease ends `lease` from now (Tokio's clock).
