@@ -67,8 +67,8 @@ pub struct Timings {
     /// can read them, and joins again once Redis answers the start-up check. Default 30 s: longer than a Redis
     /// restart, so a short outage (which every member sees alike) moves nothing.
     pub read_failure_timeout: Duration,
-    /// Longest run of an [`on_lost`](crate::RebalanceListener::on_lost) callback; the rejoin waits for it. (The
-    /// other callbacks run under the assignment lease and are dropped at its end.)
+    /// Longest run of a [`RebalanceListener`](crate::RebalanceListener) callback; a callback still running then
+    /// is dropped. `on_assigned` and `on_revoked` are also dropped at the end of the assignment lease.
     pub listener_timeout: Duration,
 }
 

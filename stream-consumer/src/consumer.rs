@@ -296,6 +296,7 @@ impl Consumer {
             retry_max: c.timings.retry_backoff_max,
             reclaim_every: c.timings.member_ttl,
             metrics: self.metrics.clone(),
+            listener_timeout: c.timings.listener_timeout,
         });
         let membership = Membership::new(
             c.member_id.clone(),

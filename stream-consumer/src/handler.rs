@@ -59,10 +59,10 @@ where
 /// `on_revoked` delays the handover of the shard, a slow `on_lost` delays the rejoin.
 ///
 /// # Deadlines
-/// * `on_assigned` and `on_revoked` run under the shard's assignment lease, like the handler: polled only while
-///   it is valid, and dropped at their first poll past its end (the shard may have another owner by then).
-/// * `on_lost` runs after the lease is gone; it is dropped after
-///   [`Timings::listener_timeout`](crate::Timings::listener_timeout) (default 5 s).
+/// Every callback is dropped after [`Timings::listener_timeout`](crate::Timings::listener_timeout) (default 5 s).
+/// `on_assigned` and `on_revoked` also run under the shard's assignment lease, like the handler: polled only
+/// while it is valid, and dropped at their first poll past its end (the shard may have another owner by then).
+/// `on_lost` runs after the lease is gone, so the timeout is its only bound.
 pub trait RebalanceListener: Send + Sync + 'static {
     /// `shard` was assigned: called on the shard's reader task before its first read.
     fn on_assigned(&self, shard: ShardId) -> impl Future<Output = ()> + Send {

@@ -97,6 +97,8 @@ pub(crate) struct ReaderShared {
     pub reclaim_every: Duration,
     /// Shared with the heartbeat loop; one set of series per consumer.
     pub metrics: ConsumerMetrics,
+    /// Longest run of a rebalance callback.
+    pub listener_timeout: Duration,
 }
 
 impl ReaderShared {
@@ -253,11 +255,8 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Reader {
     async fn body(&mut self) {
-        // The callbacks run under the lease like the handler: dropped at their first poll past its end.
         let assigned = self.shared.listener.on_assigned(self.shard);
-        if UnderLease::new(Arc::clone(&self.shared.lease), assigned).await.is_err() {
-            warn!(shard = %self.shard, "assignment lease ran out during on_assigned; callback dropped");
-        }
+        self.bounded_callback("on_assigned", assigned).await;
         if self.ensure_group().await {
             // Claim, then read new entries; after a failed read, claim again: Redis may have delivered entries
             // to a read whose reply was lost with the connection, and `>` never returns them again.
@@ -266,8 +265,20 @@ impl Reader {
         self.flush_acks().await;
         self.dedicated = None;
         let revoked = self.shared.listener.on_revoked(self.shard);
-        if UnderLease::new(Arc::clone(&self.shared.lease), revoked).await.is_err() {
-            warn!(shard = %self.shard, "assignment lease ran out during on_revoked; callback dropped");
+        self.bounded_callback("on_revoked", revoked).await;
+    }
+
+    /// Runs a rebalance callback under the lease, like the handler (dropped at its first poll past the lease end),
+    /// and for at most `listener_timeout` (a lease that keeps being renewed must not let it hold the shard).
+    async fn bounded_callback(&self, name: &str, callback: futures::future::BoxFuture<'_, ()>) {
+        let under_lease = UnderLease::new(Arc::clone(&self.shared.lease), callback);
+        match tokio::time::timeout(self.shared.listener_timeout, under_lease).await {
+            Ok(Ok(())) => {}
+            Ok(Err(LeaseExpired)) => {
+                warn!(shard = %self.shard, "assignment lease ran out during {name}; callback dropped");
+            }
+            Err(_) => warn!(shard = %self.shard, timeout = ?self.shared.listener_timeout,
+                "{name} ran past listener_timeout; callback dropped"),
         }
     }
 
