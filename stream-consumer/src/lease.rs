@@ -153,7 +153,8 @@ pub(crate) struct UnderLease<F> {
     lease: Arc<LeaseView>,
     /// `None` once dropped because the lease ran out.
     inner: Option<F>,
-    timer: Pin<Box<Sleep>>,
+    /// Created at the first `Pending` (a handler that completes in its first poll costs no timer).
+    timer: Option<Pin<Box<Sleep>>>,
     /// The lease end the timer is set to.
     timer_at: Option<Instant>,
 }
@@ -164,7 +165,7 @@ impl<F: Future + Unpin> UnderLease<F> {
         UnderLease {
             lease,
             inner: Some(inner),
-            timer: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
+            timer: None,
             timer_at: None,
         }
     }
@@ -193,11 +194,13 @@ impl<F: Future + Unpin> Future for UnderLease<F> {
             if let Poll::Ready(out) = polled {
                 return Poll::Ready(Ok(out));
             }
+            let at = tokio::time::Instant::from_std(deadline);
+            let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
             if this.timer_at != Some(deadline) {
-                this.timer.as_mut().reset(tokio::time::Instant::from_std(deadline));
+                timer.as_mut().reset(at);
                 this.timer_at = Some(deadline);
             }
-            match this.timer.as_mut().poll(cx) {
+            match timer.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 // The lease end came: expired, unless it was extended meanwhile (then check again). Also when the
                 // timer's rounding fires a hair before `now()` reaches the end: early is safe, a busy loop is not.
