@@ -6,7 +6,8 @@
 //!
 //! Line format, space separated: `<kind> <pid> <member> <shard> <entry id> <start µs> <at µs> <lease end µs or ->`,
 //! where `kind` is `S` (handler started; `at` = start), `E` (handler returned `Ok`: completed) or `D` (its future
-//! was dropped unfinished). `lease end` is the member's assignment-lease end as its consumer knew it at `at`.
+//! was dropped unfinished). `lease end` is the member's assignment-lease end as its consumer knew it at `at` (inside the handler:
+//! [`stream_consumer::lease_deadline`]).
 
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

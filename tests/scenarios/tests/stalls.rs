@@ -9,9 +9,9 @@
 //!   incarnation, held until the stopped one's lease ends); the old process is resumed, then killed.
 //!
 //! Counted and printed: stops, handlers in flight at each stop, completions after the lease end (must be 0).
-//! A completion is late when the worker's own lease end (as its consumer published it) had passed, or, seen from
-//! outside, when the handler started before a stop and completed after the SIGCONT (every stop lasts longer than
-//! the lease, so its lease had run out by then).
+//! A completion is late when the lease end its handler ran under (`stream_consumer::lease_deadline`) had passed,
+//! or, seen from outside, when the handler started before a stop and completed after the SIGCONT (every stop
+//! lasts longer than the lease, so its lease had run out by then).
 
 mod common;
 

@@ -24,8 +24,10 @@ struct Log {
 }
 
 impl Log {
+    /// The lease end the handler runs under (inside a poll of the handler), else the one the consumer's status
+    /// shows.
     fn lease_end_us(&self) -> Option<u64> {
-        let end = self.status.get()?.borrow().lease_expires_at?;
+        let end = stream_consumer::lease_deadline().or_else(|| self.status.get()?.borrow().lease_expires_at)?;
         Some(instant_as_wall_us(end))
     }
 
