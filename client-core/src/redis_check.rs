@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(redacted("redis://app:s3cret@h:1/2"), "redis://app:***@h:1/2");
         assert_eq!(redacted("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redacted("rediss://s3cret@h:1"), "rediss://:***@h:1");
-        assert_eq!(redacted("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
+        assert_eq!(redacted("redis+unix:///var/run/redis/redis.sock"), "redis+unix:///var/run/redis/redis.sock");
         assert_eq!(redacted("not a url"), "not a url");
         assert!(!redacted("redis://u:p@ss@h:1").contains("p@ss"));
     }
