@@ -62,6 +62,14 @@ pub struct Timings {
     pub retry_backoff_min: Duration,
     /// Longest pause between two retries of a failed handler.
     pub retry_backoff_max: Duration,
+    /// How long a shard's reader may fail to reach Redis (every command failing) before the member gives its
+    /// shards back: it stops every reader, leaves the group so the coordinator moves the shards to members that
+    /// can read them, and joins again once Redis answers the start-up check. Default 30 s: longer than a Redis
+    /// restart, so a short outage (which every member sees alike) moves nothing.
+    pub read_failure_timeout: Duration,
+    /// Longest run of a [`RebalanceListener`](crate::RebalanceListener) callback; a callback still running then
+    /// is dropped. `on_assigned` and `on_revoked` are also dropped at the end of the assignment lease.
+    pub listener_timeout: Duration,
 }
 
 impl Default for Timings {
@@ -77,6 +85,8 @@ impl Default for Timings {
             drain_timeout: Duration::from_secs(30),
             retry_backoff_min: Duration::from_millis(100),
             retry_backoff_max: Duration::from_secs(10),
+            read_failure_timeout: Duration::from_secs(30),
+            listener_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -161,6 +171,8 @@ impl ConsumerConfig {
             ("redis_response_timeout", t.redis_response_timeout),
             ("drain_timeout", t.drain_timeout),
             ("retry_backoff_min", t.retry_backoff_min),
+            ("read_failure_timeout", t.read_failure_timeout),
+            ("listener_timeout", t.listener_timeout),
         ];
         if let Some((setting, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
             return Err(ConfigError::Invalid {
@@ -384,6 +396,18 @@ impl ConsumerBuilder {
     /// See [`Timings::drain_timeout`].
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.timings.drain_timeout = d;
+        self
+    }
+
+    /// See [`Timings::read_failure_timeout`].
+    pub fn read_failure_timeout(mut self, d: Duration) -> Self {
+        self.timings.read_failure_timeout = d;
+        self
+    }
+
+    /// See [`Timings::listener_timeout`].
+    pub fn listener_timeout(mut self, d: Duration) -> Self {
+        self.timings.listener_timeout = d;
         self
     }
 

@@ -1,9 +1,11 @@
 //! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
 //! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
 
+use client_core::redis_check::{self, CONSUMER_COMMANDS};
 use protocol::names::MemberId;
 use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, ShardId, Status};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncConnectionConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -66,6 +68,9 @@ pub struct HeartbeatCounters {
     pub lease_expiries: u64,
     /// Times the member lost its assignment and rejoined with epoch 0.
     pub rejoins: u64,
+    /// Times the member gave its shards back because a reader could not read from Redis for longer than
+    /// [`Timings::read_failure_timeout`](crate::Timings::read_failure_timeout).
+    pub redis_give_backs: u64,
 }
 
 impl HeartbeatCounters {
@@ -205,6 +210,8 @@ impl Consumer {
     ///
     /// # Errors
     /// [`ConsumerError::VersionStore`] when the version store cannot be read at start;
+    /// [`ConsumerError::RedisUnusable`] when the shard streams' Redis cannot be reached, is older than 6.2 or
+    /// lacks a command the consumer needs (checked before joining, so a wrong URL never holds shards);
     /// [`ConsumerError::Coordinator`] when the coordinator refuses the first join for a reason retrying cannot
     /// fix (bad token, invalid request). Coordinator outages and Redis errors are not errors: the consumer
     /// retries them for as long as it runs.
@@ -213,18 +220,36 @@ impl Consumer {
     /// Not cancel safe: dropping the future stops every task at once, like a crash (no leave; the coordinator
     /// moves the shards when the member TTL runs out). Cancel `shutdown` instead.
     pub async fn run(self, shutdown: CancellationToken) -> Result<CloseReport, ConsumerError> {
-        self.run_with(shutdown, CancellationToken::new()).await
+        self.run_with(shutdown, CancellationToken::new(), false).await
     }
 
-    /// Runs the consumer on a background task and returns its handle.
+    /// Checks the shard streams' Redis (see [`run`](Consumer::run)), then runs the consumer on a background task
+    /// and returns its handle: unlike [`spawn`](Consumer::spawn), a Redis that cannot be used fails here, before
+    /// the member joins.
+    ///
+    /// # Errors
+    /// [`ConsumerError::RedisUnusable`] (or [`ConsumerError::Redis`]) when Redis fails the check.
+    pub async fn start(self) -> Result<ConsumerHandle, ConsumerError> {
+        let redis = redis::Client::open(self.config.redis_url.as_str()).map_err(ConsumerError::Redis)?;
+        check_redis(&redis, &self.config).await?;
+        Ok(self.spawn_checked(true))
+    }
+
+    /// Runs the consumer on a background task and returns its handle. The Redis check runs on that task: if it
+    /// fails, the consumer stops with [`ConsumerError::RedisUnusable`] without joining (see
+    /// [`ConsumerHandle::close`]); use [`start`](Consumer::start) to get that error at once.
     ///
     /// Must be called inside a Tokio runtime.
     pub fn spawn(self) -> ConsumerHandle {
+        self.spawn_checked(false)
+    }
+
+    fn spawn_checked(self, checked: bool) -> ConsumerHandle {
         let shutdown = CancellationToken::new();
         let kill = CancellationToken::new();
         let status = self.status();
         let member_id = self.config.member_id.clone();
-        let task = tokio::spawn(self.run_with(shutdown.clone(), kill.clone()));
+        let task = tokio::spawn(self.run_with(shutdown.clone(), kill.clone(), checked));
         ConsumerHandle {
             member_id,
             shutdown,
@@ -238,11 +263,15 @@ impl Consumer {
         self,
         shutdown: CancellationToken,
         kill: CancellationToken,
+        checked: bool,
     ) -> Result<CloseReport, ConsumerError> {
         let c = &self.config;
         let key = version_key(&c.stream, &c.group);
         let max_observed = self.store.load(&key).await?;
         let redis = redis::Client::open(c.redis_url.as_str()).map_err(ConsumerError::Redis)?;
+        if !checked {
+            check_redis(&redis, c).await?;
+        }
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(c.timings.redis_response_timeout))
@@ -267,6 +296,7 @@ impl Consumer {
             retry_max: c.timings.retry_backoff_max,
             reclaim_every: c.timings.member_ttl,
             metrics: self.metrics.clone(),
+            listener_timeout: c.timings.listener_timeout,
         });
         let membership = Membership::new(
             c.member_id.clone(),
@@ -353,4 +383,30 @@ impl Drop for ConsumerHandle {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
+}
+
+/// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends.
+/// Bounded by the connection timeout plus two response timeouts.
+pub(crate) async fn check_redis(redis: &redis::Client, config: &ConsumerConfig) -> Result<(), ConsumerError> {
+    let response_timeout = config.timings.redis_response_timeout;
+    let connection = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(response_timeout));
+    let unusable = |reason: String| ConsumerError::RedisUnusable {
+        url: protocol::redact::redact_url(&config.redis_url),
+        reason,
+    };
+    let check = async {
+        let mut conn = redis
+            .get_multiplexed_async_connection_with_config(&connection)
+            .await
+            .map_err(|e| unusable(format!("cannot connect: {e}")))?;
+        redis_check::check_server(&mut conn, CONSUMER_COMMANDS)
+            .await
+            .map_err(|e| unusable(e.to_string()))
+    };
+    let bound = Duration::from_secs(2) + response_timeout * 2;
+    tokio::time::timeout(bound, check)
+        .await
+        .map_err(|_| unusable(format!("no answer within {bound:?}")))?
 }

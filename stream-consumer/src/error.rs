@@ -97,6 +97,15 @@ pub enum ConsumerError {
     /// The Redis client could not be set up.
     #[error("cannot set up the Redis client: {0}")]
     Redis(#[source] redis::RedisError),
+    /// The shard streams' Redis failed the start-up check, so the consumer did not join (it would have been
+    /// assigned shards it cannot read).
+    #[error("Redis at {url} cannot be used: {reason}")]
+    RedisUnusable {
+        /// The Redis URL, without its password.
+        url: String,
+        /// What failed: the connection, the version, or the commands missing.
+        reason: String,
+    },
     /// A background task of the consumer panicked or was aborted.
     #[error("consumer task failed: {0}")]
     Task(String),

@@ -20,6 +20,18 @@ use crate::message::Message;
 /// when its assignment lease runs out, or when the drain deadline of a close passes, the handler's future is
 /// *dropped* at its next `.await`: another member may own the shard by then. The entry stays pending and is
 /// delivered again, so handlers must be idempotent (at-least-once delivery).
+///
+/// # The lease deadline
+/// The handler's future is polled under its shard's assignment-lease end, and the deadline is checked *before*
+/// every poll: once it has passed, the future is dropped without being polled again, its result does not count
+/// and nothing is acknowledged for it. This holds after any stall (SIGSTOP, a long GC pause, a frozen VM), whatever
+/// order the tasks run in when the process resumes: a handler never completes after its lease ended. A timer
+/// wakes the handler's task at the deadline, so a handler waiting on something else is dropped on time too. The
+/// deadline follows the lease while the handler runs (each successful heartbeat extends it); read it with
+/// [`lease_deadline`](crate::lease_deadline).
+///
+/// What a handler already did to the outside world before the deadline is not undone: a side effect that must not
+/// be applied by a stalled owner needs a fencing token checked by its target, not only the lease.
 pub trait Handler: Send + Sync + 'static {
     /// The handler's error.
     type Error: Into<HandlerError>;
@@ -45,6 +57,12 @@ where
 ///
 /// Every method has a no-op default. They run on the consumer's tasks, so keep them short: a slow
 /// `on_revoked` delays the handover of the shard, a slow `on_lost` delays the rejoin.
+///
+/// # Deadlines
+/// Every callback is dropped after [`Timings::listener_timeout`](crate::Timings::listener_timeout) (default 5 s).
+/// `on_assigned` and `on_revoked` also run under the shard's assignment lease, like the handler: polled only
+/// while it is valid, and dropped at their first poll past its end (the shard may have another owner by then).
+/// `on_lost` runs after the lease is gone, so the timeout is its only bound.
 pub trait RebalanceListener: Send + Sync + 'static {
     /// `shard` was assigned: called on the shard's reader task before its first read.
     fn on_assigned(&self, shard: ShardId) -> impl Future<Output = ()> + Send {

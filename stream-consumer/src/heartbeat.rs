@@ -13,7 +13,13 @@
 //!    then join again with epoch 0.
 //! 6. Outage (unreachable, `COORDINATOR_TERMINATING` everywhere, `STORE_UNAVAILABLE`, `METADATA_UNAVAILABLE`):
 //!    keep reading within the lease, retry with jittered backoff capped at the heartbeat interval.
-//! 7. Close: stop new reads everywhere, wait for in-flight work up to the drain deadline (still heartbeating, so
+//! 7. Redis unreadable: when a reader has failed to reach Redis for longer than `read_failure_timeout`, kill every
+//!    reader, leave the group (every shard reported revoked, so the coordinator moves them at once), call
+//!    `on_lost`, and join again only once Redis passes the start-up check.
+//! 8. Every other await of the loop (version-store writes, stopping readers) watches the lease too, and
+//!    `on_lost` is bounded by `listener_timeout`: nothing the loop waits for can keep readers running past the
+//!    lease.
+//! 9. Close: stop new reads everywhere, wait for in-flight work up to the drain deadline (still heartbeating, so
 //!    the lease holds), kill what is left, report every shard `REVOKED` in one heartbeat, then leave (epoch -1).
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
@@ -22,6 +28,7 @@ use futures::FutureExt;
 use protocol::messages::HeartbeatResponse;
 use protocol::{ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,14 +40,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::config::ConsumerConfig;
-use crate::consumer::{CloseReport, ConsumerStatus, HeartbeatCounters};
+use crate::consumer::{check_redis, CloseReport, ConsumerStatus, HeartbeatCounters};
 use crate::error::ConsumerError;
 use crate::handler::DynListener;
 use crate::in_flight::InFlight;
 use crate::lease::{effective_lease, Lease};
 use crate::membership::{Membership, ShardState};
 use crate::metrics::failure_status;
-use crate::shard_reader::{self, ReaderControl, ReaderExit, ReaderShared};
+use crate::shard_reader::{self, ReadHealth, ReaderControl, ReaderExit, ReaderShared};
 use crate::version_store::DynVersionStore;
 
 /// How long a killed reader may take to stop before its task is aborted.
@@ -58,6 +65,7 @@ struct ReaderHandle {
     ctl: ReaderControl,
     task: JoinHandle<ReaderExit>,
     in_flight: Arc<InFlight>,
+    health: Arc<ReadHealth>,
 }
 
 /// A reader's exit, sent by its task.
@@ -197,6 +205,13 @@ impl State {
                 }
                 _ = sleep_until(next_at.into()) => {}
             }
+            if let Some((shard, failing_for)) = self.unreadable() {
+                if !self.give_back(shard, failing_for, shutdown).await {
+                    return Ok(false);
+                }
+                next_at = prompt();
+                continue;
+            }
             match self.heartbeat().await {
                 Flow::Next(at) => next_at = at,
                 Flow::Aborted => return Ok(false),
@@ -307,8 +322,10 @@ impl State {
         if let Some(v) = actions.max_observed_grew {
             // Bounded: a slow store must not stall the loop that watches the lease. The version is kept in
             // memory anyway and stored again when it next grows.
-            let store = self.d.store.store(&self.d.version_key, v.0);
-            match tokio::time::timeout(self.d.config.timings.request_timeout, store).await {
+            let (store, key) = (Arc::clone(&self.d.store), self.d.version_key.clone());
+            let timeout = self.d.config.timings.request_timeout;
+            let store = async move { tokio::time::timeout(timeout, store.store(&key, v.0)).await };
+            match self.watching_lease(store).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(group = %self.d.config.group, metadata_version = %v, error = %e,
                     "cannot persist the highest observed metadata version"),
@@ -369,9 +386,7 @@ impl State {
         self.d.shared.lease.publish(&self.lease);
         self.counters.rejoins += 1;
         self.d.shared.metrics.rejoined();
-        if !lost.is_empty() {
-            self.d.listener.on_lost(lost).await;
-        }
+        self.call_on_lost(lost).await;
         self.publish();
     }
 
@@ -383,10 +398,101 @@ impl State {
             "assignment lease ran out without a successful heartbeat: every shard enters local revoking state");
         let stopped = self.d.membership.revoke_all();
         self.kill_readers(&stopped).await;
-        if !stopped.is_empty() {
-            self.d.listener.on_lost(stopped).await;
-        }
+        self.call_on_lost(stopped).await;
         self.publish();
+    }
+
+    /// `on_lost`, bounded by `listener_timeout` (the lease is gone: nothing else bounds it).
+    async fn call_on_lost(&self, shards: Vec<ShardId>) {
+        if shards.is_empty() {
+            return;
+        }
+        let limit = self.d.config.timings.listener_timeout;
+        if tokio::time::timeout(limit, self.d.listener.on_lost(shards))
+            .await
+            .is_err()
+        {
+            warn!(group = %self.d.config.group, timeout = ?limit, "on_lost ran past listener_timeout; dropped");
+        }
+    }
+
+    /// Awaits `fut` while watching the lease: if the lease runs out meanwhile, every reader is stopped at once
+    /// (and the wait goes on). For every await of the loop that is not itself bounded well below the lease.
+    async fn watching_lease<T>(&mut self, fut: impl Future<Output = T>) -> T {
+        tokio::pin!(fut);
+        loop {
+            let lease_end = self.lease_watch();
+            tokio::select! {
+                biased;
+                out = &mut fut => return out,
+                _ = sleep_until_opt(lease_end) => self.expire_lease().await,
+            }
+        }
+    }
+
+    /// The shard whose reader has failed to reach Redis the longest, if that is longer than
+    /// `read_failure_timeout`.
+    fn unreadable(&self) -> Option<(ShardId, Duration)> {
+        let now = Instant::now();
+        self.readers
+            .iter()
+            .filter_map(|(&shard, h)| h.health.failing_for(now).map(|d| (shard, d)))
+            .max_by_key(|&(_, d)| d)
+            .filter(|&(_, d)| d >= self.d.config.timings.read_failure_timeout)
+    }
+
+    /// A reader could not read from Redis for too long: give every shard back so it moves to a member that can
+    /// read it. Readers stop first, then the member leaves (each shard reported revoked, so the coordinator
+    /// releases them at once; if the leave is lost, the member TTL does it), then `on_lost`. The next join waits
+    /// until Redis passes the start-up check again. Returns `false` when aborted meanwhile.
+    async fn give_back(&mut self, shard: ShardId, failing_for: Duration, shutdown: &CancellationToken) -> bool {
+        let c = Arc::clone(&self.d.config);
+        self.counters.redis_give_backs += 1;
+        self.d.shared.metrics.gave_back_for_redis();
+        warn!(group = %c.group, member_id = %c.member_id, %shard, ?failing_for, bound = ?c.timings.read_failure_timeout,
+            redis = %protocol::redact::redact_url(&c.redis_url),
+            "cannot read from Redis: giving every shard back (leaving the group) so they move to members that can \
+             read them; joining again once Redis answers");
+        let stopped = self.d.membership.revoke_all();
+        self.kill_readers(&stopped).await;
+        if self.d.membership.is_joined() {
+            let leave = self.d.membership.leave_request();
+            let call = self.client.heartbeat(&c.stream, &c.group, &leave);
+            match tokio::time::timeout(c.timings.request_timeout, call).await {
+                Ok(Ok(_)) => info!(group = %c.group, member_id = %c.member_id, "left the group"),
+                Ok(Err(e)) => warn!(group = %c.group, error = %e,
+                    "leave failed; the coordinator moves the shards when the member TTL runs out"),
+                Err(_) => warn!(group = %c.group,
+                    "leave timed out; the coordinator moves the shards when the member TTL runs out"),
+            }
+        }
+        self.d.membership.lose_all();
+        self.lease.revoke();
+        self.d.shared.lease.publish(&self.lease);
+        self.call_on_lost(stopped).await;
+        self.publish();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.d.kill.cancelled() => return false,
+                _ = shutdown.cancelled() => return true,
+                r = check_redis(&self.d.shared.redis, &c) => match r {
+                    Ok(()) => {
+                        info!(group = %c.group, member_id = %c.member_id, "Redis answers again: joining");
+                        return true;
+                    }
+                    Err(e) => debug!(group = %c.group, error = %e, "Redis still unusable"),
+                },
+            }
+            tokio::select! {
+                biased;
+                _ = self.d.kill.cancelled() => return false,
+                _ = shutdown.cancelled() => return true,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(self.interval.max(Duration::from_millis(100)));
+        }
     }
 
     fn begin_close(&mut self) {
@@ -410,7 +516,14 @@ impl State {
             kill: self.d.kill.child_token(),
         };
         let in_flight = Arc::new(InFlight::default());
-        let run = shard_reader::run(Arc::clone(&self.d.shared), shard, ctl.clone(), Arc::clone(&in_flight));
+        let health = Arc::new(ReadHealth::default());
+        let run = shard_reader::run(
+            Arc::clone(&self.d.shared),
+            shard,
+            ctl.clone(),
+            Arc::clone(&in_flight),
+            Arc::clone(&health),
+        );
         let tx = self.exits_tx.clone();
         let task = self.tracker.spawn(async move {
             // A bug in the reader must not leave the shard marked as read by nobody: report it stopped.
@@ -432,6 +545,7 @@ impl State {
                 ctl,
                 task,
                 in_flight,
+                health,
             },
         ) {
             // Cannot happen (a shard restarts only once its reader exited); never leave two readers.
@@ -467,17 +581,34 @@ impl State {
                 h.ctl.kill.cancel();
             }
         }
+        // One grace period for all of them; while waiting, the lease of the readers that keep running is watched.
+        let deadline = tokio::time::Instant::now() + KILL_GRACE;
+        let mut others_killed = false;
         for shard in shards {
-            if let Some(mut h) = self.readers.remove(shard) {
-                match tokio::time::timeout(KILL_GRACE, &mut h.task).await {
-                    Ok(_) => {}
-                    Err(_) => {
-                        warn!(shard = %shard, "shard reader did not stop in time; aborting its task");
-                        h.task.abort();
+            let Some(mut h) = self.readers.remove(shard) else {
+                continue;
+            };
+            loop {
+                let lease_end = if others_killed { None } else { self.lease_watch() };
+                tokio::select! {
+                    biased;
+                    r = tokio::time::timeout_at(deadline, &mut h.task) => {
+                        if r.is_err() {
+                            warn!(shard = %shard, "shard reader did not stop in time; aborting its task");
+                            h.task.abort();
+                        }
+                        break;
+                    }
+                    _ = sleep_until_opt(lease_end) => {
+                        // The lease ran out meanwhile: stop the others now; the main loop reports it (expiry).
+                        for other in self.readers.values() {
+                            other.ctl.kill.cancel();
+                        }
+                        others_killed = true;
                     }
                 }
-                self.d.membership.reader_stopped(*shard);
             }
+            self.d.membership.reader_stopped(*shard);
         }
     }
 

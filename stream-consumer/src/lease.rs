@@ -15,8 +15,14 @@
 //! clock and Redis `TIME`, and the time a reader needs to notice). The margin never takes more than half the
 //! lease, so a misconfigured margin degrades into a short lease instead of no lease at all.
 
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio::time::Sleep;
 
 /// The lease the consumer actually uses: the coordinator's grant, capped by the consumer's own configured
 /// maximum, minus the safety margin (which never takes more than half of it).
@@ -91,12 +97,122 @@ impl LeaseView {
 
     /// Whether the published lease is valid at `now`.
     pub(crate) fn is_valid_at(&self, now: Instant) -> bool {
-        let until = self.until_nanos.load(Ordering::Acquire);
-        if until == 0 {
-            return false;
+        self.deadline().is_some_and(|until| now < until)
+    }
+
+    /// Whether the published lease is valid now.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.is_valid_at(now())
+    }
+
+    /// The published lease end, if a lease is held.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self.until_nanos.load(Ordering::Acquire) {
+            0 => None,
+            // Cannot overflow for any end the lease could publish; a saturated end reads as "no lease".
+            nanos => self.base.checked_add(Duration::from_nanos(nanos)),
         }
-        let now = u64::try_from(now.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
-        now < until
+    }
+}
+
+/// Now, on the clock the lease is measured with: Tokio's, so that tests under paused time move it, and equal to
+/// [`Instant::now`] otherwise.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// A future polled under the shard's lease ran past the lease end: its output, if any, does not count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseExpired;
+
+thread_local! {
+    /// The lease end of the handler being polled on this thread (see [`lease_deadline`]).
+    static POLLED_UNDER: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// The assignment-lease end of the shard whose handler calls this; `None` outside a handler.
+///
+/// Read from within a [`Handler`](crate::Handler)'s future: the consumer drops that future at its first poll past
+/// this instant, so a handler can use it to bound its own work (skip a side effect that cannot finish in time).
+/// It can move later while the handler runs (each successful heartbeat extends the lease): read it again rather
+/// than keeping it. Holding the lease until this instant does not make a side effect safe on its own; fence it
+/// (see the fencing token on [`Message`](crate::Message)).
+pub fn lease_deadline() -> Option<Instant> {
+    POLLED_UNDER.with(Cell::get)
+}
+
+/// Polls `inner` only while the lease is valid: the lease end is read from `lease` (so an extension while the
+/// inner future runs counts) and checked *before* every poll; once past it, the inner future is dropped unpolled
+/// and the output is [`LeaseExpired`], whatever else became ready at the same time. A timer wakes the task at
+/// the lease end, so an inner future that waits on something else is dropped on time too.
+///
+/// This is what makes a stalled process (SIGSTOP, a long GC pause, a frozen VM) safe on resume: every task wakes
+/// at once and the scheduler's order decides which runs first, but whichever it is, the handler cannot complete,
+/// because its next poll sees the expired lease first.
+pub(crate) struct UnderLease<F> {
+    lease: Arc<LeaseView>,
+    /// `None` once dropped because the lease ran out.
+    inner: Option<F>,
+    /// Created at the first `Pending` (a handler that completes in its first poll costs no timer).
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The lease end the timer is set to.
+    timer_at: Option<Instant>,
+}
+
+impl<F: Future + Unpin> UnderLease<F> {
+    /// `inner` under `lease`.
+    pub(crate) fn new(lease: Arc<LeaseView>, inner: F) -> Self {
+        UnderLease {
+            lease,
+            inner: Some(inner),
+            timer: None,
+            timer_at: None,
+        }
+    }
+}
+
+impl<F: Future + Unpin> Future for UnderLease<F> {
+    type Output = Result<F::Output, LeaseExpired>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(Err(LeaseExpired));
+            };
+            // The deadline first: after a stall, the inner future may be ready too, and must not win.
+            let deadline = match this.lease.deadline() {
+                Some(d) if now() < d => d,
+                _ => {
+                    this.inner = None;
+                    return Poll::Ready(Err(LeaseExpired));
+                }
+            };
+            let previous = POLLED_UNDER.with(|c| c.replace(Some(deadline)));
+            let polled = Pin::new(inner).poll(cx);
+            POLLED_UNDER.with(|c| c.set(previous));
+            if let Poll::Ready(out) = polled {
+                return Poll::Ready(Ok(out));
+            }
+            let at = tokio::time::Instant::from_std(deadline);
+            let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if this.timer_at != Some(deadline) {
+                timer.as_mut().reset(at);
+                this.timer_at = Some(deadline);
+            }
+            match timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                // The lease end came: expired, unless it was extended meanwhile (then check again). Also when the
+                // timer's rounding fires a hair before `now()` reaches the end: early is safe, a busy loop is not.
+                Poll::Ready(()) => {
+                    if this.lease.deadline() == Some(deadline) {
+                        this.inner = None;
+                        return Poll::Ready(Err(LeaseExpired));
+                    }
+                    this.timer_at = None;
+                }
+            }
+        }
     }
 }
 
@@ -171,5 +287,115 @@ mod tests {
         lease.revoke();
         view.publish(&lease);
         assert!(!view.is_valid_at(base + 500 * MS));
+    }
+
+    mod under_lease {
+        use super::super::*;
+        use super::MS;
+        use std::sync::atomic::AtomicUsize;
+
+        /// A lease view whose lease ends `lease` from now (Tokio's clock).
+        fn view_ending_in(lease: Duration) -> Arc<LeaseView> {
+            let view = Arc::new(LeaseView::new(now()));
+            let mut l = Lease::default();
+            l.grant(now(), lease);
+            view.publish(&l);
+            view
+        }
+
+        /// A future that is ready once `at` passed, counting its polls.
+        fn ready_after(d: Duration, polls: Arc<AtomicUsize>) -> impl Future<Output = u32> + Unpin {
+            let mut sleep = Box::pin(tokio::time::sleep(d));
+            std::future::poll_fn(move |cx| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                sleep.as_mut().poll(cx).map(|()| 7)
+            })
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn completes_within_the_lease() {
+            let view = view_ending_in(100 * MS);
+            let polls = Arc::new(AtomicUsize::new(0));
+            let out = UnderLease::new(view, ready_after(50 * MS, Arc::clone(&polls))).await;
+            assert_eq!(out, Ok(7));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn inner_ready_after_a_stall_past_the_deadline_is_expired_and_not_polled() {
+            for stall in [100 * MS, 101 * MS, 1000 * MS] {
+                let view = view_ending_in(100 * MS);
+                let polls = Arc::new(AtomicUsize::new(0));
+                let mut fut = UnderLease::new(view, ready_after(50 * MS, Arc::clone(&polls)));
+                // First poll within the lease: the inner future starts waiting.
+                assert!(futures::poll!(&mut fut).is_pending());
+                let polled_before = polls.load(Ordering::SeqCst);
+                // The stall: time jumps past both the inner future's wake-up and the lease end, and both are ready.
+                tokio::time::advance(stall).await;
+                assert_eq!(fut.await, Err(LeaseExpired), "stall {stall:?}");
+                assert_eq!(
+                    polls.load(Ordering::SeqCst),
+                    polled_before,
+                    "the inner future was polled after the lease"
+                );
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn expired_before_the_first_poll_never_polls_the_inner_future() {
+            let view = view_ending_in(100 * MS);
+            let polls = Arc::new(AtomicUsize::new(0));
+            let fut = UnderLease::new(view, ready_after(Duration::ZERO, Arc::clone(&polls)));
+            tokio::time::advance(200 * MS).await;
+            assert_eq!(fut.await, Err(LeaseExpired));
+            assert_eq!(polls.load(Ordering::SeqCst), 0);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_pending_inner_future_is_dropped_at_the_deadline() {
+            let view = view_ending_in(100 * MS);
+            let start = tokio::time::Instant::now();
+            let out = UnderLease::new(view, std::future::pending::<()>()).await;
+            assert_eq!(out, Err(LeaseExpired));
+            let waited = start.elapsed();
+            assert!(
+                waited >= 100 * MS && waited <= 102 * MS,
+                "woken by its own timer at the lease end: {waited:?}"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_extension_while_running_is_followed() {
+            let view = view_ending_in(100 * MS);
+            let polls = Arc::new(AtomicUsize::new(0));
+            let mut fut = UnderLease::new(Arc::clone(&view), ready_after(300 * MS, Arc::clone(&polls)));
+            assert!(futures::poll!(&mut fut).is_pending());
+            tokio::time::advance(80 * MS).await;
+            let mut l = Lease::default();
+            l.grant(now(), 1000 * MS);
+            view.publish(&l);
+            assert_eq!(fut.await, Ok(7));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_revoked_lease_expires_at_the_next_poll() {
+            let view = view_ending_in(100 * MS);
+            let polls = Arc::new(AtomicUsize::new(0));
+            let mut fut = UnderLease::new(Arc::clone(&view), ready_after(30 * MS, Arc::clone(&polls)));
+            assert!(futures::poll!(&mut fut).is_pending());
+            view.publish(&Lease::default());
+            tokio::time::advance(30 * MS).await;
+            assert_eq!(fut.await, Err(LeaseExpired));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_handler_sees_its_lease_deadline() {
+            let view = view_ending_in(100 * MS);
+            let expected = view.deadline();
+            assert!(expected.is_some());
+            assert_eq!(lease_deadline(), None, "outside a handler");
+            let seen = UnderLease::new(view, Box::pin(async { lease_deadline() })).await;
+            assert_eq!(seen, Ok(expected));
+            assert_eq!(lease_deadline(), None, "restored after the poll");
+        }
     }
 }

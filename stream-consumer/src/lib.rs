@@ -52,6 +52,10 @@
 //!    [`Timings::lease_safety_margin`]. The group rule `assignment lease <= member TTL` then guarantees that the
 //!    consumer stops before the coordinator can hand its shards to someone else.
 //! 2. A reader checks the lease and its shard's state after every blocking read returns and before every entry.
+//!    The handler (and `on_assigned` / `on_revoked`) is polled under the lease end, checked before every poll, so
+//!    it never completes after it even when the process resumes from a stall; every `XACK`, claim, retry and
+//!    dead-letter command is sent only after checking the lease, with no `.await` in between (see [`Handler`],
+//!    [`lease_deadline`]).
 //! 3. When the lease runs out, every shard enters *local revoking state* and is never read again until a later
 //!    `OK` assigns it; a failing heartbeat never resumes a shard.
 //! 4. DRAIN (a shard in an answer's `revoke` list): stop new reads of the shard at once, let the entry in hand
@@ -59,6 +63,10 @@
 //!    once).
 //! 5. `FENCED_MEMBER_EPOCH` / `UNKNOWN_MEMBER`: every reader is stopped at once (handlers dropped),
 //!    [`RebalanceListener::on_lost`] is called, and only then does the member join again (epoch 0).
+//! 6. Before joining, the shard streams' Redis must pass a start-up check (reachable, 6.2 or newer, every command
+//!    the consumer sends): [`ConsumerError::RedisUnusable`] otherwise ([`Consumer::start`] reports it at once).
+//!    After joining, a member whose reader cannot read for longer than [`Timings::read_failure_timeout`] gives
+//!    its shards back (leaves the group) and joins again once Redis passes the check.
 //!
 //! # Redis layout and decisions
 //! * The Redis consumer group on every shard stream is named like the coordinator group; the Redis consumer name
@@ -85,7 +93,8 @@
 //! * `message`: [`Message`] and [`EntryId`].
 //! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
 //!   report).
-//! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time.
+//! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time, and the combinator that
+//!   polls a handler under the lease end.
 //! * `in_flight`: per-shard in-flight counters.
 //! * `heartbeat`: the heartbeat loop; drives membership, lease and readers.
 //! * `shard_reader`: one task per shard: claim pending entries, blocking reads, handler, ack, retry,
@@ -126,6 +135,7 @@ pub use config::{ConsumerBuilder, ConsumerConfig, StartPosition, Timings, DEFAUL
 pub use consumer::{CloseReport, Consumer, ConsumerHandle, ConsumerStatus, HeartbeatCounters};
 pub use error::{ConfigError, ConsumerError, HandlerError};
 pub use handler::{Handler, RebalanceListener};
+pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 

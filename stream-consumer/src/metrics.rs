@@ -29,6 +29,8 @@
 //! | [`names::ENTRIES_HANDLED`] | counter | `stream`, `group` | entries the handler accepted (`Ok`) |
 //! | [`names::HANDLER_ERRORS`] | counter | `stream`, `group` | handler attempts that returned an error or panicked |
 //! | [`names::DEAD_LETTERS`] | counter | `stream`, `group` | entries moved to a dead-letter stream |
+//! | [`names::HANDLERS_EXPIRED`] | counter | `stream`, `group` | handlers dropped because the assignment lease ran out while they ran (their result did not count) |
+//! | [`names::REDIS_GIVE_BACKS`] | counter | `stream`, `group` | times the member gave its shards back (left the group) because a reader could not read from Redis for longer than `Timings::read_failure_timeout` |
 //!
 //! # When values change
 //! The gauges are set whenever the consumer publishes a new [`ConsumerStatus`](crate::ConsumerStatus): after
@@ -72,8 +74,13 @@ pub mod names {
     /// Counter: entries appended to a dead-letter stream.
     pub const DEAD_LETTERS: &str = "redis_stream_consumer_dead_letters_total";
 
+    /// Counter: handlers dropped because the assignment lease ran out while they ran.
+    pub const HANDLERS_EXPIRED: &str = "redis_stream_consumer_handlers_expired_total";
+    /// Counter: times the member gave its shards back because it could not read from Redis.
+    pub const REDIS_GIVE_BACKS: &str = "redis_stream_consumer_redis_give_backs_total";
+
     /// Every name above.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         ASSIGNMENT_LEASE_REMAINING,
         REVOKING_SHARDS,
         READING_SHARDS,
@@ -85,6 +92,8 @@ pub mod names {
         ENTRIES_HANDLED,
         HANDLER_ERRORS,
         DEAD_LETTERS,
+        HANDLERS_EXPIRED,
+        REDIS_GIVE_BACKS,
     ];
 }
 
@@ -129,6 +138,8 @@ pub(crate) struct ConsumerMetrics {
     entries_handled: Counter,
     handler_errors: Counter,
     dead_letters: Counter,
+    handlers_expired: Counter,
+    redis_give_backs: Counter,
 }
 
 impl ConsumerMetrics {
@@ -159,6 +170,8 @@ impl ConsumerMetrics {
             entries_handled: counter(names::ENTRIES_HANDLED),
             handler_errors: counter(names::HANDLER_ERRORS),
             dead_letters: counter(names::DEAD_LETTERS),
+            handlers_expired: counter(names::HANDLERS_EXPIRED),
+            redis_give_backs: counter(names::REDIS_GIVE_BACKS),
         }
     }
 
@@ -200,6 +213,14 @@ impl ConsumerMetrics {
 
     pub(crate) fn dead_lettered(&self) {
         self.dead_letters.increment(1);
+    }
+
+    pub(crate) fn handler_expired(&self) {
+        self.handlers_expired.increment(1);
+    }
+
+    pub(crate) fn gave_back_for_redis(&self) {
+        self.redis_give_backs.increment(1);
     }
 }
 
@@ -261,6 +282,14 @@ mod handles {
             "Handler attempts that returned an error or panicked."
         );
         describe_counter!(names::DEAD_LETTERS, "Entries moved to a dead-letter stream.");
+        describe_counter!(
+            names::HANDLERS_EXPIRED,
+            "Handlers dropped because the assignment lease ran out while they ran."
+        );
+        describe_counter!(
+            names::REDIS_GIVE_BACKS,
+            "Times the member gave its shards back because a reader could not read from Redis for too long."
+        );
     }
 }
 

@@ -51,7 +51,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -60,7 +60,7 @@ use crate::config::StartPosition;
 use crate::dead_letter;
 use crate::handler::{DynHandler, DynListener};
 use crate::in_flight::{InFlight, InFlightGuard};
-use crate::lease::LeaseView;
+use crate::lease::{LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
 use crate::stream_reply::{self, RawEntry};
@@ -97,6 +97,8 @@ pub(crate) struct ReaderShared {
     pub reclaim_every: Duration,
     /// Shared with the heartbeat loop; one set of series per consumer.
     pub metrics: ConsumerMetrics,
+    /// Longest run of a rebalance callback.
+    pub listener_timeout: Duration,
 }
 
 impl ReaderShared {
@@ -114,6 +116,32 @@ pub(crate) struct ReaderControl {
     pub stop: CancellationToken,
     /// Drop everything now, in-flight handler included (fenced, lease expired, drain deadline, abort).
     pub kill: CancellationToken,
+}
+
+/// Whether a reader can reach Redis, shared with the heartbeat loop: a member whose reader has failed to read for
+/// longer than [`Timings::read_failure_timeout`](crate::Timings::read_failure_timeout) gives its shards back.
+#[derive(Debug, Default)]
+pub(crate) struct ReadHealth {
+    /// Since when every Redis command of the reader failed; `None` after a success.
+    failing_since: Mutex<Option<Instant>>,
+}
+
+impl ReadHealth {
+    /// How long the reader has been failing at `now`, if it is.
+    pub(crate) fn failing_for(&self, now: Instant) -> Option<Duration> {
+        self.lock().map(|since| now.saturating_duration_since(since))
+    }
+
+    fn set(&self, failing_since: Option<Instant>) {
+        *self.lock() = failing_since;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // Plain data: a panic elsewhere cannot leave it inconsistent.
+        self.failing_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// How a reader ended.
@@ -134,6 +162,7 @@ pub(crate) async fn run(
     shard: ShardId,
     ctl: ReaderControl,
     in_flight: Arc<InFlight>,
+    health: Arc<ReadHealth>,
 ) -> ReaderExit {
     let mut reader = Reader {
         stream: Arc::new(shared.stream.clone()),
@@ -143,6 +172,8 @@ pub(crate) async fn run(
         shard,
         stop: ctl.stop,
         in_flight,
+        health,
+        failing: false,
         dedicated: None,
         blocked_client: None,
         redis_backoff: None,
@@ -162,7 +193,7 @@ pub(crate) async fn run(
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(id)).await;
         }
         // Entries handled but not yet acknowledged: one brief try; if it fails they are delivered again.
-        if !reader.unacked.is_empty() {
+        if !reader.unacked.is_empty() && reader.within_lease() {
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.send_acks()).await;
             reader.unacked.clear();
         }
@@ -180,6 +211,9 @@ struct Reader {
     dead_letter_key: String,
     stop: CancellationToken,
     in_flight: Arc<InFlight>,
+    health: Arc<ReadHealth>,
+    /// Local copy of whether `health` says failing (so a success costs no lock when nothing changes).
+    failing: bool,
     /// The dedicated connection and its `CLIENT ID`, once connected.
     dedicated: Option<(MultiplexedConnection, Option<i64>)>,
     /// The client id of a blocking read in progress.
@@ -221,7 +255,8 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Reader {
     async fn body(&mut self) {
-        self.shared.listener.on_assigned(self.shard).await;
+        let assigned = self.shared.listener.on_assigned(self.shard);
+        self.bounded_callback("on_assigned", assigned).await;
         if self.ensure_group().await {
             // Claim, then read new entries; after a failed read, claim again: Redis may have delivered entries
             // to a read whose reply was lost with the connection, and `>` never returns them again.
@@ -229,12 +264,34 @@ impl Reader {
         }
         self.flush_acks().await;
         self.dedicated = None;
-        self.shared.listener.on_revoked(self.shard).await;
+        let revoked = self.shared.listener.on_revoked(self.shard);
+        self.bounded_callback("on_revoked", revoked).await;
+    }
+
+    /// Runs a rebalance callback under the lease, like the handler (dropped at its first poll past the lease end),
+    /// and for at most `listener_timeout` (a lease that keeps being renewed must not let it hold the shard).
+    async fn bounded_callback(&self, name: &str, callback: futures::future::BoxFuture<'_, ()>) {
+        let under_lease = UnderLease::new(Arc::clone(&self.shared.lease), callback);
+        match tokio::time::timeout(self.shared.listener_timeout, under_lease).await {
+            Ok(Ok(())) => {}
+            Ok(Err(LeaseExpired)) => {
+                warn!(shard = %self.shard, "assignment lease ran out during {name}; callback dropped");
+            }
+            Err(_) => warn!(shard = %self.shard, timeout = ?self.shared.listener_timeout,
+                "{name} ran past listener_timeout; callback dropped"),
+        }
     }
 
     /// Whether the shard may still be read or handled: not revoking and within the lease.
     fn may_handle(&self) -> bool {
         !self.stop.is_cancelled() && self.shared.lease.is_valid_at(Instant::now())
+    }
+
+    /// Whether anything may still be sent to Redis for this shard (acknowledgements, claims, dead letters,
+    /// retries): only within the lease. Checked immediately before every such command, with no `.await` between
+    /// the check and the send, so that after a stall nothing goes out for a shard someone else may own by now.
+    fn within_lease(&self) -> bool {
+        self.shared.lease.is_valid()
     }
 
     /// Sleeps `d`, or returns `false` at once when stopped.
@@ -254,12 +311,20 @@ impl Reader {
             .get_or_insert_with(|| jittered(min, max))
             .next()
             .unwrap_or(max);
+        if !self.failing {
+            self.failing = true;
+            self.health.set(Some(Instant::now()));
+        }
         warn!(shard = %self.shard, group = %self.shared.group, error = %e, retry_in = ?delay, "{what} failed");
         self.pause(delay).await
     }
 
     fn redis_ok(&mut self) {
         self.redis_backoff = None;
+        if self.failing {
+            self.failing = false;
+            self.health.set(None);
+        }
     }
 
     /// Waits while the lease is not valid (the heartbeat loop is about to stop this reader). `false` when stopped.
@@ -316,6 +381,8 @@ impl Reader {
             if !self.wait_for_lease().await {
                 return false;
             }
+            // `wait_for_lease` returned without awaiting when the lease is valid: the check above is immediately
+            // before the XAUTOCLAIM goes out (see `within_lease`).
             let batch = match self.claim_batch(&cursor).await {
                 Ok(b) => b,
                 Err(e) => {
@@ -511,6 +578,10 @@ impl Reader {
         conn: &mut MultiplexedConnection,
         client_id: Option<i64>,
     ) -> Result<Vec<RawEntry>, RedisError> {
+        if !self.within_lease() {
+            // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
+            return Ok(Vec::new());
+        }
         let block_ms = u64::try_from(self.shared.read_block.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -598,9 +669,18 @@ impl Reader {
                 self.dead_letter(&message, &why).await;
                 return;
             }
-            let outcome = AssertUnwindSafe(self.shared.handler.handle(message.clone()))
-                .catch_unwind()
-                .await;
+            let attempt = AssertUnwindSafe(self.shared.handler.handle(message.clone())).catch_unwind();
+            let outcome = match UnderLease::new(Arc::clone(&self.shared.lease), attempt).await {
+                Ok(outcome) => outcome,
+                Err(LeaseExpired) => {
+                    // Dropped unfinished: its result would not count, and nothing is acknowledged for it.
+                    self.shared.metrics.handler_expired();
+                    warn!(shard = %self.shard, id = %message.id, deliveries = message.delivery_count,
+                        "assignment lease ran out while the handler ran: handler dropped, entry left pending for \
+                         the shard's next owner");
+                    return;
+                }
+            };
             let error = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.entry_handled();
@@ -636,8 +716,12 @@ impl Reader {
     }
 
     /// Counts a retry as a delivery in Redis (`XCLAIM` to this member with min-idle 0 increments the count).
-    /// `Some(false)` when the entry is gone; `None` when Redis could not be asked.
+    /// `Some(false)` when the entry is gone or the lease ran out (nothing more to do here); `None` when Redis could
+    /// not be asked.
     async fn record_retry(&mut self, id: EntryId) -> Option<bool> {
+        if !self.within_lease() {
+            return Some(false);
+        }
         let mut conn = self.shared.conn.clone();
         let r: Result<Value, RedisError> = redis::cmd("XCLAIM")
             .arg(&self.key)
@@ -694,6 +778,11 @@ impl Reader {
         }
         let mut attempts_after_stop = 3;
         loop {
+            if !self.within_lease() {
+                debug!(shard = %self.shard, entries = self.unacked.len(),
+                    "lease ran out: acknowledgements not sent; the entries are delivered again");
+                break;
+            }
             match self.send_acks().await {
                 Ok(()) => {
                     self.redis_ok();
@@ -735,6 +824,11 @@ impl Reader {
         let fields = dead_letter::entry_fields(message, &self.shared.group, &self.shared.member_id, error);
         let mut attempts_after_stop = 3;
         loop {
+            if !self.within_lease() {
+                warn!(shard = %self.shard, id = %message.id,
+                    "lease ran out: entry not dead-lettered; it stays pending for the shard's next owner");
+                return;
+            }
             let mut conn = self.shared.conn.clone();
             let mut pipe = redis::pipe();
             pipe.atomic();

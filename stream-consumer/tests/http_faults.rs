@@ -77,7 +77,9 @@ async fn lost_join_answer_is_retried_as_a_join_of_the_same_instance() {
         .with_priority(2)
         .mount(&server)
         .await;
-    let c = builder("redis://127.0.0.1:1")
+    // A real Redis: the consumer checks it before joining (no shard is assigned, so nothing is read).
+    let redis = RedisServer::start().await;
+    let c = builder(&redis.url())
         .coordinator(server.uri())
         .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
         .build()
@@ -126,7 +128,9 @@ async fn terminating_coordinator_then_success_on_the_next_url() {
         .respond_with(ResponseTemplate::new(200).set_body_json(answer(&[], 1500)))
         .mount(&healthy)
         .await;
-    let c = builder("redis://127.0.0.1:1")
+    // A real Redis: the consumer checks it before joining (no shard is assigned, so nothing is read).
+    let redis = RedisServer::start().await;
+    let c = builder(&redis.url())
         .coordinator(terminating.uri())
         .coordinator(healthy.uri())
         .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
