@@ -410,7 +410,14 @@ impl State {
             kill: self.d.kill.child_token(),
         };
         let in_flight = Arc::new(InFlight::default());
-        let run = shard_reader::run(Arc::clone(&self.d.shared), shard, ctl.clone(), Arc::clone(&in_flight));
+        let token = self.d.membership.token(shard);
+        let run = shard_reader::run(
+            Arc::clone(&self.d.shared),
+            shard,
+            token,
+            ctl.clone(),
+            Arc::clone(&in_flight),
+        );
         let tx = self.exits_tx.clone();
         let task = self.tracker.spawn(async move {
             // A bug in the reader must not leave the shard marked as read by nobody: report it stopped.

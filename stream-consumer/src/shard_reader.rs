@@ -46,7 +46,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::FutureExt;
 use protocol::keys;
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::ShardId;
+use protocol::{FencingToken, ShardId};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use std::collections::HashMap;
@@ -132,6 +132,7 @@ pub(crate) enum ReaderExit {
 pub(crate) async fn run(
     shared: Arc<ReaderShared>,
     shard: ShardId,
+    fencing_token: FencingToken,
     ctl: ReaderControl,
     in_flight: Arc<InFlight>,
 ) -> ReaderExit {
@@ -141,6 +142,7 @@ pub(crate) async fn run(
         dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
         shared,
         shard,
+        fencing_token,
         stop: ctl.stop,
         in_flight,
         dedicated: None,
@@ -176,6 +178,8 @@ struct Reader {
     /// The stream name every message of this reader shares.
     stream: Arc<StreamName>,
     shard: ShardId,
+    /// The token of this assignment, carried by every message.
+    fencing_token: FencingToken,
     key: String,
     dead_letter_key: String,
     stop: CancellationToken,
@@ -221,7 +225,7 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Reader {
     async fn body(&mut self) {
-        self.shared.listener.on_assigned(self.shard).await;
+        self.shared.listener.on_assigned(self.shard, self.fencing_token).await;
         if self.ensure_group().await {
             // Claim, then read new entries; after a failed read, claim again: Redis may have delivered entries
             // to a read whose reply was lost with the connection, and `>` never returns them again.
@@ -587,6 +591,7 @@ impl Reader {
             id: entry.id,
             fields: Arc::new(fields),
             delivery_count,
+            fencing_token: self.fencing_token,
         };
         let mut backoff: Option<ExponentialBackoff> = None;
         loop {

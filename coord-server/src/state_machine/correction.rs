@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 
 use protocol::metadata::CorrectionRound;
 
-use super::{Event, Tx};
+use super::{fencing, Event, Tx};
 
 /// Opens a round, or feeds the open one. New evidence of a loss (a higher reported version, or `restart_wait`
 /// for the coordinator's own suspicion) restarts the one-TTL wait: leases granted in the newly lost history
@@ -170,6 +170,9 @@ pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
         let next = tx.get_mut();
         next.metadata_version = retired;
         next.correction = None;
+        // The lost history may have minted tokens above the stored ones; one TTL after the loss the clock is above
+        // them (see `fencing`), so every owner gets a fresh token now.
+        fencing::mint_where(tx, now_ms, |s| s.owner.is_some());
         tx.events.push(Event::CorrectionClosed);
         true
     } else {

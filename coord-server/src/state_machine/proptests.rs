@@ -1,12 +1,13 @@
 //! Property test: random sequences of joins, heartbeats, lost answers, drains, crashes, leaves, time, ticks,
 //! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. After every step:
-//! no shard is read (or drained) by two clients whose leases are valid; after a quiet period with stable
-//! membership every shard is read by exactly one live client.
+//! no shard is read (or drained) by two clients whose leases are valid; every client that starts reading a shard
+//! holds a fencing token above every token an earlier reader of the shard held (across rollbacks too); after a
+//! quiet period with stable membership every shard is read by exactly one live client.
 
 use proptest::prelude::*;
 use protocol::messages::{HeartbeatRequest, RevokeState, RevokingShard};
 use protocol::names::MemberId;
-use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{FencingToken, MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::harness::{Harness, INTERVAL, TTL};
@@ -62,6 +63,8 @@ struct World {
     h: Harness,
     clients: Vec<Client>,
     snapshot: Option<(GroupMetadata, Liveness)>,
+    /// By shard: the last reader (client, incarnation) and the highest token any reader held, in any history.
+    readers: BTreeMap<ShardId, ((usize, u32), FencingToken)>,
 }
 
 fn name(m: u8) -> MemberId {
@@ -74,6 +77,7 @@ impl World {
             h: Harness::new(shards),
             clients: vec![Client::default(); MEMBERS as usize],
             snapshot: None,
+            readers: BTreeMap::new(),
         }
     }
 
@@ -113,6 +117,7 @@ impl World {
             return;
         }
         let c = &mut self.clients[m as usize];
+        let reader = (m as usize, c.incarnation);
         match t.outcome {
             Outcome::Heartbeat(r) => {
                 c.epoch = r.member_epoch;
@@ -138,7 +143,11 @@ impl World {
                     for s in &assigned {
                         c.draining.remove(s);
                         c.revoked.remove(s);
-                        c.reading.insert(*s);
+                        if c.reading.insert(*s) {
+                            let token = r.fencing_tokens.iter().find(|t| t.shard == *s).map(|t| t.token);
+                            let token = token.unwrap_or_else(|| panic!("no token for assigned shard {s}: {r:?}"));
+                            check_token(&mut self.readers, *s, reader, token);
+                        }
                     }
                 }
             }
@@ -268,6 +277,31 @@ impl World {
             self.h.tick();
         }
     }
+}
+
+/// A reader that starts a shard needs a token above every token an earlier reader of it held; only the same
+/// process resuming the shard (nobody read it in between) may hold the same one again.
+fn check_token(
+    readers: &mut BTreeMap<ShardId, ((usize, u32), FencingToken)>,
+    shard: ShardId,
+    reader: (usize, u32),
+    token: FencingToken,
+) {
+    if let Some(&(last, max)) = readers.get(&shard) {
+        if last == reader {
+            assert!(
+                token >= max,
+                "shard {shard}: {reader:?} resumed with token {token} below {max}"
+            );
+        } else {
+            assert!(
+                token > max,
+                "shard {shard}: {reader:?} got token {token}, not above {max} of an earlier reader {last:?}"
+            );
+        }
+    }
+    let max = readers.get(&shard).map_or(token, |&(_, max)| max.max(token));
+    readers.insert(shard, (reader, max));
 }
 
 proptest! {
