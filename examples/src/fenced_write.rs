@@ -25,6 +25,7 @@
 use protocol::{FencingToken, ShardId};
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
+use stream_consumer::Message;
 
 /// The script, in one place: `fenced_hset.lua`.
 pub const FENCED_HSET_LUA: &str = include_str!("fenced_hset.lua");
@@ -89,4 +90,28 @@ impl FencedHash {
             }
         })
     }
+}
+
+/// The hash an entry of `account` is written to.
+pub fn account_key(account: &str) -> String {
+    format!("fenced-writer:{account}")
+}
+
+/// The `fenced_writer` worker's side effect for one entry: records, in the hash of the entry's `account` field,
+/// which entry was applied last, its `amount`, and which member wrote it, fenced by the message's token.
+///
+/// # Errors
+/// Redis errors.
+pub async fn apply_entry<C: ConnectionLike>(
+    hash: &FencedHash,
+    conn: &mut C,
+    msg: &Message,
+    writer: &str,
+) -> RedisResult<WriteOutcome> {
+    let account = msg.get_str("account").unwrap_or("unknown");
+    let entry = msg.id().to_string();
+    let amount = msg.get_str("amount").unwrap_or("0");
+    let fields = [("entry", entry.as_str()), ("amount", amount), ("writer", writer)];
+    hash.write(conn, &account_key(account), msg.shard(), msg.fencing_token(), &fields)
+        .await
 }
