@@ -35,6 +35,7 @@ fn answer() -> HeartbeatResponse {
         metadata_version: MetadataVersion(2),
         assignment_epoch: AssignmentEpoch(1),
         assigned: vec![],
+        fencing_tokens: vec![],
         pending: vec![],
         revoke: vec![],
         heartbeat_interval_ms: 200,

@@ -185,12 +185,16 @@ pub fn group(g: &GroupDescription, lag: Option<&[ShardLag]>) -> String {
                 s.target.as_ref().map_or("-".to_owned(), ToString::to_string),
                 s.owner.as_ref().map_or("-".to_owned(), ToString::to_string),
                 state.to_owned(),
+                s.fencing_token.to_string(),
                 opt(l.and_then(|l| l.lag)),
                 opt(l.and_then(|l| l.pending)),
             ]
         })
         .collect();
-    out.push_str(&table(&["SHARD", "TARGET", "OWNER", "STATE", "LAG", "PENDING"], &rows));
+    out.push_str(&table(
+        &["SHARD", "TARGET", "OWNER", "STATE", "TOKEN", "LAG", "PENDING"],
+        &rows,
+    ));
     if lag.is_none() {
         out.push_str("(lag: the coordinator's /metrics was not readable)\n");
     }

@@ -5,7 +5,7 @@
 //! change (the golden fixtures in `testdata/` make every such change fail a test until it is deliberate).
 //!
 //! # Layout
-//! * [`version`]: newtypes for versions, epochs and shard ids.
+//! * [`version`]: newtypes for versions, epochs, fencing tokens and shard ids.
 //! * [`names`]: validated stream, group and member names (safe inside Redis hash tags).
 //! * [`keys`]: the one function per Redis key.
 //! * [`routing`]: `shard_for_key`: xxHash64 + jump consistent hash, with shipped test vectors.
@@ -38,4 +38,6 @@ pub mod version;
 
 pub use error::{DecodeError, NameError};
 pub use status::Status;
-pub use version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision};
+pub use version::{
+    AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
+};

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::metadata::GroupTimings;
 use crate::names::{GroupName, MemberId, StreamName};
 use crate::status::Status;
-use crate::version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision};
+use crate::version::{
+    AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
+};
 
 /// Longest accepted `instanceId`, in bytes.
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
@@ -73,6 +75,10 @@ pub struct HeartbeatResponse {
     pub assignment_epoch: AssignmentEpoch,
     /// Shards the member may read (only with status `OK` for shards it is not reading yet).
     pub assigned: Vec<ShardId>,
+    /// The fencing token of each `assigned` shard, in the same order. Absent from the answers of coordinators
+    /// older than fencing tokens.
+    #[serde(default)]
+    pub fencing_tokens: Vec<ShardToken>,
     /// Shards targeted to the member that a previous owner still holds: do not read yet.
     pub pending: Vec<ShardId>,
     /// Shards the member must drain and report `REVOKED` (the DRAIN instruction).
@@ -85,6 +91,16 @@ pub struct HeartbeatResponse {
     pub shard_count: u32,
     /// Routing version the group has adopted.
     pub routing_version: RoutingVersion,
+}
+
+/// The fencing token of one shard (see [`FencingToken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShardToken {
+    /// The shard.
+    pub shard: ShardId,
+    /// Its fencing token.
+    pub token: FencingToken,
 }
 
 /// Body of every error answer.
@@ -246,6 +262,9 @@ pub struct ShardDescription {
     pub target: Option<MemberId>,
     /// The member that owns it now (may be reading or draining it).
     pub owner: Option<MemberId>,
+    /// The shard's fencing token (0 before its first owner).
+    #[serde(default)]
+    pub fencing_token: FencingToken,
 }
 
 /// An open metadata correction round in a [`GroupDescription`].

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::DecodeError;
 use crate::names::{GroupName, MemberId, StreamName};
-use crate::version::{AssignmentEpoch, MemberEpoch, MetadataVersion, RoutingVersion, ShardId};
+use crate::version::{AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId};
 
 /// Schema version of [`GroupMetadata`] written by this build.
 pub const GROUP_SCHEMA_VERSION: u32 = 1;
@@ -158,6 +158,14 @@ pub struct ShardRecord {
     /// request) and is ignored. Absent in metadata of older builds: acks are then not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoke_since_version: Option<MetadataVersion>,
+    /// The token minted when the current owner got the shard (or the last owner's, while it has none); 0 before
+    /// the shard's first owner. Only ever grows: see `docs/fencing.md`.
+    #[serde(default, skip_serializing_if = "is_zero_token")]
+    pub fencing_token: FencingToken,
+}
+
+fn is_zero_token(t: &FencingToken) -> bool {
+    t.0 == 0
 }
 
 /// An open metadata correction round (see `docs/protocol.md`).
@@ -244,6 +252,11 @@ impl GroupMetadata {
                     return Err(DecodeError::Inconsistent(format!("shard {i} names unknown member {m}")));
                 }
             }
+        }
+        if let Some(i) = self.shards.iter().position(|s| s.fencing_token > FencingToken::MAX) {
+            return Err(DecodeError::Inconsistent(format!(
+                "shard {i} has a fencing token above 2^53 - 1"
+            )));
         }
         self.timings.validate().map_err(DecodeError::Inconsistent)?;
         Ok(())
@@ -355,6 +368,20 @@ mod tests {
             Err(DecodeError::Inconsistent(_))
         ));
         let json = meta().encode().replace("[{},{}]", "[{\"owner\":\"ghost\"},{}]");
+        assert!(matches!(
+            GroupMetadata::decode(json.as_bytes()),
+            Err(DecodeError::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn fencing_tokens_round_trip_and_are_bounded() {
+        let mut m = meta();
+        m.shards[1].fencing_token = FencingToken(1_700_000_000_000);
+        let json = m.encode();
+        assert!(json.contains("[{},{\"fencingToken\":1700000000000}]"), "{json}");
+        assert_eq!(GroupMetadata::decode(json.as_bytes()).unwrap(), m);
+        let json = json.replace("1700000000000", &(1u64 << 53).to_string());
         assert!(matches!(
             GroupMetadata::decode(json.as_bytes()),
             Err(DecodeError::Inconsistent(_))

@@ -56,6 +56,19 @@ counter!(
     StoreRevision(u64)
 );
 
+counter!(
+    /// Fencing token of one shard of one group: strictly greater for every new owner of the shard (a new member
+    /// or a new incarnation of the same member), and never reused across coordinator restarts, a Redis rollback
+    /// or a recreated group (see `docs/fencing.md`). Pass it with every side effect of a handler so the target
+    /// can refuse writes from an owner that lost the shard.
+    FencingToken(u64)
+);
+
+impl FencingToken {
+    /// Largest token: the largest integer that JSON numbers hold exactly in every language (2^53 - 1).
+    pub const MAX: FencingToken = FencingToken((1 << 53) - 1);
+}
+
 /// Epoch of one member incarnation's assignment. `0` asks to join, `-1` asks to leave; a live member holds the
 /// assignment epoch at which its target last changed, so a new incarnation always gets a higher one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -125,6 +138,20 @@ mod tests {
     fn next_saturates() {
         assert_eq!(MetadataVersion(u64::MAX).next(), MetadataVersion(u64::MAX));
         assert_eq!(AssignmentEpoch(1).next(), AssignmentEpoch(2));
+    }
+
+    #[test]
+    fn fencing_tokens_order_numerically_and_stay_json_safe() {
+        assert!(FencingToken(9) < FencingToken(10));
+        assert_eq!(
+            serde_json::to_string(&FencingToken(1_700_000_000_000)).unwrap(),
+            "1700000000000"
+        );
+        assert_eq!(
+            FencingToken::MAX.0 as f64 as u64,
+            FencingToken::MAX.0,
+            "exact as an f64"
+        );
     }
 
     #[test]

@@ -65,6 +65,16 @@ fn heartbeat_messages() {
             metadata_version: MetadataVersion(13),
             assignment_epoch: AssignmentEpoch(5),
             assigned: vec![ShardId(0), ShardId(2)],
+            fencing_tokens: vec![
+                ShardToken {
+                    shard: ShardId(0),
+                    token: FencingToken(1_700_000_000_123),
+                },
+                ShardToken {
+                    shard: ShardId(2),
+                    token: FencingToken(1_700_000_004_567),
+                },
+            ],
             pending: vec![ShardId(4)],
             revoke: vec![ShardId(1)],
             heartbeat_interval_ms: 2000,
@@ -160,11 +170,13 @@ fn admin_messages() {
                     shard: ShardId(0),
                     target: Some(member("a")),
                     owner: Some(member("a")),
+                    fencing_token: FencingToken(1_700_000_000_123),
                 },
                 ShardDescription {
                     shard: ShardId(1),
                     target: Some(member("a")),
                     owner: Some(member("b")),
+                    fencing_token: FencingToken(1_700_000_000_042),
                 },
             ],
             correction: Some(CorrectionDescription {
@@ -217,11 +229,13 @@ fn stored_documents() {
             ShardRecord {
                 target: Some(member("a")),
                 owner: Some(member("a")),
+                fencing_token: FencingToken(1_200),
                 ..ShardRecord::default()
             },
             ShardRecord {
                 target: None,
                 owner: Some(member("a")),
+                fencing_token: FencingToken(1_500),
                 ..ShardRecord::default()
             },
         ],

@@ -1,7 +1,7 @@
 //! The application's side: the message handler and the optional rebalance listener.
 
 use futures::future::BoxFuture;
-use protocol::ShardId;
+use protocol::{FencingToken, ShardId};
 use std::future::Future;
 
 use crate::error::HandlerError;
@@ -64,9 +64,11 @@ where
 /// while it is valid, and dropped at their first poll past its end (the shard may have another owner by then).
 /// `on_lost` runs after the lease is gone, so the timeout is its only bound.
 pub trait RebalanceListener: Send + Sync + 'static {
-    /// `shard` was assigned: called on the shard's reader task before its first read.
-    fn on_assigned(&self, shard: ShardId) -> impl Future<Output = ()> + Send {
-        let _ = shard;
+    /// `shard` was assigned with fencing `token` (the one every [`Message`] of this assignment carries): called
+    /// on the shard's reader task before its first read. A good place to load per-shard state, and to record the
+    /// token wherever side effects are fenced.
+    fn on_assigned(&self, shard: ShardId, token: FencingToken) -> impl Future<Output = ()> + Send {
+        let _ = (shard, token);
         async {}
     }
 
@@ -101,14 +103,14 @@ impl<H: Handler> DynHandler for H {
 
 /// Object-safe form of [`RebalanceListener`].
 pub(crate) trait DynListener: Send + Sync {
-    fn on_assigned(&self, shard: ShardId) -> BoxFuture<'_, ()>;
+    fn on_assigned(&self, shard: ShardId, token: FencingToken) -> BoxFuture<'_, ()>;
     fn on_revoked(&self, shard: ShardId) -> BoxFuture<'_, ()>;
     fn on_lost(&self, shards: Vec<ShardId>) -> BoxFuture<'_, ()>;
 }
 
 impl<L: RebalanceListener> DynListener for L {
-    fn on_assigned(&self, shard: ShardId) -> BoxFuture<'_, ()> {
-        Box::pin(RebalanceListener::on_assigned(self, shard))
+    fn on_assigned(&self, shard: ShardId, token: FencingToken) -> BoxFuture<'_, ()> {
+        Box::pin(RebalanceListener::on_assigned(self, shard, token))
     }
 
     fn on_revoked(&self, shard: ShardId) -> BoxFuture<'_, ()> {

@@ -517,9 +517,11 @@ impl State {
         };
         let in_flight = Arc::new(InFlight::default());
         let health = Arc::new(ReadHealth::default());
+        let token = self.d.membership.token(shard);
         let run = shard_reader::run(
             Arc::clone(&self.d.shared),
             shard,
+            token,
             ctl.clone(),
             Arc::clone(&in_flight),
             Arc::clone(&health),

@@ -85,6 +85,26 @@
 //!   in memory by default, or in a file ([`FileVersionStore`]) so a restarted process still lets the coordinator
 //!   detect a Redis rollback.
 //!
+//! # Fencing side effects
+//! A lease bounds how long a member *reads* a shard, not how long a paused process takes to finish a write it
+//! already started. Every [`Message`] carries the shard's [`FencingToken`] ([`Message::fencing_token`]): a number
+//! the coordinator raises each time the shard gets a new owner (and never reuses, even after a Redis rollback).
+//! Send it with every side effect and let the target refuse a token lower than one it has already seen; a worker
+//! that resumes after its shard moved is then rejected instead of overwriting the new owner's work.
+//! [`RebalanceListener::on_assigned`] gets the token too. The pattern, its limits, and a Redis script that
+//! enforces it: `docs/fencing.md` and the `fenced_writer` example.
+//! ```no_run
+//! use stream_consumer::Message;
+//!
+//! async fn handle(msg: Message) -> Result<(), std::io::Error> {
+//!     let token = msg.fencing_token().0;
+//!     // e.g. EVALSHA <script> 1 <key> <field> <value> <token>: the script compares `token` with the highest
+//!     // one stored for the key and refuses a lower one.
+//!     # let _ = token;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! # Layout
 //! * `config`: [`ConsumerBuilder`], [`ConsumerConfig`], [`Timings`], [`StartPosition`]; validation.
 //! * `consumer`: [`Consumer`] (run or spawn), [`ConsumerHandle`] (owns the tasks: close, abort, status),
@@ -140,5 +160,5 @@ pub use message::{EntryId, Message, ParseEntryIdError};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
 pub use protocol::names::{GroupName, MemberId, StreamName};
-pub use protocol::{ShardId, Status};
+pub use protocol::{FencingToken, ShardId, Status};
 pub use tokio_util::sync::CancellationToken;

@@ -26,7 +26,7 @@
 
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::names::MemberId;
-use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -68,6 +68,11 @@ pub(crate) struct Membership {
     max_observed: MetadataVersion,
     assignment_epoch: AssignmentEpoch,
     shards: BTreeMap<ShardId, ShardState>,
+    /// The fencing token each shard was last started with. Kept for the whole read: a later answer may carry a
+    /// higher token for a shard being read (the coordinator re-mints when a correction round closes), but no other
+    /// member can hold the shard while this one reads it, so the token it started with still fences everyone
+    /// before it.
+    tokens: BTreeMap<ShardId, FencingToken>,
     /// Shards targeted to this member that a previous owner still holds (never read).
     pending: Vec<ShardId>,
     /// Shutting down: nothing new is started.
@@ -88,6 +93,7 @@ impl Membership {
             max_observed,
             assignment_epoch: AssignmentEpoch::default(),
             shards: BTreeMap::new(),
+            tokens: BTreeMap::new(),
             pending: Vec::new(),
             closing: false,
             joined: false,
@@ -175,6 +181,8 @@ impl Membership {
                     match self.shards.get(&shard) {
                         None | Some(ShardState::Revoked) => {
                             self.shards.insert(shard, ShardState::Reading);
+                            let token = resp.fencing_tokens.iter().find(|t| t.shard == shard).map(|t| t.token);
+                            self.tokens.insert(shard, token.unwrap_or_default());
                             actions.start.push(shard);
                         }
                         // Restarted once its previous reader has stopped (that exit triggers a prompt heartbeat).
@@ -227,6 +235,7 @@ impl Membership {
             .map(|(&shard, _)| shard)
             .collect();
         self.shards.clear();
+        self.tokens.clear();
         self.pending.clear();
         self.epoch = MemberEpoch::JOIN;
         self.joined = false;
@@ -241,6 +250,7 @@ impl Membership {
     /// The member left: nothing is owned or reported any more.
     pub(crate) fn set_left(&mut self) {
         self.shards.clear();
+        self.tokens.clear();
         self.pending.clear();
         self.epoch = MemberEpoch::LEAVE;
         self.joined = false;
@@ -279,6 +289,11 @@ impl Membership {
     #[cfg(test)]
     pub(crate) fn all_stopped(&self) -> bool {
         self.shards.values().all(|s| *s == ShardState::Revoked)
+    }
+
+    /// The fencing token `shard` was last started with (`0` if the coordinator sent none).
+    pub(crate) fn token(&self, shard: ShardId) -> FencingToken {
+        self.tokens.get(&shard).copied().unwrap_or_default()
     }
 
     /// Shards targeted to the member but still held by a previous owner.
@@ -343,6 +358,13 @@ mod tests {
             metadata_version: MetadataVersion(version),
             assignment_epoch: AssignmentEpoch(3),
             assigned: ids(assigned),
+            fencing_tokens: assigned
+                .iter()
+                .map(|&s| protocol::messages::ShardToken {
+                    shard: ShardId(s),
+                    token: FencingToken(1_000 + u64::from(s)),
+                })
+                .collect(),
             pending: ids(pending),
             revoke: ids(revoke),
             heartbeat_interval_ms: 200,
@@ -384,6 +406,31 @@ mod tests {
         // The same answer again (a repeated view) starts nothing twice.
         let again = m.apply(&resp(Status::Ok, 5, &[0, 1], &[2, 3], &[]), true);
         assert_eq!(again, Actions::default());
+    }
+
+    #[test]
+    fn a_reader_starts_with_its_shards_token_and_keeps_it_while_reading() {
+        let mut m = member();
+        m.apply(&resp(Status::Ok, 5, &[0, 1], &[], &[]), true);
+        assert_eq!(m.token(ShardId(0)), FencingToken(1_000));
+        assert_eq!(m.token(ShardId(1)), FencingToken(1_001));
+        // A higher token for a shard still being read (a correction round closed): the reader keeps its own.
+        let mut higher = resp(Status::Ok, 6, &[0, 1], &[], &[]);
+        higher.fencing_tokens[0].token = FencingToken(9_000);
+        m.apply(&higher, true);
+        assert_eq!(m.token(ShardId(0)), FencingToken(1_000));
+        // Drained, released, assigned again: the new reader gets the new token.
+        m.apply(&resp(Status::Ok, 7, &[1], &[], &[0]), true);
+        m.reader_stopped(ShardId(0));
+        m.apply(&resp(Status::Ok, 8, &[1], &[], &[]), true);
+        let a = m.apply(&higher, true);
+        assert_eq!(a.start, ids(&[0]));
+        assert_eq!(m.token(ShardId(0)), FencingToken(9_000));
+        // An older coordinator sends no tokens.
+        let mut none = resp(Status::Ok, 9, &[2], &[], &[]);
+        none.fencing_tokens.clear();
+        m.apply(&none, true);
+        assert_eq!(m.token(ShardId(2)), FencingToken(0));
     }
 
     #[test]

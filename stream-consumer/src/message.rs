@@ -1,7 +1,7 @@
 //! What a handler receives: one stream entry of one shard.
 
 use protocol::names::StreamName;
-use protocol::ShardId;
+use protocol::{FencingToken, ShardId};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -52,6 +52,7 @@ pub struct Message {
     pub(crate) id: EntryId,
     pub(crate) fields: Arc<Vec<(Vec<u8>, Vec<u8>)>>,
     pub(crate) delivery_count: u32,
+    pub(crate) fencing_token: FencingToken,
 }
 
 impl Message {
@@ -69,7 +70,15 @@ impl Message {
             id,
             fields: Arc::new(fields),
             delivery_count,
+            fencing_token: FencingToken::default(),
         }
+    }
+
+    /// The message with another fencing token, for tests of handlers.
+    #[must_use]
+    pub fn with_fencing_token(mut self, token: FencingToken) -> Self {
+        self.fencing_token = token;
+        self
     }
 
     /// The logical stream (prefix) the entry belongs to.
@@ -91,6 +100,14 @@ impl Message {
     /// first delivery).
     pub fn delivery_count(&self) -> u32 {
         self.delivery_count
+    }
+
+    /// The fencing token of the shard for this member: strictly greater than the token of every earlier owner of
+    /// the shard. Pass it with the handler's side effects so that the target refuses writes carrying a lower one
+    /// (a worker that resumed after a pause, while the shard's next owner already wrote): see `docs/fencing.md`.
+    /// `0` when the coordinator sent no token (an older coordinator).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
     }
 
     /// The entry's fields, in the order they were written.

@@ -46,7 +46,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::FutureExt;
 use protocol::keys;
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::ShardId;
+use protocol::{FencingToken, ShardId};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use std::collections::HashMap;
@@ -160,6 +160,7 @@ pub(crate) enum ReaderExit {
 pub(crate) async fn run(
     shared: Arc<ReaderShared>,
     shard: ShardId,
+    fencing_token: FencingToken,
     ctl: ReaderControl,
     in_flight: Arc<InFlight>,
     health: Arc<ReadHealth>,
@@ -170,6 +171,7 @@ pub(crate) async fn run(
         dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
         shared,
         shard,
+        fencing_token,
         stop: ctl.stop,
         in_flight,
         health,
@@ -207,6 +209,8 @@ struct Reader {
     /// The stream name every message of this reader shares.
     stream: Arc<StreamName>,
     shard: ShardId,
+    /// The token of this assignment, carried by every message.
+    fencing_token: FencingToken,
     key: String,
     dead_letter_key: String,
     stop: CancellationToken,
@@ -255,7 +259,7 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Reader {
     async fn body(&mut self) {
-        let assigned = self.shared.listener.on_assigned(self.shard);
+        let assigned = self.shared.listener.on_assigned(self.shard, self.fencing_token);
         self.bounded_callback("on_assigned", assigned).await;
         if self.ensure_group().await {
             // Claim, then read new entries; after a failed read, claim again: Redis may have delivered entries
@@ -658,6 +662,7 @@ impl Reader {
             id: entry.id,
             fields: Arc::new(fields),
             delivery_count,
+            fencing_token: self.fencing_token,
         };
         let mut backoff: Option<ExponentialBackoff> = None;
         loop {

@@ -322,7 +322,7 @@ type Callback = (&'static str, Vec<u32>);
 struct Callbacks(std::sync::Arc<std::sync::Mutex<Vec<Callback>>>);
 
 impl stream_consumer::RebalanceListener for Callbacks {
-    async fn on_assigned(&self, shard: stream_consumer::ShardId) {
+    async fn on_assigned(&self, shard: stream_consumer::ShardId, _token: stream_consumer::FencingToken) {
         self.0.lock().unwrap().push(("assigned", vec![shard.0]));
     }
 

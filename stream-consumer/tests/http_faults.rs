@@ -24,6 +24,7 @@ fn answer(assigned: &[u32], lease_ms: u64) -> HeartbeatResponse {
         metadata_version: MetadataVersion(3),
         assignment_epoch: AssignmentEpoch(1),
         assigned: assigned.iter().map(|&s| ShardId(s)).collect(),
+        fencing_tokens: vec![],
         pending: vec![],
         revoke: vec![],
         heartbeat_interval_ms: 200,

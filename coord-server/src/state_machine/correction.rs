@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 
 use protocol::metadata::CorrectionRound;
 
-use super::{bounds, Event, Tx};
+use super::{bounds, fencing, Event, Tx};
 
 /// Opens a round, or feeds the open one. A higher reported version raises the version retired at the close.
 /// Only the coordinator's own evidence of a new loss (`restart_wait`: a Redis run id change, or a version it saw
@@ -197,6 +197,9 @@ pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
         let next = tx.get_mut();
         next.metadata_version = retired;
         next.correction = None;
+        // The lost history may have minted tokens above the stored ones; one TTL after the loss the clock is above
+        // them (see `fencing`), so every owner gets a fresh token now.
+        fencing::mint_where(tx, now_ms, |s| s.owner.is_some());
         tx.events.push(Event::CorrectionClosed);
         true
     } else {

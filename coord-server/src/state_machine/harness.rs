@@ -4,7 +4,7 @@
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{MemberEpoch, MetadataVersion, ShardId};
+use protocol::{FencingToken, MemberEpoch, MetadataVersion, ShardId};
 
 use super::{apply, create_group, Clock, Input, Liveness, Outcome, Rejection, Transition};
 
@@ -78,6 +78,12 @@ impl Harness {
                 next.assignment_epoch >= self.meta.assignment_epoch,
                 "assignment epoch went down"
             );
+            for (i, (old, new)) in self.meta.shards.iter().zip(&next.shards).enumerate() {
+                assert!(
+                    new.fencing_token >= old.fencing_token,
+                    "fencing token of shard {i} went down"
+                );
+            }
             self.meta = next.clone();
             self.writes += 1;
             // The write records the current Redis run id: the suspicion is recorded (as an open round).
@@ -116,6 +122,10 @@ impl Harness {
 
     pub fn owner(&self, shard: u32) -> Option<&str> {
         self.meta.shards[shard as usize].owner.as_ref().map(|m| m.as_str())
+    }
+
+    pub fn token(&self, shard: u32) -> FencingToken {
+        self.meta.shards[shard as usize].fencing_token
     }
 
     pub fn target(&self, shard: u32) -> Option<&str> {

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use super::lease::{is_held, lease_end};
 use super::reconcile::{accept_revoked, has_revokes, settle, view};
-use super::{bounds, correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{bounds, correction, fencing, target, Answer, Clock, Event, Liveness, Transition, Tx};
 
 pub(super) fn heartbeat(
     meta: &protocol::metadata::GroupMetadata,
@@ -211,6 +211,9 @@ fn join(tx: &mut Tx<'_>, req: &HeartbeatRequest, now: u64) {
     };
     tx.get_mut().members.insert(id.clone(), record);
     tx.events.push(Event::MemberJoined(id.clone()));
+    // The predecessor may still run handlers with the tokens of the shards it owns: the new incarnation gets
+    // higher ones (it reads those shards only after the hold, but the tokens are settled here, once).
+    fencing::mint_where(tx, now, |s| s.owner.as_ref() == Some(id));
     target::recompute(tx, true);
     let epoch = MemberEpoch::from(tx.get().assignment_epoch);
     tx.get_mut().members.get_mut(id).expect("inserted above").epoch = epoch;

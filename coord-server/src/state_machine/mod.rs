@@ -15,17 +15,21 @@
 //! * `reconcile`: one member's view (assigned / pending / revoke) and ownership moves.
 //! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
 //! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
+//! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * `heartbeat`, `tick`, `admin`: the inputs.
 
 pub mod assignor;
 pub mod bounds;
 mod correction;
+mod fencing;
 mod heartbeat;
 mod lease;
 mod reconcile;
 mod target;
 mod tick;
 
+#[cfg(test)]
+mod fencing_tests;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
@@ -39,6 +43,7 @@ mod version_bound_tests;
 
 use protocol::messages::{
     CorrectionDescription, GroupDescription, HeartbeatRequest, HeartbeatResponse, MemberDescription, ShardDescription,
+    ShardToken,
 };
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
@@ -451,6 +456,7 @@ pub fn describe(meta: &GroupMetadata, liveness: &Liveness, revision: StoreRevisi
             shard: ShardId(i as u32),
             target: s.target.clone(),
             owner: s.owner.clone(),
+            fencing_token: s.fencing_token,
         })
         .collect();
     let correction = meta.correction.as_ref().map(|r| CorrectionDescription {
@@ -481,6 +487,14 @@ pub fn describe(meta: &GroupMetadata, liveness: &Liveness, revision: StoreRevisi
 
 fn response(meta: &GroupMetadata, id: &MemberId, status: Status, now_ms: u64) -> HeartbeatResponse {
     let v = view(meta, id, now_ms);
+    let fencing_tokens = v
+        .assigned
+        .iter()
+        .filter_map(|&shard| {
+            let token = meta.shards.get(shard.index())?.fencing_token;
+            Some(ShardToken { shard, token })
+        })
+        .collect();
     HeartbeatResponse {
         status,
         member_id: id.clone(),
@@ -488,6 +502,7 @@ fn response(meta: &GroupMetadata, id: &MemberId, status: Status, now_ms: u64) ->
         metadata_version: meta.metadata_version,
         assignment_epoch: meta.assignment_epoch,
         assigned: v.assigned,
+        fencing_tokens,
         pending: v.pending,
         revoke: v.revoke,
         heartbeat_interval_ms: meta.timings.heartbeat_interval_ms,

@@ -2,14 +2,15 @@
 //! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. The network loses
 //! answers, and also delays, duplicates and reorders requests: a request the client timed out (or a duplicate of
 //! one it got an answer to) reaches the coordinator later, in any order. After every step: no shard is read (or
-//! drained) by two clients whose leases are valid, and a late request opens no correction round unless Redis lost
-//! writes since it was sent; after a quiet period with stable membership no live client is fenced and every
-//! shard is read by exactly one live client.
+//! drained) by two clients whose leases are valid; every client that starts reading a shard holds a fencing token
+//! above every token an earlier reader of the shard held (across rollbacks too); a late request opens no
+//! correction round unless Redis lost writes since it was sent; after a quiet period with stable membership no
+//! live client is fenced and every shard is read by exactly one live client.
 
 use proptest::prelude::*;
 use protocol::messages::{HeartbeatRequest, RevokeState, RevokingShard};
 use protocol::names::MemberId;
-use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{FencingToken, MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::harness::{Harness, INTERVAL, TTL};
@@ -91,6 +92,8 @@ struct World {
     snapshot: Option<(GroupMetadata, Liveness)>,
     in_flight: Vec<InFlight>,
     rollbacks: u32,
+    /// By shard: the last reader (client, incarnation) and the highest token any reader held, in any history.
+    readers: BTreeMap<ShardId, ((usize, u32), FencingToken)>,
 }
 
 fn name(m: u8) -> MemberId {
@@ -105,6 +108,7 @@ impl World {
             snapshot: None,
             in_flight: Vec::new(),
             rollbacks: 0,
+            readers: BTreeMap::new(),
         }
     }
 
@@ -188,6 +192,7 @@ impl World {
             return;
         }
         let c = &mut self.clients[m as usize];
+        let reader = (m as usize, c.incarnation);
         match t.outcome {
             Outcome::Heartbeat(r) => {
                 c.epoch = r.member_epoch;
@@ -213,7 +218,11 @@ impl World {
                     for s in &assigned {
                         c.draining.remove(s);
                         c.revoked.remove(s);
-                        c.reading.insert(*s);
+                        if c.reading.insert(*s) {
+                            let token = r.fencing_tokens.iter().find(|t| t.shard == *s).map(|t| t.token);
+                            let token = token.unwrap_or_else(|| panic!("no token for assigned shard {s}: {r:?}"));
+                            check_token(&mut self.readers, *s, reader, token);
+                        }
                     }
                 }
             }
@@ -374,6 +383,31 @@ impl World {
             );
         }
     }
+}
+
+/// A reader that starts a shard needs a token above every token an earlier reader of it held; only the same
+/// process resuming the shard (nobody read it in between) may hold the same one again.
+fn check_token(
+    readers: &mut BTreeMap<ShardId, ((usize, u32), FencingToken)>,
+    shard: ShardId,
+    reader: (usize, u32),
+    token: FencingToken,
+) {
+    if let Some(&(last, max)) = readers.get(&shard) {
+        if last == reader {
+            assert!(
+                token >= max,
+                "shard {shard}: {reader:?} resumed with token {token} below {max}"
+            );
+        } else {
+            assert!(
+                token > max,
+                "shard {shard}: {reader:?} got token {token}, not above {max} of an earlier reader {last:?}"
+            );
+        }
+    }
+    let max = readers.get(&shard).map_or(token, |&(_, max)| max.max(token));
+    readers.insert(shard, (reader, max));
 }
 
 proptest! {

@@ -13,7 +13,7 @@ use protocol::{MetadataVersion, ShardId};
 use std::collections::BTreeSet;
 
 use super::lease::is_held;
-use super::{bounds, Event, Tx};
+use super::{bounds, fencing, Event, Tx};
 
 /// What one member may do with each shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,6 +112,7 @@ pub fn settle(tx: &mut Tx<'_>, now_ms: u64) {
         let shard = tx.get_mut().shards.get_mut(i).expect("index from the same table");
         shard.owner = shard.target.clone();
         let to = shard.owner.clone().expect("filtered on target.is_some()");
+        fencing::mint(tx, i, now_ms);
         tx.events.push(Event::ShardGranted {
             shard: ShardId(i as u32),
             to,
@@ -141,6 +142,8 @@ pub fn settle(tx: &mut Tx<'_>, now_ms: u64) {
     for (i, since) in marks {
         tx.get_mut().shards[i].revoke_since_version = since;
     }
+    // Metadata written before fencing tokens existed: its owners get one at the first transition.
+    fencing::mint_where(tx, now_ms, |s| s.owner.is_some() && s.fencing_token.0 == 0);
     // One pass over the shards (not one per member): this runs on every write of a large group.
     let meta = tx.get();
     let draining: BTreeSet<&MemberId> = meta

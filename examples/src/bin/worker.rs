@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream_consumer::{
-    CancellationToken, Consumer, FileVersionStore, Message, RebalanceListener, ShardId, StartPosition,
+    CancellationToken, Consumer, FencingToken, FileVersionStore, Message, RebalanceListener, ShardId, StartPosition,
 };
 use tracing::{debug, info, warn};
 
@@ -75,8 +75,8 @@ struct LogRebalance {
 }
 
 impl RebalanceListener for LogRebalance {
-    async fn on_assigned(&self, shard: ShardId) {
-        info!(%shard, "shard assigned");
+    async fn on_assigned(&self, shard: ShardId, token: FencingToken) {
+        info!(%shard, %token, "shard assigned");
     }
 
     async fn on_revoked(&self, shard: ShardId) {

@@ -1,7 +1,8 @@
 //! A real Redis failover with data loss: a primary and a replica; the replica has metadata version N-1 when it is
 //! promoted (the replication cut), the old primary then records N (a rebalance the clients see), and dies.
 //! Coordinators and clients move to the promoted replica; the correction round brings everyone back to N-1 and
-//! then past N, with no shard read by two members, and the regression shows in the coordinator's metrics.
+//! then past N, with no shard read by two members, fencing tokens above every token of the lost history, and the
+//! regression shows in the coordinator's metrics.
 
 mod common;
 
@@ -68,6 +69,8 @@ async fn failover_to_a_replica_that_lost_version_n_brings_everyone_back_to_n_min
     }
     let n = [&a, &b, &c].iter().map(|h| h.status().metadata_version).max().unwrap();
     assert!(n > n_minus_1, "clients saw version {n}, the replica has {n_minus_1}");
+    // The fencing tokens of the history about to be lost.
+    let lost_tokens: Vec<_> = s.describe().await.shards.iter().map(|sh| sh.fencing_token).collect();
 
     // The primary dies. The coordinator that served it dies too; a new one starts on the promoted replica, at a
     // URL the clients already know; the clients' Redis address now leads to the replica.
@@ -93,6 +96,14 @@ async fn failover_to_a_replica_that_lost_version_n_brings_everyone_back_to_n_min
     let g = s.describe().await;
     assert_no_split(&g);
     assert!(g.correction.is_none());
+    for (shard, lost) in g.shards.iter().zip(&lost_tokens) {
+        assert!(
+            shard.fencing_token > *lost,
+            "shard {}: token {} is not above {lost}, its token in the lost history",
+            shard.shard,
+            shard.fencing_token
+        );
+    }
     let metrics = s.coords[next].api().metrics().await;
     let regressions = metric(&metrics, "redis_stream_coord_metadata_regressions_total");
     let ahead = metric(&metrics, "redis_stream_coord_client_version_ahead_total");
