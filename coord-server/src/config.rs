@@ -76,6 +76,26 @@ impl Config {
         if self.routing_lease < Duration::from_secs(1) {
             return Err("routing_lease must be at least 1 s".into());
         }
-        self.default_timings.validate()
+        self.check_timings(&self.default_timings)
+    }
+
+    /// Checks a group's timings against this coordinator: the protocol's rules, and an assignment lease that
+    /// outlasts the longest a healthy member can be kept from a successful heartbeat by the group's mutex: a dead
+    /// holder's mutex lives `mutex_ttl`, and a request then waits up to `critical_section_timeout` for it.
+    ///
+    /// # Errors
+    /// A sentence naming the broken rule.
+    pub fn check_timings(&self, timings: &GroupTimings) -> Result<(), String> {
+        timings.validate()?;
+        let blocked = self.mutex_ttl + self.critical_section_timeout;
+        if u128::from(timings.assignment_lease_ms) < blocked.as_millis() {
+            return Err(format!(
+                "assignmentLeaseMs ({}) must be at least mutex_ttl + critical_section_timeout ({} ms) of this \
+                 coordinator: a mutex left by a failed section would otherwise end healthy members' leases",
+                timings.assignment_lease_ms,
+                blocked.as_millis()
+            ));
+        }
+        Ok(())
     }
 }
