@@ -99,3 +99,59 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(lease_ms: u64) -> GroupTimings {
+        GroupTimings {
+            member_ttl_ms: lease_ms.max(10_000),
+            heartbeat_interval_ms: 200,
+            rebalance_timeout_ms: 30_000,
+            assignment_lease_ms: lease_ms,
+        }
+    }
+
+    #[test]
+    fn the_lease_must_cover_the_mutex_ttl_and_the_wait_for_it() {
+        let config = Config::default();
+        // Defaults: 2 s TTL + 1.5 s wait.
+        assert!(config.check_timings(&timings(3_500)).is_ok());
+        let err = config.check_timings(&timings(3_499)).expect_err("refused");
+        assert!(err.contains("3500 ms"), "{err}");
+        assert!(config.check_timings(&timings(2_500)).is_err());
+    }
+
+    #[test]
+    fn the_rule_follows_the_configured_mutex() {
+        let config = Config {
+            mutex_ttl: Duration::from_millis(900),
+            critical_section_timeout: Duration::from_millis(600),
+            ..Config::default()
+        };
+        assert!(config.check_timings(&timings(1_500)).is_ok());
+        assert!(config.check_timings(&timings(1_499)).is_err());
+    }
+
+    #[test]
+    fn protocol_rules_still_apply() {
+        let mut t = timings(8_000);
+        t.member_ttl_ms = 7_000;
+        assert!(
+            Config::default().check_timings(&t).is_err(),
+            "lease above the member TTL"
+        );
+    }
+
+    #[test]
+    fn a_configuration_whose_default_timings_break_the_rule_is_refused() {
+        let config = Config {
+            default_timings: timings(3_000),
+            ..Config::default()
+        };
+        let err = config.validate().expect_err("refused");
+        assert!(err.contains("mutex_ttl"), "{err}");
+        assert!(Config::default().validate().is_ok());
+    }
+}

@@ -16,6 +16,7 @@ use redis::aio::MultiplexedConnection;
 use reqwest::StatusCode;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use test_support::wait_for;
 
 const S: &str = "orders";
 const G: &str = "billing";
@@ -200,11 +201,17 @@ async fn commit_checks_what_it_overwrites_before_writing_anything() {
         (metadata_key(S, G), "schemaVersion", "99"),
         (metadata_key(S, G), "revision", "x"),
     ] {
-        let loaded = store
-            .try_load(&keys, &token, Duration::from_secs(5), None, LivenessScope::Member(&a))
-            .await
-            .unwrap()
-            .expect("the mutex is free");
+        // The coordinator's tick loop takes the mutex for a moment every 50 ms.
+        let loaded = wait_for(Duration::from_secs(5), "the mutex", || {
+            let (store, keys, token, a) = (&store, &keys, &token, &a);
+            async move {
+                store
+                    .try_load(keys, token, Duration::from_secs(5), None, LivenessScope::Member(a))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await;
         let original: String = redis::cmd("HGET")
             .arg(&key)
             .arg(field)
