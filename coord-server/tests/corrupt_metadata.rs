@@ -266,6 +266,18 @@ async fn a_garbage_aggregate_under_a_warm_cache_is_not_served_nor_replaced() {
 }
 
 #[tokio::test]
+async fn a_deleted_aggregate_under_a_warm_cache_fails_closed() {
+    let mut f = group_with_a().await;
+    let _: i64 = redis::cmd("HDEL")
+        .arg(metadata_key(S, G))
+        .arg("aggregate")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
 async fn a_repaired_hash_is_served_again() {
     let mut f = group_with_a().await;
     let key = metadata_key(S, G);
