@@ -871,3 +871,44 @@ fn value_text(v: &Value) -> Result<String, StoreError> {
         other => Err(StoreError::Protocol(format!("expected text, got {other:?}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_canonical_decimals() {
+        assert_eq!(counter("", REVISION_DIGITS), Ok(None));
+        assert_eq!(counter("0", REVISION_DIGITS), Ok(Some(0)));
+        assert_eq!(counter("42", REVISION_DIGITS), Ok(Some(42)));
+        for bad in ["07", "-1", "+1", " 1", "1 ", "1e3", "0x10", "12x", "１"] {
+            assert!(counter(bad, REVISION_DIGITS).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            counter("999999999999999999", REVISION_DIGITS),
+            Ok(Some(999_999_999_999_999_999))
+        );
+        assert!(counter("1000000000000000000", REVISION_DIGITS).is_err(), "19 digits");
+    }
+
+    #[test]
+    fn versions_are_never_truncated() {
+        let keys = SectionKeys::routing(&StreamName::new("s").unwrap());
+        let fields = |schema| Fields {
+            revision: "1",
+            liveness_revision: "0",
+            schema,
+            layout: "1",
+            run_id: "",
+            updated_at: "",
+        };
+        let parsed = fields("1").parse(&keys, "1", "0", &[]).unwrap();
+        assert_eq!(parsed.schema_version, Some(1));
+        // 2^32 + 1 would be 1 after an `as u32`.
+        let err = fields("4294967297").parse(&keys, "1", "0", &[]).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt(ref m) if m.contains("schemaVersion")),
+            "{err:?}"
+        );
+    }
+}
