@@ -89,8 +89,9 @@ const MAX_HEARTBEAT_BATCH: usize = 256;
 struct GroupMemory {
     /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
     aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
-    /// [`store::digest`] of that aggregate's JSON: a load skips it only while the stored bytes are these.
+    /// [`store::digest`] and length of that aggregate's JSON: a load skips it only while the stored one matches.
     digest: String,
+    len: usize,
     /// Highest metadata version this process has seen for the group (to notice a regression itself).
     highest: MetadataVersion,
     /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
@@ -663,6 +664,7 @@ impl Coordinator {
             let cached = memory.aggregate.as_ref().map(|(revision, _)| Cached {
                 revision: *revision,
                 digest: &memory.digest,
+                len: memory.len,
             });
             let loaded = self.acquire(&keys, &token, cached, scope).await?;
             spans::reached(Boundary::Loaded, loaded.revision);
@@ -686,6 +688,7 @@ impl Coordinator {
             let json = t.next.as_ref().map(GroupMetadata::encode);
             let write = Write {
                 aggregate: json.as_deref(),
+                replaces: &loaded.aggregate_digest,
                 renew: &t.renew,
                 forget: &t.forget,
                 now_ms: loaded.now_ms,
@@ -696,14 +699,18 @@ impl Coordinator {
                 .store
                 .commit(&keys, &token, Some(rev), loaded.liveness_revision, &write)
                 .await
-                .map_err(|e| self.store_error(e))?
-            {
+                .map_err(|e| {
+                    // The stored aggregate is not the one decided on: never serve that one from memory again.
+                    slot.cache.lock().expect("cache lock").aggregate = None;
+                    self.store_error(e)
+                })? {
                 Committed::Ok(new_rev) => {
                     if let (Some(next), Some(json)) = (&t.next, &json) {
                         let mut memory = slot.cache.lock().expect("cache lock");
                         memory.highest = memory.highest.max(next.metadata_version);
                         memory.aggregate = Some((new_rev, Arc::new(next.clone())));
                         memory.digest = store::digest(json.as_bytes());
+                        memory.len = json.len();
                     }
                     spans::reached(Boundary::Committed, Some(new_rev));
                     self.log_events(stream, group, &t.events);
@@ -748,6 +755,8 @@ impl Coordinator {
         })?;
         let meta = match (&loaded.aggregate, &memory.aggregate) {
             (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
+                // The cached aggregate is not the stored one any more.
+                slot.cache.lock().expect("cache lock").aggregate = None;
                 self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
                 self.unavailable(e)
             })?,
@@ -798,8 +807,9 @@ impl Coordinator {
         }
         {
             let mut memory = slot.cache.lock().expect("cache lock");
-            if loaded.aggregate.is_some() {
+            if let Some(json) = &loaded.aggregate {
                 memory.digest.clone_from(&loaded.aggregate_digest);
+                memory.len = json.len();
             }
             memory.aggregate = Some((rev, meta.clone()));
             memory.highest = highest.max(meta.metadata_version);
@@ -853,6 +863,7 @@ impl Coordinator {
             let json = next.encode();
             let write = Write {
                 aggregate: Some(&json),
+                replaces: &loaded.aggregate_digest,
                 now_ms: loaded.now_ms,
                 run_id: &loaded.run_id,
                 ..Write::default()

@@ -67,7 +67,8 @@ local FIELDS = {'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion'
 /// Validates, then takes the mutex (`SET NX PX`) and reads. A corrupt hash answers `{2, why}` without taking the
 /// mutex; a busy mutex answers `{0, holder}` so the caller can recognise a stale mutex of its own.
 ///
-/// ARGV: token, ttl ms, cached revision, cached aggregate digest, schema, layout, liveness scope, members...
+/// ARGV: token, ttl ms, cached revision, cached aggregate check (`len:<bytes>` or `sha1:<hex>`), schema, layout,
+/// liveness scope, members...
 const LOAD: &str = r#"
 local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
 local bad = check_hash(f, ARGV[5], ARGV[6])
@@ -92,25 +93,32 @@ local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
 if not ok then return {0, redis.call('GET', KEYS[3]) or ''} end
 local t = redis.call('TIME')
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
--- The cache may skip sending and parsing the aggregate, never checking it: the digest tells whether the stored
--- bytes are still the ones the caller parsed, whatever wrote them.
-local agg, digest, hit = '', '', 0
+-- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
+-- aggregate must still have the cached length (O(1): a deleted or replaced aggregate), or, when asked (ticks),
+-- the cached SHA-1 (any edit, at the price of hashing it).
+local agg, hit = '', 0
 if f[1] then
-  local a = redis.call('HGET', KEYS[1], 'aggregate')
-  if a then
-    digest = redis.sha1hex(a)
-    if f[1] == ARGV[3] and digest == ARGV[4] then hit = 1 else agg = a end
+  local same = false
+  if f[1] == ARGV[3] then
+    local kind, want = string.match(ARGV[4], '^(%a+):(%w+)$')
+    if kind == 'len' then
+      same = redis.call('HSTRLEN', KEYS[1], 'aggregate') == tonumber(want)
+    elseif kind == 'sha1' then
+      local a = redis.call('HGET', KEYS[1], 'aggregate')
+      same = a and redis.sha1hex(a) == want
+    end
   end
+  if same then hit = 1 else agg = redis.call('HGET', KEYS[1], 'aggregate') or '' end
 end
 return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run,
-  redis.call('EXISTS', KEYS[2]), digest, hit}
+  redis.call('EXISTS', KEYS[2]), hit}
 "#;
 
 /// Validates everything it reads or overwrites, then writes; a corrupt hash answers `{2, why}` with nothing
 /// written and the mutex released.
 ///
 /// ARGV: token, expected revision, expected liveness revision, aggregate, schema, layout, updatedAt, runId,
-/// renewal count, (member, lease)..., forgotten members...
+/// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
 const COMMIT: &str = r#"
 local function release()
   if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
@@ -131,10 +139,17 @@ end
 if rev == '' and redis.call('EXISTS', KEYS[1]) == 1 then
   return corrupt('the hash exists without a revision')
 end
-local renewals = tonumber(ARGV[9])
+if ARGV[4] ~= '' and rev ~= '' then
+  -- Never overwrite an aggregate other than the one the decision read (a same-length edit passes LOAD's check).
+  local stored = redis.call('HGET', KEYS[1], 'aggregate')
+  if not stored or redis.sha1hex(stored) ~= ARGV[9] then
+    return corrupt('the aggregate is not the one this decision read')
+  end
+end
+local renewals = tonumber(ARGV[10])
 local current = {}
 for i = 0, renewals - 1 do
-  local m = ARGV[10 + 2 * i]
+  local m = ARGV[11 + 2 * i]
   local v = redis.call('HGET', KEYS[2], m)
   bad = check_lease(m, v)
   if bad then return corrupt(bad) end
@@ -147,11 +162,11 @@ if ARGV[4] ~= '' then
   newrev = redis.call('HINCRBY', KEYS[1], 'revision', 1)
 end
 for i = 0, renewals - 1 do
-  local m, lease = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
+  local m, lease = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
   if tonumber(lease) > current[i] then redis.call('HSET', KEYS[2], m, lease) end
 end
 if renewals > 0 then redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1) end
-for i = 10 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+for i = 11 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
 release()
 return {1, newrev}
 "#;
@@ -211,14 +226,17 @@ pub enum LivenessScope<'a> {
     All,
 }
 
-/// The aggregate a caller has parsed already: `LOAD` skips sending it while the stored revision and bytes are
-/// unchanged.
+/// The aggregate a caller has parsed already: `LOAD` skips sending it while the stored revision is the same and
+/// the stored aggregate has the same length (every load) and the same digest (loads of all liveness, i.e. ticks
+/// and fences, which hash it).
 #[derive(Debug, Clone, Copy)]
 pub struct Cached<'a> {
     /// The revision it was read or written at.
     pub revision: StoreRevision,
     /// [`digest`] of its JSON.
     pub digest: &'a str,
+    /// Length of its JSON in bytes.
+    pub len: usize,
 }
 
 /// What `LOAD` read while taking the mutex.
@@ -236,7 +254,8 @@ pub struct Loaded {
     pub layout_version: Option<u32>,
     /// The aggregate JSON, unless the caller's cached one is still current (or the hash is missing).
     pub aggregate: Option<Vec<u8>>,
-    /// [`digest`] of the stored aggregate; empty when there is none.
+    /// [`digest`] of the aggregate this load stands for (the one sent, or the cached one on a hit); empty when
+    /// there is none.
     pub aggregate_digest: String,
     /// Whether the caller's [`Cached`] aggregate is the stored one (same revision, same bytes).
     pub cache_hit: bool,
@@ -262,6 +281,8 @@ impl Loaded {
 pub struct Write<'a> {
     /// New aggregate JSON (bumps `revision`), written with the section's [`SectionKeys::schema`].
     pub aggregate: Option<&'a str>,
+    /// [`Loaded::aggregate_digest`] of the load the decision read: an aggregate is only written over that one.
+    pub replaces: &'a str,
     /// Liveness renewals (member, lease end ms); a lease never moves backwards.
     pub renew: &'a [(MemberId, u64)],
     /// Liveness entries to delete.
@@ -422,7 +443,7 @@ impl Store {
             .arg(token)
             .arg(mutex_ttl.as_millis() as u64)
             .arg(cached.map(|c| c.revision.0.to_string()).unwrap_or_default())
-            .arg(cached.map(|c| c.digest).unwrap_or_default())
+            .arg(cached.map(|c| check_of(c, scope)).unwrap_or_default())
             .arg(keys.schema)
             .arg(LAYOUT_VERSION)
             .arg(scope_arg);
@@ -436,7 +457,12 @@ impl Store {
             _ => {}
         }
         match parse_loaded(&reply, keys) {
-            Ok(loaded) => Ok(Attempt::Loaded(loaded)),
+            Ok(mut loaded) => {
+                if let (true, Some(c)) = (loaded.cache_hit, cached) {
+                    loaded.aggregate_digest = c.digest.to_owned();
+                }
+                Ok(Attempt::Loaded(loaded))
+            }
             Err(e) => {
                 // The script checked every field already; a reply this build cannot parse must not leave the
                 // group blocked for a mutex TTL either.
@@ -471,6 +497,7 @@ impl Store {
             .arg(LAYOUT_VERSION)
             .arg(write.now_ms)
             .arg(write.run_id)
+            .arg(write.replaces)
             .arg(write.renew.len());
         for (m, lease) in write.renew {
             inv.arg(m.as_str()).arg(*lease);
@@ -554,6 +581,9 @@ impl Store {
         let mut loaded = fields.parse(keys, &secs, &micros, &live)?;
         if loaded.revision.is_some() {
             check_versions(&loaded, keys.schema).map_err(|e| corrupt(keys, &e))?;
+        }
+        if let Some(json) = &aggregate {
+            loaded.aggregate_digest = digest(json);
         }
         loaded.aggregate = aggregate;
         Ok(loaded)
@@ -808,11 +838,23 @@ fn parse_loaded(reply: &[Value], keys: &SectionKeys) -> Result<Loaded, StoreErro
         Some(Value::BulkString(b)) if !b.is_empty() => Some(b.clone()),
         _ => None,
     };
+    if let Some(json) = &loaded.aggregate {
+        loaded.aggregate_digest = digest(json);
+    }
     loaded.run_id = text(reply, 10)?;
     loaded.liveness_missing = int(reply, 11)? == 0;
-    loaded.aggregate_digest = text(reply, 12)?;
-    loaded.cache_hit = int(reply, 13)? == 1;
+    loaded.cache_hit = int(reply, 12)? == 1;
     Ok(loaded)
+}
+
+/// What `LOAD` compares with the stored aggregate: its length on every load (O(1) in Redis), its digest on
+/// loads of all liveness (ticks and fences, a few per second per group) so that an edit that keeps the length is
+/// noticed within a tick, without hashing a large aggregate on every heartbeat.
+fn check_of(cached: Cached<'_>, scope: LivenessScope<'_>) -> String {
+    match scope {
+        LivenessScope::All => format!("sha1:{}", cached.digest),
+        _ => format!("len:{}", cached.len),
+    }
 }
 
 /// The digest `LOAD` compares with a cached aggregate's: SHA-1 in hex, as Redis's `redis.sha1hex`.

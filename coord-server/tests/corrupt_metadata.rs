@@ -223,6 +223,7 @@ async fn commit_checks_what_it_overwrites_before_writing_anything() {
         let renew = [(a.clone(), loaded.now_ms + 60_000)];
         let write = Write {
             aggregate: Some("{\"replaced\":true}"),
+            replaces: &loaded.aggregate_digest,
             renew: &renew,
             now_ms: loaded.now_ms,
             run_id: &loaded.run_id,
@@ -262,6 +263,32 @@ async fn an_unknown_layout_version_under_a_warm_cache_fails_closed() {
 async fn a_garbage_aggregate_under_a_warm_cache_is_not_served_nor_replaced() {
     let mut f = group_with_a().await;
     hset(&mut f.conn, &metadata_key(S, G), "aggregate", "garbage").await;
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn an_edit_that_keeps_the_aggregate_length_is_never_overwritten_and_fails_closed_from_the_next_tick() {
+    let mut f = group_with_a().await;
+    let key = metadata_key(S, G);
+    let original: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("aggregate")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    hset(&mut f.conn, &key, "aggregate", &" ".repeat(original.len())).await;
+    let before = stored(&mut f.conn).await;
+    // b's join is decided on the cached aggregate (the length matches), but its write is refused.
+    f.refused(&join("b")).await;
+    assert_eq!(stored(&mut f.conn).await, before, "nothing was written");
+    // A tick compares digests; from then on nothing is served from the cache either.
+    let tick = f
+        .coord
+        .coordinator()
+        .tick_group(&S.parse().unwrap(), &G.parse().unwrap())
+        .await
+        .expect_err("the tick fails closed");
+    assert!(matches!(tick, Error::MetadataUnavailable(_)), "{tick:?}");
     f.fails_closed(true).await;
 }
 
