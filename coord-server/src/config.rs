@@ -108,7 +108,27 @@ impl Config {
             return Err("routing_lease must be at least 1 s".into());
         }
         self.validate_auth()?;
-        self.default_timings.validate()
+        self.check_timings(&self.default_timings)
+    }
+
+    /// Checks a group's timings against this coordinator: the protocol's rules, and an assignment lease that
+    /// outlasts the longest a healthy member can be kept from a successful heartbeat by the group's mutex: a dead
+    /// holder's mutex lives `mutex_ttl`, and a request then waits up to `critical_section_timeout` for it.
+    ///
+    /// # Errors
+    /// A sentence naming the broken rule.
+    pub fn check_timings(&self, timings: &GroupTimings) -> Result<(), String> {
+        timings.validate()?;
+        let blocked = self.mutex_ttl + self.critical_section_timeout;
+        if u128::from(timings.assignment_lease_ms) < blocked.as_millis() {
+            return Err(format!(
+                "assignmentLeaseMs ({}) must be at least mutex_ttl + critical_section_timeout ({} ms) of this \
+                 coordinator: a mutex left by a failed section would otherwise end healthy members' leases",
+                timings.assignment_lease_ms,
+                blocked.as_millis()
+            ));
+        }
+        Ok(())
     }
 
     /// The auth rules: well-formed single tokens, and no admin route open to the network by accident.
@@ -199,5 +219,56 @@ mod tests {
         assert!(config.validate().is_err());
         config.admin_token = Some(String::new());
         assert!(config.validate().is_err());
+    }
+
+    fn timings(lease_ms: u64) -> GroupTimings {
+        GroupTimings {
+            member_ttl_ms: lease_ms.max(10_000),
+            heartbeat_interval_ms: 200,
+            rebalance_timeout_ms: 30_000,
+            assignment_lease_ms: lease_ms,
+        }
+    }
+
+    #[test]
+    fn the_lease_must_cover_the_mutex_ttl_and_the_wait_for_it() {
+        let config = Config::default();
+        // Defaults: 2 s TTL + 1.5 s wait.
+        assert!(config.check_timings(&timings(3_500)).is_ok());
+        let err = config.check_timings(&timings(3_499)).expect_err("refused");
+        assert!(err.contains("3500 ms"), "{err}");
+        assert!(config.check_timings(&timings(2_500)).is_err());
+    }
+
+    #[test]
+    fn the_rule_follows_the_configured_mutex() {
+        let config = Config {
+            mutex_ttl: Duration::from_millis(900),
+            critical_section_timeout: Duration::from_millis(600),
+            ..Config::default()
+        };
+        assert!(config.check_timings(&timings(1_500)).is_ok());
+        assert!(config.check_timings(&timings(1_499)).is_err());
+    }
+
+    #[test]
+    fn protocol_rules_still_apply() {
+        let mut t = timings(8_000);
+        t.member_ttl_ms = 7_000;
+        assert!(
+            Config::default().check_timings(&t).is_err(),
+            "lease above the member TTL"
+        );
+    }
+
+    #[test]
+    fn a_configuration_whose_default_timings_break_the_rule_is_refused() {
+        let config = Config {
+            default_timings: timings(3_000),
+            ..Config::default()
+        };
+        let err = config.validate().expect_err("refused");
+        assert!(err.contains("mutex_ttl"), "{err}");
+        assert!(Config::default().validate().is_ok());
     }
 }

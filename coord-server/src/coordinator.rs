@@ -29,7 +29,7 @@ use crate::shutdown::ShutdownGate;
 use crate::spans::{self, Boundary};
 use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
-use crate::store::{self, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
+use crate::store::{self, Cached, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
 
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
@@ -89,6 +89,9 @@ const MAX_HEARTBEAT_BATCH: usize = 256;
 struct GroupMemory {
     /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
     aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
+    /// [`store::digest`] and length of that aggregate's JSON: a load skips it only while the stored one matches.
+    digest: String,
+    len: usize,
     /// Highest metadata version this process has seen for the group (to notice a regression itself).
     highest: MetadataVersion,
     /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
@@ -245,15 +248,21 @@ impl Coordinator {
     /// # Errors
     /// See [`Error`].
     pub async fn tick_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), Error> {
-        let routing = match self.inner.store.read_routing(stream).await? {
-            Some((_, json)) => match store::decode_routing(&json) {
+        let routing = match self.inner.store.read_routing(stream).await {
+            Ok(Some((_, json))) => match store::decode_routing(&json) {
                 Ok(r) => Some(r),
                 Err(e) => {
                     warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
                     None
                 }
             },
-            None => None,
+            Ok(None) => None,
+            // A damaged routing hash must not stop the group's expiry: tick it without adopting.
+            Err(StoreError::Corrupt(e)) => {
+                warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                None
+            }
+            Err(e) => return Err(e.into()),
         };
         self.group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
             self.inner.stats.metrics().observe_group(meta, live, clock.now_ms);
@@ -305,43 +314,18 @@ impl Coordinator {
     /// [`Error::MetadataUnavailable`] when the group is missing or unreadable.
     pub async fn describe_group(&self, stream: &StreamName, group: &GroupName) -> Result<GroupDescription, Error> {
         let keys = SectionKeys::group(stream, group);
-        let mut conn = self.inner.store.connection();
-        let ((rev, agg, schema, layout), live, (secs, micros)): DescribeReply = redis::pipe()
-            .cmd("HMGET")
-            .arg(&keys.hash)
-            .arg(&["revision", "aggregate", "schemaVersion", "layoutVersion"])
-            .cmd("HGETALL")
-            .arg(&keys.liveness)
-            .cmd("TIME")
-            .query_async(&mut conn)
+        let loaded = self
+            .inner
+            .store
+            .read(&keys, true)
             .await
-            .map_err(StoreError::from)?;
-        let (Some(rev), Some(agg)) = (rev, agg) else {
+            .map_err(|e| self.store_error(e))?;
+        let (Some(rev), Some(agg)) = (loaded.revision, loaded.aggregate.as_deref()) else {
             return Err(missing_group(stream, group));
         };
-        let loaded = Loaded {
-            now_ms: secs * 1000 + micros / 1000,
-            revision: Some(StoreRevision(rev)),
-            liveness_revision: 0,
-            schema_version: schema,
-            layout_version: layout,
-            aggregate: None,
-            liveness: Vec::new(),
-            stored_run_id: String::new(),
-            run_id: String::new(),
-            liveness_missing: false,
-        };
-        let meta = store::decode_group(&loaded, &agg).map_err(|e| self.unavailable(e))?;
-        let liveness: Liveness = live
-            .into_iter()
-            .filter_map(|(k, v)| Some((MemberId::new(k).ok()?, v.parse().ok()?)))
-            .collect();
-        Ok(state_machine::describe(
-            &meta,
-            &liveness,
-            StoreRevision(rev),
-            loaded.now_ms,
-        ))
+        let meta = store::decode_group(&loaded, agg).map_err(|e| self.unavailable(e))?;
+        let liveness: Liveness = loaded.liveness.iter().cloned().collect();
+        Ok(state_machine::describe(&meta, &liveness, rev, loaded.now_ms))
     }
 
     /// Creates a group, and its stream's routing when the stream has none.
@@ -356,7 +340,10 @@ impl Coordinator {
         req: &CreateGroupRequest,
     ) -> Result<GroupDescription, Error> {
         let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        timings.validate().map_err(Error::InvalidRequest)?;
+        self.inner
+            .config
+            .check_timings(&timings)
+            .map_err(Error::InvalidRequest)?;
         let indexed = self.inner.store.indexed_groups().await?;
         if indexed.contains(&protocol::keys::groups_index_member(stream, group)) {
             let exists = self.group_exists(stream, group).await?;
@@ -393,7 +380,10 @@ impl Coordinator {
             return Err(Error::InvalidRequest("recreate requires \"confirm\": true".into()));
         }
         let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        timings.validate().map_err(Error::InvalidRequest)?;
+        self.inner
+            .config
+            .check_timings(&timings)
+            .map_err(Error::InvalidRequest)?;
         if self.group_exists(stream, group).await? {
             return Err(Error::AlreadyExists(format!(
                 "group {group} of stream {stream} has metadata; not recreating"
@@ -582,6 +572,17 @@ impl Coordinator {
         groups.entry((stream.clone(), group.clone())).or_default().clone()
     }
 
+    /// A store error as answered: a corrupt hash counts as unreadable metadata.
+    fn store_error(&self, e: StoreError) -> Error {
+        match e {
+            StoreError::Corrupt(message) => {
+                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
+                self.unavailable(message)
+            }
+            other => Error::Store(other),
+        }
+    }
+
     fn unavailable(&self, message: String) -> Error {
         self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
         self.inner.stats.metrics().metadata_unreadable(&message);
@@ -593,7 +594,7 @@ impl Coordinator {
         &self,
         keys: &SectionKeys,
         token: &str,
-        cached: Option<StoreRevision>,
+        cached: Option<Cached<'_>>,
         scope: LivenessScope<'_>,
     ) -> Result<Loaded, Error> {
         let started = Instant::now();
@@ -604,7 +605,8 @@ impl Coordinator {
                 .inner
                 .store
                 .try_load(keys, token, self.inner.config.mutex_ttl, cached, scope)
-                .await?;
+                .await
+                .map_err(|e| self.store_error(e))?;
             if let Some(loaded) = loaded {
                 self.inner.stats.observe_mutex_wait(started.elapsed());
                 return Ok(loaded);
@@ -656,11 +658,15 @@ impl Coordinator {
         let slot = self.slot(stream, group);
         let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
         let keys = SectionKeys::group(stream, group);
-        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let token = self.inner.store.token();
         for _ in 0..MAX_CAS_ATTEMPTS {
             let memory = slot.cache.lock().expect("cache lock").clone();
-            let cached_revision = memory.aggregate.as_ref().map(|(rev, _)| *rev);
-            let loaded = self.acquire(&keys, &token, cached_revision, scope).await?;
+            let cached = memory.aggregate.as_ref().map(|(revision, _)| Cached {
+                revision: *revision,
+                digest: &memory.digest,
+                len: memory.len,
+            });
+            let loaded = self.acquire(&keys, &token, cached, scope).await?;
             spans::reached(Boundary::Loaded, loaded.revision);
             let result = self.decide(stream, group, &slot, memory, &loaded, &mut f);
             let (t, rev) = match result {
@@ -682,7 +688,7 @@ impl Coordinator {
             let json = t.next.as_ref().map(GroupMetadata::encode);
             let write = Write {
                 aggregate: json.as_deref(),
-                schema_version: store::schema_of_group(),
+                replaces: &loaded.aggregate_digest,
                 renew: &t.renew,
                 forget: &t.forget,
                 now_ms: loaded.now_ms,
@@ -692,13 +698,19 @@ impl Coordinator {
                 .inner
                 .store
                 .commit(&keys, &token, Some(rev), loaded.liveness_revision, &write)
-                .await?
-            {
+                .await
+                .map_err(|e| {
+                    // The stored aggregate is not the one decided on: never serve that one from memory again.
+                    slot.cache.lock().expect("cache lock").aggregate = None;
+                    self.store_error(e)
+                })? {
                 Committed::Ok(new_rev) => {
-                    if let Some(next) = &t.next {
+                    if let (Some(next), Some(json)) = (&t.next, &json) {
                         let mut memory = slot.cache.lock().expect("cache lock");
                         memory.highest = memory.highest.max(next.metadata_version);
                         memory.aggregate = Some((new_rev, Arc::new(next.clone())));
+                        memory.digest = store::digest(json.as_bytes());
+                        memory.len = json.len();
                     }
                     spans::reached(Boundary::Committed, Some(new_rev));
                     self.log_events(stream, group, &t.events);
@@ -736,12 +748,19 @@ impl Coordinator {
                 self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
             });
         };
+        // Every load is checked, cached or not: the cache only saves the JSON parse.
+        store::check_versions(loaded, store::schema_of_group()).map_err(|e| {
+            self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
+            self.unavailable(e)
+        })?;
         let meta = match (&loaded.aggregate, &memory.aggregate) {
             (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
+                // The cached aggregate is not the stored one any more.
+                slot.cache.lock().expect("cache lock").aggregate = None;
                 self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
                 self.unavailable(e)
             })?,
-            (None, Some((cached_rev, meta))) if *cached_rev == rev => meta.clone(),
+            (None, Some((cached_rev, meta))) if loaded.cache_hit && *cached_rev == rev => meta.clone(),
             (None, _) => {
                 self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
                 return Err(self.unavailable(format!("group {group} metadata hash has a revision but no aggregate")));
@@ -788,6 +807,10 @@ impl Coordinator {
         }
         {
             let mut memory = slot.cache.lock().expect("cache lock");
+            if let Some(json) = &loaded.aggregate {
+                memory.digest.clone_from(&loaded.aggregate_digest);
+                memory.len = json.len();
+            }
             memory.aggregate = Some((rev, meta.clone()));
             memory.highest = highest.max(meta.metadata_version);
             memory.grace_until_ms = Some(grace);
@@ -819,7 +842,7 @@ impl Coordinator {
         F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
     {
         let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
-        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let token = self.inner.store.token();
         for _ in 0..MAX_CAS_ATTEMPTS {
             let loaded = self.acquire(keys, &token, None, LivenessScope::None).await?;
             spans::reached(Boundary::Loaded, loaded.revision);
@@ -840,7 +863,7 @@ impl Coordinator {
             let json = next.encode();
             let write = Write {
                 aggregate: Some(&json),
-                schema_version: store::schema_of_routing(),
+                replaces: &loaded.aggregate_digest,
                 now_ms: loaded.now_ms,
                 run_id: &loaded.run_id,
                 ..Write::default()
@@ -870,7 +893,13 @@ impl Coordinator {
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {
-        let Some((rev, json)) = self.inner.store.read_routing(stream).await? else {
+        let routing = self
+            .inner
+            .store
+            .read_routing(stream)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        let Some((rev, json)) = routing else {
             return Err(self.unavailable(format!("stream {stream} has no routing (never created, or lost)")));
         };
         let r = store::decode_routing(&json).map_err(|e| self.unavailable(e))?;
@@ -923,7 +952,7 @@ impl Coordinator {
     ) -> Result<GroupDescription, Error> {
         let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
         let keys = SectionKeys::group(stream, group);
-        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let token = self.inner.store.token();
         let loaded = self.acquire(&keys, &token, None, LivenessScope::None).await?;
         spans::reached(Boundary::Loaded, loaded.revision);
         // A hash in any form (even without a revision: damaged) is never overwritten by a create.
@@ -947,7 +976,6 @@ impl Coordinator {
         let json = meta.encode();
         let write = Write {
             aggregate: Some(&json),
-            schema_version: store::schema_of_group(),
             now_ms: loaded.now_ms,
             run_id: &loaded.run_id,
             ..Write::default()
@@ -1001,13 +1029,6 @@ impl Coordinator {
         }
     }
 }
-
-/// Reply of the describe pipeline: the metadata hash fields, the liveness hash, Redis `TIME`.
-type DescribeReply = (
-    (Option<u64>, Option<Vec<u8>>, Option<u32>, Option<u32>),
-    Vec<(String, String)>,
-    (u64, u64),
-);
 
 fn missing_group(stream: &StreamName, group: &GroupName) -> Error {
     Error::MetadataUnavailable(format!(

@@ -40,7 +40,7 @@ pub enum Error {
     Terminating,
     /// Redis failed or the group mutex stayed busy.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// The HTTP listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -50,6 +50,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<StoreError> for Error {
+    /// A corrupt hash is not a store outage: only an operator fixes it, so it fails closed like missing metadata.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Corrupt(message) => Error::MetadataUnavailable(message),
+            other => Error::Store(other),
+        }
+    }
 }
 
 impl Error {
@@ -126,6 +136,9 @@ pub enum StoreError {
     /// A reply had an unexpected shape (a bug or a foreign writer).
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// A stored field does not parse, or names a version this build does not understand; nothing was written.
+    #[error("{0}")]
+    Corrupt(String),
     /// A store failure shared by every request of a batch (the original error's message).
     #[error("{0}")]
     Shared(String),

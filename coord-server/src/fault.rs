@@ -13,9 +13,10 @@
 //!
 //! The hook answers with an [`Action`]:
 //! * [`Action::Fail`]: the section returns an error (`503 STORE_UNAVAILABLE` on the wire) as if the process had
-//!   died there. Nothing else is undone or cleaned up: before the write, **the mutex is left to expire by its TTL**
-//!   (a crashed process would not release it either); after the write, the decision stays recorded and only the
-//!   answer is lost.
+//!   died there. Nothing else is undone or cleaned up: before the write, **the mutex is left behind** (a crashed
+//!   process would not release it either): another instance waits for its TTL, while this one deletes it at its
+//!   next section of the group, as it does any leftover of its own (`store::Token`); after the write, the decision
+//!   stays recorded and only the answer is lost.
 //! * [`Action::Hang`]: the section never returns. The caller's request hangs, the local group lock stays held:
 //!   the test then kills the instance ([`crate::server::CoordinatorHandle::abort`]) and carries on with another.
 //! * [`Action::Delay`]: the section sleeps, then goes on (e.g. past the mutex TTL, to make another instance win

@@ -46,6 +46,13 @@ struct Args {
     /// Routing lease given to producers of new streams, in ms.
     #[arg(long, env = "COORD_ROUTING_LEASE_MS")]
     routing_lease_ms: Option<u64>,
+    /// TTL of a group's Redis mutex, in ms: how long a section that died holding it blocks the group. With the
+    /// critical-section timeout, at most the assignment lease of any group.
+    #[arg(long, env = "COORD_MUTEX_TTL_MS")]
+    mutex_ttl_ms: Option<u64>,
+    /// How long a request waits for a group's busy mutex, in ms (shorter than the mutex TTL).
+    #[arg(long, env = "COORD_CRITICAL_SECTION_TIMEOUT_MS")]
+    critical_section_timeout_ms: Option<u64>,
     /// Deadline of one HTTP request, in ms.
     #[arg(long, env = "COORD_REQUEST_TIMEOUT_MS")]
     request_timeout_ms: Option<u64>,
@@ -116,6 +123,12 @@ impl Args {
         }
         if let Some(v) = self.routing_lease_ms {
             config.routing_lease = ms(v);
+        }
+        if let Some(v) = self.mutex_ttl_ms {
+            config.mutex_ttl = ms(v);
+        }
+        if let Some(v) = self.critical_section_timeout_ms {
+            config.critical_section_timeout = ms(v);
         }
         if let Some(v) = self.request_timeout_ms {
             config.request_timeout = ms(v);

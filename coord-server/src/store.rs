@@ -24,57 +24,149 @@ use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
+use tracing::warn;
 
 use crate::error::StoreError;
 
+/// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
+/// decimal (no sign, no leading zero, no spaces) short enough to be exact as a Lua number and as a Redis integer;
+/// anything else is corrupt. The checks run before the script writes anything (Redis does not roll back a script
+/// that fails half way), so a corrupt hash is answered `METADATA_UNAVAILABLE` and left exactly as it was.
+const FIELD_CHECKS: &str = r#"
+local function canonical(v, digits)
+  return #v <= digits and (v == '0' or string.find(v, '^[1-9]%d*$') ~= nil)
+end
+local function quote(v) return string.format('%q', string.sub(v, 1, 40)) end
+local function check_hash(f, schema, layout)
+  if f[1] and not canonical(f[1], 18) then return 'revision is ' .. quote(f[1]) end
+  if f[2] and not canonical(f[2], 18) then return 'livenessRevision is ' .. quote(f[2]) end
+  if f[3] and not canonical(f[3], 9) then return 'schemaVersion is ' .. quote(f[3]) end
+  if f[4] and not canonical(f[4], 9) then return 'layoutVersion is ' .. quote(f[4]) end
+  if f[5] and not (#f[5] == 40 and string.find(f[5], '^%x+$')) then return 'runId is ' .. quote(f[5]) end
+  if f[6] and not canonical(f[6], 15) then return 'updatedAt is ' .. quote(f[6]) end
+  if f[1] then
+    if f[4] ~= layout then
+      return 'unknown layoutVersion ' .. quote(f[4] or 'missing') .. ' (this build understands ' .. layout .. ')'
+    end
+    if f[3] ~= schema then
+      return 'unknown schemaVersion ' .. quote(f[3] or 'missing') .. ' (this build understands ' .. schema .. ')'
+    end
+  end
+  return nil
+end
+local function check_lease(m, v)
+  if v and not canonical(v, 15) then return 'liveness of ' .. quote(m) .. ' is ' .. quote(v) end
+  return nil
+end
+local FIELDS = {'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion', 'runId', 'updatedAt'}
+"#;
+
+/// Validates, then takes the mutex (`SET NX PX`) and reads. A corrupt hash answers `{2, why}` without taking the
+/// mutex; a busy mutex answers `{0, holder}` so the caller can recognise a stale mutex of its own.
+///
+/// ARGV: token, ttl ms, cached revision, cached aggregate check (`len:<bytes>` or `sha1:<hex>`), schema, layout,
+/// liveness scope, members...
 const LOAD: &str = r#"
-local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
-if not ok then return {0} end
-local t = redis.call('TIME')
-local f = redis.call('HMGET', KEYS[1], 'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion', 'runId')
-local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-local agg = ''
-if f[1] and f[1] ~= ARGV[3] then agg = redis.call('HGET', KEYS[1], 'aggregate') or '' end
+local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+local bad = check_hash(f, ARGV[5], ARGV[6])
+if bad then return {2, bad} end
 local live = {}
-if ARGV[4] == '*' then
+if ARGV[7] == '*' then
   live = redis.call('HGETALL', KEYS[2])
-elseif ARGV[4] == 'm' and #ARGV > 4 then
-  local members = {unpack(ARGV, 5)}
+  for i = 1, #live, 2 do
+    bad = check_lease(live[i], live[i + 1])
+    if bad then return {2, bad} end
+  end
+elseif ARGV[7] == 'm' and #ARGV > 7 then
+  local members = {unpack(ARGV, 8)}
   local values = redis.call('HMGET', KEYS[2], unpack(members))
   for i, m in ipairs(members) do
+    bad = check_lease(m, values[i])
+    if bad then return {2, bad} end
     if values[i] then live[#live + 1] = m; live[#live + 1] = values[i] end
   end
 end
+local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
+if not ok then return {0, redis.call('GET', KEYS[3]) or ''} end
+local t = redis.call('TIME')
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+-- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
+-- aggregate must still have the cached length (O(1): a deleted or replaced aggregate), or, when asked (ticks),
+-- the cached SHA-1 (any edit, at the price of hashing it).
+local agg, hit = '', 0
+if f[1] then
+  local same = false
+  if f[1] == ARGV[3] then
+    local kind, want = string.match(ARGV[4], '^(%a+):(%w+)$')
+    if kind == 'len' then
+      same = redis.call('HSTRLEN', KEYS[1], 'aggregate') == tonumber(want)
+    elseif kind == 'sha1' then
+      local a = redis.call('HGET', KEYS[1], 'aggregate')
+      same = a and redis.sha1hex(a) == want
+    end
+  end
+  if same then hit = 1 else agg = redis.call('HGET', KEYS[1], 'aggregate') or '' end
+end
 return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run,
-  redis.call('EXISTS', KEYS[2])}
+  redis.call('EXISTS', KEYS[2]), hit}
 "#;
 
+/// Validates everything it reads or overwrites, then writes; a corrupt hash answers `{2, why}` with nothing
+/// written and the mutex released.
+///
+/// ARGV: token, expected revision, expected liveness revision, aggregate, schema, layout, updatedAt, runId,
+/// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
 const COMMIT: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'revision', 'livenessRevision')
-local rev = f[1] or ''
-local live = f[2] or '0'
 local function release()
   if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
 end
+local function corrupt(why)
+  release()
+  return {2, why}
+end
+local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+local bad = check_hash(f, ARGV[5], ARGV[6])
+if bad then return corrupt(bad) end
+local rev = f[1] or ''
+local live = f[2] or '0'
 if rev ~= ARGV[2] or (ARGV[4] ~= '' and live ~= ARGV[3]) then
   release()
   return {0, rev}
 end
+if rev == '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  return corrupt('the hash exists without a revision')
+end
+if ARGV[4] ~= '' and rev ~= '' then
+  -- Never overwrite an aggregate other than the one the decision read (a same-length edit passes LOAD's check).
+  local stored = redis.call('HGET', KEYS[1], 'aggregate')
+  if not stored or redis.sha1hex(stored) ~= ARGV[9] then
+    return corrupt('the aggregate is not the one this decision read')
+  end
+end
+local renewals = tonumber(ARGV[10])
+local current = {}
+for i = 0, renewals - 1 do
+  local m = ARGV[11 + 2 * i]
+  local v = redis.call('HGET', KEYS[2], m)
+  bad = check_lease(m, v)
+  if bad then return corrupt(bad) end
+  current[i] = tonumber(v or '0')
+end
 local newrev = rev
 if ARGV[4] ~= '' then
-  newrev = tostring((tonumber(rev) or 0) + 1)
-  redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'revision', newrev, 'schemaVersion', ARGV[5],
-    'layoutVersion', ARGV[6], 'updatedAt', ARGV[7], 'runId', ARGV[8])
+  redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'schemaVersion', ARGV[5], 'layoutVersion', ARGV[6],
+    'updatedAt', ARGV[7], 'runId', ARGV[8])
+  newrev = redis.call('HINCRBY', KEYS[1], 'revision', 1)
 end
-local renewals = tonumber(ARGV[9])
 for i = 0, renewals - 1 do
-  local m, lease = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
-  local cur = tonumber(redis.call('HGET', KEYS[2], m) or '0')
-  if tonumber(lease) > cur then redis.call('HSET', KEYS[2], m, lease) end
+  local m, lease = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  if tonumber(lease) > current[i] then redis.call('HSET', KEYS[2], m, lease) end
 end
 if renewals > 0 then redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1) end
-for i = 10 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+for i = 11 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
 release()
 return {1, newrev}
 "#;
@@ -84,7 +176,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 "#;
 
-/// The keys of one critical section: a hash, its liveness hash and its mutex (one hash tag).
+/// The keys of one critical section: a hash, its liveness hash and its mutex (one hash tag), and the schema
+/// version of the hash's document.
 #[derive(Debug, Clone)]
 pub struct SectionKeys {
     /// The metadata (or routing) hash.
@@ -93,6 +186,8 @@ pub struct SectionKeys {
     pub liveness: String,
     /// The mutex.
     pub mutex: String,
+    /// The `schemaVersion` this build reads and writes in `hash`.
+    pub schema: u32,
 }
 
 impl SectionKeys {
@@ -102,6 +197,7 @@ impl SectionKeys {
             hash: keys::group_metadata(stream, group),
             liveness: keys::group_liveness(stream, group),
             mutex: keys::group_mutex(stream, group),
+            schema: GROUP_SCHEMA_VERSION,
         }
     }
 
@@ -112,6 +208,7 @@ impl SectionKeys {
             liveness: hash.clone(),
             hash,
             mutex: keys::stream_routing_mutex(stream),
+            schema: ROUTING_SCHEMA_VERSION,
         }
     }
 }
@@ -129,6 +226,19 @@ pub enum LivenessScope<'a> {
     All,
 }
 
+/// The aggregate a caller has parsed already: `LOAD` skips sending it while the stored revision is the same and
+/// the stored aggregate has the same length (every load) and the same digest (loads of all liveness, i.e. ticks
+/// and fences, which hash it).
+#[derive(Debug, Clone, Copy)]
+pub struct Cached<'a> {
+    /// The revision it was read or written at.
+    pub revision: StoreRevision,
+    /// [`digest`] of its JSON.
+    pub digest: &'a str,
+    /// Length of its JSON in bytes.
+    pub len: usize,
+}
+
 /// What `LOAD` read while taking the mutex.
 #[derive(Debug)]
 pub struct Loaded {
@@ -142,9 +252,14 @@ pub struct Loaded {
     pub schema_version: Option<u32>,
     /// `layoutVersion` field.
     pub layout_version: Option<u32>,
-    /// The aggregate JSON, unless the revision equals the cached one (or the hash is missing).
+    /// The aggregate JSON, unless the caller's cached one is still current (or the hash is missing).
     pub aggregate: Option<Vec<u8>>,
-    /// Liveness entries read: member -> lease end ms (unparsable entries are skipped).
+    /// [`digest`] of the aggregate this load stands for (the one sent, or the cached one on a hit); empty when
+    /// there is none.
+    pub aggregate_digest: String,
+    /// Whether the caller's [`Cached`] aggregate is the stored one (same revision, same bytes).
+    pub cache_hit: bool,
+    /// Liveness entries read: member -> lease end ms.
     pub liveness: Vec<(MemberId, u64)>,
     /// Redis run id the aggregate was last written under (empty when unknown).
     pub stored_run_id: String,
@@ -164,10 +279,10 @@ impl Loaded {
 /// What to write in `COMMIT`.
 #[derive(Debug, Default)]
 pub struct Write<'a> {
-    /// New aggregate JSON (bumps `revision`).
+    /// New aggregate JSON (bumps `revision`), written with the section's [`SectionKeys::schema`].
     pub aggregate: Option<&'a str>,
-    /// Schema version of that aggregate.
-    pub schema_version: u32,
+    /// [`Loaded::aggregate_digest`] of the load the decision read: an aggregate is only written over that one.
+    pub replaces: &'a str,
     /// Liveness renewals (member, lease end ms); a lease never moves backwards.
     pub renew: &'a [(MemberId, u64)],
     /// Liveness entries to delete.
@@ -187,6 +302,34 @@ pub enum Committed {
     Conflict,
 }
 
+/// A mutex token of this store, registered as live until dropped.
+///
+/// Every token starts with its store's owner id: a mutex that carries this store's id but no live token is a
+/// leftover of this process (a section that failed or was cancelled before its release, or a mutex Redis brought
+/// back from its append-only file after a restart), which nobody can be using, so it is deleted instead of
+/// waited out. Mutexes of other owners are only ever waited for: they may belong to a live section.
+#[derive(Debug)]
+pub struct Token {
+    value: String,
+    live: Arc<StdMutex<HashSet<String>>>,
+}
+
+impl std::ops::Deref for Token {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.value
+    }
+}
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&self.value);
+        }
+    }
+}
+
 /// Redis access of the coordinator.
 #[derive(Clone)]
 pub struct Store {
@@ -194,11 +337,17 @@ pub struct Store {
     load: Script,
     commit: Script,
     release: Script,
+    /// Prefix of this store's mutex tokens (random per process).
+    owner: Arc<str>,
+    /// Tokens of the sections running now.
+    live: Arc<StdMutex<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,9 +356,11 @@ impl Store {
     pub fn new(conn: ConnectionManager) -> Self {
         Store {
             conn,
-            load: Script::new(LOAD),
-            commit: Script::new(COMMIT),
+            load: Script::new(&format!("{FIELD_CHECKS}{LOAD}")),
+            commit: Script::new(&format!("{FIELD_CHECKS}{COMMIT}")),
             release: Script::new(RELEASE),
+            owner: format!("{:016x}", rand::random::<u64>()).into(),
+            live: Arc::default(),
         }
     }
 
@@ -218,18 +369,67 @@ impl Store {
         self.conn.clone()
     }
 
-    /// Tries once to take the mutex and load. `Ok(None)`: the mutex is busy.
+    /// A new mutex token (32 hex digits: this store's owner id, then 64 random bits).
+    pub fn token(&self) -> Token {
+        let value = format!("{}{:016x}", self.owner, rand::random::<u64>());
+        self.live.lock().expect("live tokens lock").insert(value.clone());
+        Token {
+            value,
+            live: self.live.clone(),
+        }
+    }
+
+    /// Whether `holder` is a mutex token of this store that no running section holds.
+    fn is_stale_own(&self, holder: &str) -> bool {
+        holder.len() == self.owner.len() + 16
+            && holder.starts_with(&*self.owner)
+            && !self.live.lock().expect("live tokens lock").contains(holder)
+    }
+
+    /// Tries to take the mutex and load; a stale mutex of this store is deleted and the load tried again once.
+    /// `Ok(None)`: the mutex is busy.
     ///
     /// # Errors
-    /// Redis errors and malformed replies.
+    /// [`StoreError::Corrupt`] for a hash or liveness entry that does not parse (the mutex is then free), Redis
+    /// errors and malformed replies.
     pub async fn try_load(
         &self,
         keys: &SectionKeys,
         token: &str,
         mutex_ttl: Duration,
-        cached: Option<StoreRevision>,
+        cached: Option<Cached<'_>>,
         scope: LivenessScope<'_>,
     ) -> Result<Option<Loaded>, StoreError> {
+        for _ in 0..2 {
+            match self.load_once(keys, token, mutex_ttl, cached, scope).await? {
+                Attempt::Loaded(loaded) => return Ok(Some(loaded)),
+                Attempt::Busy(holder) if self.is_stale_own(&holder) => {
+                    let mut conn = self.conn.clone();
+                    let deleted: i64 = self
+                        .release
+                        .key(&keys.mutex)
+                        .arg(&holder)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    if deleted == 1 {
+                        warn!(mutex = %keys.mutex, "deleted a stale mutex of this coordinator (failed section or \
+                            Redis restart) instead of waiting for its TTL");
+                    }
+                }
+                Attempt::Busy(_) => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    async fn load_once(
+        &self,
+        keys: &SectionKeys,
+        token: &str,
+        mutex_ttl: Duration,
+        cached: Option<Cached<'_>>,
+        scope: LivenessScope<'_>,
+    ) -> Result<Attempt, StoreError> {
         let (scope_arg, members): (&str, Vec<&MemberId>) = match scope {
             LivenessScope::None => ("", Vec::new()),
             LivenessScope::Member(m) => ("m", vec![m]),
@@ -242,55 +442,41 @@ impl Store {
             .key(&keys.mutex)
             .arg(token)
             .arg(mutex_ttl.as_millis() as u64)
-            .arg(cached.map(|r| r.0.to_string()).unwrap_or_default())
+            .arg(cached.map(|c| c.revision.0.to_string()).unwrap_or_default())
+            .arg(cached.map(|c| check_of(c, scope)).unwrap_or_default())
+            .arg(keys.schema)
+            .arg(LAYOUT_VERSION)
             .arg(scope_arg);
         for m in members {
             inv.arg(m.as_str());
         }
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        if int(&reply, 0)? == 0 {
-            return Ok(None);
+        match int(&reply, 0)? {
+            0 => return Ok(Attempt::Busy(text(&reply, 1)?)),
+            2 => return Err(corrupt(keys, &text(&reply, 1)?)),
+            _ => {}
         }
-        let secs = text(&reply, 1)?.parse::<u64>().map_err(bad)?;
-        let micros = text(&reply, 2)?.parse::<u64>().map_err(bad)?;
-        let revision = opt_num(&text(&reply, 3)?)?.map(StoreRevision);
-        let liveness_revision = opt_num(&text(&reply, 4)?)?.unwrap_or(0);
-        let schema_version = opt_num(&text(&reply, 5)?)?.map(|v| v as u32);
-        let layout_version = opt_num(&text(&reply, 6)?)?.map(|v| v as u32);
-        let aggregate = match reply.get(7) {
-            Some(Value::BulkString(b)) if !b.is_empty() => Some(b.clone()),
-            _ => None,
-        };
-        let mut liveness = Vec::new();
-        if let Some(Value::Array(items)) = reply.get(8) {
-            for pair in items.chunks(2) {
-                if let [Value::BulkString(k), Value::BulkString(v)] = pair {
-                    let member = std::str::from_utf8(k).ok().and_then(|k| MemberId::new(k).ok());
-                    let lease = std::str::from_utf8(v).ok().and_then(|v| v.parse::<u64>().ok());
-                    if let (Some(m), Some(l)) = (member, lease) {
-                        liveness.push((m, l));
-                    }
+        match parse_loaded(&reply, keys) {
+            Ok(mut loaded) => {
+                if let (true, Some(c)) = (loaded.cache_hit, cached) {
+                    loaded.aggregate_digest = c.digest.to_owned();
                 }
+                Ok(Attempt::Loaded(loaded))
+            }
+            Err(e) => {
+                // The script checked every field already; a reply this build cannot parse must not leave the
+                // group blocked for a mutex TTL either.
+                let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
+                Err(e)
             }
         }
-        Ok(Some(Loaded {
-            now_ms: secs * 1000 + micros / 1000,
-            revision,
-            liveness_revision,
-            schema_version,
-            layout_version,
-            aggregate,
-            liveness,
-            stored_run_id: text(&reply, 9)?,
-            run_id: text(&reply, 10)?,
-            liveness_missing: int(&reply, 11)? == 0,
-        }))
     }
 
-    /// Compare-and-set write, then releases the mutex (also on conflict).
+    /// Compare-and-set write, then releases the mutex (also on conflict and on a corrupt hash).
     ///
     /// # Errors
-    /// Redis errors and malformed replies.
+    /// [`StoreError::Corrupt`] when a field it would read or overwrite does not parse (nothing is written), Redis
+    /// errors and malformed replies.
     pub async fn commit(
         &self,
         keys: &SectionKeys,
@@ -307,10 +493,11 @@ impl Store {
             .arg(expected.map(|r| r.0.to_string()).unwrap_or_default())
             .arg(expected_liveness.to_string())
             .arg(write.aggregate.unwrap_or(""))
-            .arg(write.schema_version)
+            .arg(keys.schema)
             .arg(LAYOUT_VERSION)
             .arg(write.now_ms)
             .arg(write.run_id)
+            .arg(write.replaces)
             .arg(write.renew.len());
         for (m, lease) in write.renew {
             inv.arg(m.as_str()).arg(*lease);
@@ -319,11 +506,15 @@ impl Store {
             inv.arg(m.as_str());
         }
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        if int(&reply, 0)? == 1 {
-            let rev = opt_num(&text(&reply, 1)?)?.unwrap_or(0);
-            Ok(Committed::Ok(StoreRevision(rev)))
-        } else {
-            Ok(Committed::Conflict)
+        match int(&reply, 0)? {
+            1 => {
+                let rev = counter(&text(&reply, 1)?, REVISION_DIGITS)
+                    .map_err(|e| corrupt(keys, &format!("revision is {e}")))?
+                    .unwrap_or(0);
+                Ok(Committed::Ok(StoreRevision(rev)))
+            }
+            2 => Err(corrupt(keys, &text(&reply, 1)?)),
+            _ => Ok(Committed::Conflict),
         }
     }
 
@@ -337,20 +528,76 @@ impl Store {
         Ok(())
     }
 
+    /// Reads a hash without the mutex (a snapshot at one revision: the admin view, routing reads), with the
+    /// liveness entries when `liveness` is set, and checks it as strictly as `LOAD` does.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for a field that does not parse or a version this build does not understand; Redis
+    /// errors.
+    pub async fn read(&self, keys: &SectionKeys, liveness: bool) -> Result<Loaded, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut fields: Vec<&str> = SNAPSHOT_FIELDS.to_vec();
+        fields.push(fields::AGGREGATE);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(&keys.hash).arg(&fields);
+        pipe.cmd("TIME");
+        if liveness {
+            pipe.cmd("HGETALL").arg(&keys.liveness);
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let raw = match replies.first() {
+            Some(Value::Array(v)) => v.clone(),
+            other => return Err(StoreError::Protocol(format!("HMGET replied {other:?}"))),
+        };
+        let at = |i: usize| text(&raw, i);
+        let (secs, micros) = match replies.get(1) {
+            Some(Value::Array(t)) => (text(t, 0)?, text(t, 1)?),
+            other => return Err(StoreError::Protocol(format!("TIME replied {other:?}"))),
+        };
+        let mut live = Vec::new();
+        match replies.get(2) {
+            Some(Value::Array(items)) => live.clone_from(items),
+            Some(Value::Map(items)) => {
+                for (k, v) in items {
+                    live.push(k.clone());
+                    live.push(v.clone());
+                }
+            }
+            _ => {}
+        }
+        let revision = at(0)?;
+        let aggregate = match raw.get(6) {
+            Some(Value::BulkString(b)) => Some(b.clone()),
+            _ => None,
+        };
+        let fields = Fields {
+            revision: &revision,
+            liveness_revision: &at(1)?,
+            schema: &at(2)?,
+            layout: &at(3)?,
+            run_id: &at(4)?,
+            updated_at: &at(5)?,
+        };
+        let mut loaded = fields.parse(keys, &secs, &micros, &live)?;
+        if loaded.revision.is_some() {
+            check_versions(&loaded, keys.schema).map_err(|e| corrupt(keys, &e))?;
+        }
+        if let Some(json) = &aggregate {
+            loaded.aggregate_digest = digest(json);
+        }
+        loaded.aggregate = aggregate;
+        Ok(loaded)
+    }
+
     /// Reads a stream's routing without the mutex (routing reads are snapshots; writes go through the CAS).
     ///
     /// # Errors
-    /// Redis errors; [`StoreError::Protocol`] never: a bad document is reported by the caller's decode.
+    /// [`StoreError::Corrupt`] for a hash that does not parse; Redis errors. A bad document is reported by the
+    /// caller's decode.
     pub async fn read_routing(&self, stream: &StreamName) -> Result<Option<(StoreRevision, Vec<u8>)>, StoreError> {
-        let mut conn = self.conn.clone();
-        let (rev, agg): (Option<u64>, Option<Vec<u8>>) = redis::cmd("HMGET")
-            .arg(keys::stream_routing(stream))
-            .arg(fields::REVISION)
-            .arg(fields::AGGREGATE)
-            .query_async(&mut conn)
-            .await?;
-        Ok(match (rev, agg) {
-            (Some(rev), Some(agg)) => Some((StoreRevision(rev), agg)),
+        let loaded = self.read(&SectionKeys::routing(stream), false).await?;
+        Ok(match (loaded.revision, loaded.aggregate) {
+            (Some(rev), Some(agg)) => Some((rev, agg)),
             _ => None,
         })
     }
@@ -484,6 +731,159 @@ pub fn check_versions(loaded: &Loaded, schema: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// What one `LOAD` attempt found.
+enum Attempt {
+    Loaded(Loaded),
+    /// The mutex is held by this token.
+    Busy(String),
+}
+
+/// The hash fields every read checks (the aggregate aside), in `FIELDS` order of the scripts.
+const SNAPSHOT_FIELDS: [&str; 6] = [
+    fields::REVISION,
+    fields::LIVENESS_REVISION,
+    fields::SCHEMA_VERSION,
+    fields::LAYOUT_VERSION,
+    fields::RUN_ID,
+    fields::UPDATED_AT,
+];
+
+/// Digits of a revision: exact as a Redis integer (`HINCRBY`).
+const REVISION_DIGITS: usize = 18;
+/// Digits of a schema or layout version: a `u32` without truncation.
+const VERSION_DIGITS: usize = 9;
+/// Digits of a time or lease in ms: exact as a Lua number.
+const TIME_DIGITS: usize = 15;
+/// Length of a Redis run id.
+const RUN_ID_LEN: usize = 40;
+
+/// The text of a hash's fields, parsed strictly by [`Fields::parse`] (the Rust twin of the scripts' checks).
+struct Fields<'a> {
+    revision: &'a str,
+    liveness_revision: &'a str,
+    schema: &'a str,
+    layout: &'a str,
+    run_id: &'a str,
+    updated_at: &'a str,
+}
+
+impl Fields<'_> {
+    fn parse(&self, keys: &SectionKeys, secs: &str, micros: &str, live: &[Value]) -> Result<Loaded, StoreError> {
+        let field = |name: &str, value: &str, digits: usize| {
+            counter(value, digits).map_err(|e| corrupt(keys, &format!("{name} is {e}")))
+        };
+        let revision = field("revision", self.revision, REVISION_DIGITS)?.map(StoreRevision);
+        let liveness_revision = field("livenessRevision", self.liveness_revision, REVISION_DIGITS)?.unwrap_or(0);
+        let version = |name: &str, value: &str| -> Result<Option<u32>, StoreError> {
+            field(name, value, VERSION_DIGITS)?
+                .map(|v| u32::try_from(v).map_err(|e| corrupt(keys, &format!("{name} is {e}"))))
+                .transpose()
+        };
+        let schema_version = version("schemaVersion", self.schema)?;
+        let layout_version = version("layoutVersion", self.layout)?;
+        field("updatedAt", self.updated_at, TIME_DIGITS)?;
+        let run_id_ok = self.run_id.is_empty()
+            || (self.run_id.len() == RUN_ID_LEN && self.run_id.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !run_id_ok {
+            return Err(corrupt(keys, &format!("runId is {}", quoted(self.run_id))));
+        }
+        let mut liveness = Vec::with_capacity(live.len() / 2);
+        for pair in live.chunks(2) {
+            let (Some(k), Some(v)) = (pair.first(), pair.get(1)) else {
+                return Err(StoreError::Protocol("odd liveness reply".into()));
+            };
+            let (k, v) = (value_text(k)?, value_text(v)?);
+            let member = MemberId::new(k.as_str())
+                .map_err(|e| corrupt(keys, &format!("liveness member {} is invalid: {e}", quoted(&k))))?;
+            let lease = counter(&v, TIME_DIGITS)
+                .map_err(|e| corrupt(keys, &format!("liveness of {} is {e}", quoted(&k))))?
+                .ok_or_else(|| corrupt(keys, &format!("liveness of {} is empty", quoted(&k))))?;
+            liveness.push((member, lease));
+        }
+        let secs = secs.parse::<u64>().map_err(bad)?;
+        let micros = micros.parse::<u64>().map_err(bad)?;
+        Ok(Loaded {
+            now_ms: secs * 1000 + micros / 1000,
+            revision,
+            liveness_revision,
+            schema_version,
+            layout_version,
+            aggregate: None,
+            aggregate_digest: String::new(),
+            cache_hit: false,
+            liveness,
+            stored_run_id: self.run_id.to_owned(),
+            run_id: String::new(),
+            liveness_missing: false,
+        })
+    }
+}
+
+/// Parses a `LOAD` reply that took the mutex.
+fn parse_loaded(reply: &[Value], keys: &SectionKeys) -> Result<Loaded, StoreError> {
+    let live = match reply.get(8) {
+        Some(Value::Array(items)) => items.as_slice(),
+        _ => &[],
+    };
+    let fields = Fields {
+        revision: &text(reply, 3)?,
+        liveness_revision: &text(reply, 4)?,
+        schema: &text(reply, 5)?,
+        layout: &text(reply, 6)?,
+        run_id: &text(reply, 9)?,
+        updated_at: "",
+    };
+    let mut loaded = fields.parse(keys, &text(reply, 1)?, &text(reply, 2)?, live)?;
+    loaded.aggregate = match reply.get(7) {
+        Some(Value::BulkString(b)) if !b.is_empty() => Some(b.clone()),
+        _ => None,
+    };
+    if let Some(json) = &loaded.aggregate {
+        loaded.aggregate_digest = digest(json);
+    }
+    loaded.run_id = text(reply, 10)?;
+    loaded.liveness_missing = int(reply, 11)? == 0;
+    loaded.cache_hit = int(reply, 12)? == 1;
+    Ok(loaded)
+}
+
+/// What `LOAD` compares with the stored aggregate: its length on every load (O(1) in Redis), its digest on
+/// loads of all liveness (ticks and fences, a few per second per group) so that an edit that keeps the length is
+/// noticed within a tick, without hashing a large aggregate on every heartbeat.
+fn check_of(cached: Cached<'_>, scope: LivenessScope<'_>) -> String {
+    match scope {
+        LivenessScope::All => format!("sha1:{}", cached.digest),
+        _ => format!("len:{}", cached.len),
+    }
+}
+
+/// The digest `LOAD` compares with a cached aggregate's: SHA-1 in hex, as Redis's `redis.sha1hex`.
+pub fn digest(json: &[u8]) -> String {
+    sha1_smol::Sha1::from(json).digest().to_string()
+}
+
+/// A canonical decimal of at most `digits` digits; empty is `None`. The error quotes the value.
+fn counter(s: &str, digits: usize) -> Result<Option<u64>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let canonical = s.len() <= digits && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if !canonical {
+        return Err(quoted(s));
+    }
+    s.parse().map(Some).map_err(|_| quoted(s))
+}
+
+/// A stored value for a message: quoted, and cut so a huge field does not flood a log line.
+fn quoted(s: &str) -> String {
+    let cut: String = s.chars().take(40).collect();
+    format!("{cut:?}")
+}
+
+fn corrupt(keys: &SectionKeys, why: &str) -> StoreError {
+    StoreError::Corrupt(format!("{} is unreadable: {why}", keys.hash))
+}
+
 fn bad<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Protocol(e.to_string())
 }
@@ -499,18 +899,58 @@ fn int(reply: &[Value], i: usize) -> Result<i64, StoreError> {
 
 fn text(reply: &[Value], i: usize) -> Result<String, StoreError> {
     match reply.get(i) {
-        Some(Value::BulkString(b)) => String::from_utf8(b.clone()).map_err(bad),
-        Some(Value::SimpleString(s)) => Ok(s.clone()),
-        Some(Value::Int(n)) => Ok(n.to_string()),
-        Some(Value::Nil) | None => Ok(String::new()),
-        other => Err(StoreError::Protocol(format!("expected text at {i}, got {other:?}"))),
+        Some(v) => value_text(v),
+        None => Ok(String::new()),
     }
 }
 
-fn opt_num(s: &str) -> Result<Option<u64>, StoreError> {
-    if s.is_empty() {
-        Ok(None)
-    } else {
-        s.parse::<u64>().map(Some).map_err(bad)
+fn value_text(v: &Value) -> Result<String, StoreError> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(bad),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::Int(n) => Ok(n.to_string()),
+        Value::Nil => Ok(String::new()),
+        other => Err(StoreError::Protocol(format!("expected text, got {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_canonical_decimals() {
+        assert_eq!(counter("", REVISION_DIGITS), Ok(None));
+        assert_eq!(counter("0", REVISION_DIGITS), Ok(Some(0)));
+        assert_eq!(counter("42", REVISION_DIGITS), Ok(Some(42)));
+        for bad in ["07", "-1", "+1", " 1", "1 ", "1e3", "0x10", "12x", "１"] {
+            assert!(counter(bad, REVISION_DIGITS).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            counter("999999999999999999", REVISION_DIGITS),
+            Ok(Some(999_999_999_999_999_999))
+        );
+        assert!(counter("1000000000000000000", REVISION_DIGITS).is_err(), "19 digits");
+    }
+
+    #[test]
+    fn versions_are_never_truncated() {
+        let keys = SectionKeys::routing(&StreamName::new("s").unwrap());
+        let fields = |schema| Fields {
+            revision: "1",
+            liveness_revision: "0",
+            schema,
+            layout: "1",
+            run_id: "",
+            updated_at: "",
+        };
+        let parsed = fields("1").parse(&keys, "1", "0", &[]).unwrap();
+        assert_eq!(parsed.schema_version, Some(1));
+        // 2^32 + 1 would be 1 after an `as u32`.
+        let err = fields("4294967297").parse(&keys, "1", "0", &[]).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt(ref m) if m.contains("schemaVersion")),
+            "{err:?}"
+        );
     }
 }

@@ -698,9 +698,10 @@ async fn request_timeout_is_a_typed_503_and_the_section_still_completes() {
     config.request_timeout = Duration::from_millis(300);
     config.mutex_ttl = Duration::from_secs(10);
     config.critical_section_timeout = Duration::from_secs(8);
+    config.default_timings = patient_timings();
     let coord = CoordinatorHandle::spawn(config).await.expect("coordinator starts");
     let api = Api::new(coord.url());
-    api.create_group(S, G, 2).await;
+    api.create_group_with(S, G, 2, patient_timings()).await;
 
     let mut con = redis.connection().await;
     let taken: Option<String> = redis::cmd("SET")

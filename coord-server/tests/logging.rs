@@ -22,6 +22,8 @@ async fn json_logs_carry_the_critical_section_span_and_its_write_boundary() {
     let child = Command::new(BIN)
         .args(["--redis-url", &redis.url(), "--listen", &format!("127.0.0.1:{port}")])
         .args(["--log-format", "json", "--tick-interval-ms", "3600000"])
+        // Short enough for the 1.5 s lease of `timings()`.
+        .args(["--mutex-ttl-ms", "900", "--critical-section-timeout-ms", "600"])
         .env("RUST_LOG", "info,coord_server=debug")
         .env_remove("COORD_ADMIN_TOKEN")
         .env_remove("COORD_CLIENT_TOKEN")

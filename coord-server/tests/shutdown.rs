@@ -24,6 +24,7 @@ async fn patient_coordinator(redis: &RedisServer) -> CoordinatorHandle {
     config.mutex_ttl = Duration::from_secs(10);
     config.critical_section_timeout = Duration::from_secs(8);
     config.request_timeout = Duration::from_secs(9);
+    config.default_timings = patient_timings();
     CoordinatorHandle::spawn(config).await.expect("coordinator starts")
 }
 
@@ -50,7 +51,7 @@ async fn terminating_refuses_new_heartbeats_while_an_entered_section_finishes() 
     let redis = RedisServer::start().await;
     let coord = patient_coordinator(&redis).await;
     let api = Api::new(coord.url());
-    api.create_group(S, G, 2).await;
+    api.create_group_with(S, G, 2, patient_timings()).await;
     let mut con = redis.connection().await;
 
     hold_mutex(&mut con).await;
@@ -129,7 +130,7 @@ async fn shutdown_waits_for_the_entered_section_before_stopping() {
     let redis = RedisServer::start().await;
     let coord = patient_coordinator(&redis).await;
     let api = Api::new(coord.url());
-    api.create_group(S, G, 2).await;
+    api.create_group_with(S, G, 2, patient_timings()).await;
     let mut con = redis.connection().await;
 
     hold_mutex(&mut con).await;

@@ -57,7 +57,6 @@ async fn a_writer_that_outlived_its_mutex_loses_the_compare_and_set() {
     let json = "{\"stale\":true}";
     let write = Write {
         aggregate: Some(json),
-        schema_version: 1,
         now_ms: stalled.now_ms,
         run_id: &stalled.run_id,
         ..Write::default()

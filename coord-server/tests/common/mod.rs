@@ -28,11 +28,14 @@ pub fn timings() -> GroupTimings {
     }
 }
 
-/// A configuration for `redis_url` with a free port, short timings and a 50 ms tick.
+/// A configuration for `redis_url` with a free port, short timings and a 50 ms tick. The mutex TTL and wait are
+/// short enough for the 1.5 s assignment lease of [`timings`] (`Config::check_timings`).
 pub fn config(redis_url: &str) -> Config {
     let mut config = Config::new(redis_url);
     config.listen = "127.0.0.1:0".parse().expect("literal address");
     config.tick_interval = Duration::from_millis(50);
+    config.mutex_ttl = Duration::from_millis(900);
+    config.critical_section_timeout = Duration::from_millis(600);
     config.default_timings = timings();
     config
 }
@@ -94,9 +97,19 @@ impl Api {
     }
 
     pub async fn create_group(&self, stream: &str, group: &str, shards: u32) -> GroupDescription {
+        self.create_group_with(stream, group, shards, timings()).await
+    }
+
+    pub async fn create_group_with(
+        &self,
+        stream: &str,
+        group: &str,
+        shards: u32,
+        timings: GroupTimings,
+    ) -> GroupDescription {
         let req = CreateGroupRequest {
             shard_count: Some(shards),
-            timings: Some(timings()),
+            timings: Some(timings),
         };
         let resp = self.post(&format!("/v1/streams/{stream}/groups/{group}"), &req).await;
         ok_json(resp, StatusCode::CREATED).await
@@ -164,6 +177,17 @@ pub async fn error_json(resp: Response, http: StatusCode, wire: Status) -> Error
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("not an ErrorResponse: {text}: {e}"));
     assert_eq!(body.status, wire, "{text}");
     body
+}
+
+/// Timings for a coordinator that waits 8 s for a mutex with a 10 s TTL (tests that hold the mutex themselves):
+/// its assignment lease must outlast both.
+pub fn patient_timings() -> GroupTimings {
+    GroupTimings {
+        member_ttl_ms: 20_000,
+        heartbeat_interval_ms: 200,
+        rebalance_timeout_ms: 20_000,
+        assignment_lease_ms: 18_000,
+    }
 }
 
 /// A join request (epoch 0) from instance `<member>-i`.

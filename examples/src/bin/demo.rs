@@ -924,6 +924,9 @@ async fn run(
                 let mut config = coord_server::Config::new(redis_url.clone());
                 config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
                 config.tick_interval = Duration::from_millis(100);
+                // Short enough for the demo's leases (`Config::check_timings`).
+                config.mutex_ttl = Duration::from_millis(900);
+                config.critical_section_timeout = Duration::from_millis(600);
                 config.default_timings = settings.timings;
                 let handle = CoordinatorHandle::spawn(config)
                     .await

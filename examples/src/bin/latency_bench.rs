@@ -480,6 +480,9 @@ async fn main() -> Result<()> {
     let mut config = coord_server::Config::new(redis.url());
     config.listen = "127.0.0.1:0".parse()?;
     config.tick_interval = Duration::from_millis(args.tick_ms);
+    // Short enough for the benchmark's 2.4 s lease (`Config::check_timings`).
+    config.mutex_ttl = Duration::from_millis(1_200);
+    config.critical_section_timeout = Duration::from_millis(1_000);
     let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
     let env = Env {
         coordinator,

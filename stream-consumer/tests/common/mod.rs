@@ -54,6 +54,9 @@ fn coord_config(redis_url: &str, listen: SocketAddr) -> coord_server::Config {
     let mut config = coord_server::Config::new(redis_url);
     config.listen = listen;
     config.tick_interval = Duration::from_millis(50);
+    // Short enough for the 1.5 s lease (`Config::check_timings`).
+    config.mutex_ttl = Duration::from_millis(900);
+    config.critical_section_timeout = Duration::from_millis(600);
     config
 }
 

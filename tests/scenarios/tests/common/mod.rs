@@ -69,7 +69,9 @@ pub fn coord_config(redis_url: &str, listen: SocketAddr) -> Config {
     config.listen = listen;
     config.tick_interval = Duration::from_millis(50);
     config.mutex_ttl = MUTEX_TTL;
-    config.critical_section_timeout = Duration::from_millis(800);
+    // With MUTEX_TTL, exactly the 1.5 s lease: `Config::check_timings` refuses a lease a dead section's mutex can
+    // outlast.
+    config.critical_section_timeout = Duration::from_millis(500);
     config.default_timings = timings();
     config.routing_lease = ROUTING_LEASE;
     config

@@ -1,0 +1,365 @@
+//! A stored field this build cannot parse, or whose version it does not understand, fails closed: every request
+//! and tick of the group answers `METADATA_UNAVAILABLE`, nothing in Redis changes (not even a field the next
+//! write would have "fixed"), and the group's mutex is not left behind. The decode cache saves parsing, never
+//! these checks.
+
+mod common;
+
+use common::*;
+use coord_server::store::{LivenessScope, SectionKeys, Store, Write};
+use coord_server::Error;
+use protocol::keys;
+use protocol::messages::{AddShardsRequest, HeartbeatResponse};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::Status;
+use redis::aio::MultiplexedConnection;
+use reqwest::StatusCode;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use test_support::wait_for;
+
+const S: &str = "orders";
+const G: &str = "billing";
+const DESCRIBE: &str = "/v1/streams/orders/groups/billing";
+
+/// Every hash of the group and its stream, field by field.
+type Stored = BTreeMap<String, BTreeMap<String, String>>;
+
+async fn stored(conn: &mut MultiplexedConnection) -> Stored {
+    let stream = StreamName::new(S).unwrap();
+    let mut all = Stored::new();
+    for key in [metadata_key(S, G), liveness_key(S, G), keys::stream_routing(&stream)] {
+        let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&key).query_async(conn).await.unwrap();
+        all.insert(key, fields);
+    }
+    all
+}
+
+async fn hset(conn: &mut MultiplexedConnection, key: &str, field: &str, value: &str) {
+    let _: i64 = redis::cmd("HSET")
+        .arg(key)
+        .arg(field)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query_async(conn).await.unwrap()
+}
+
+struct Fixture {
+    redis: test_support::RedisServer,
+    coord: coord_server::server::CoordinatorHandle,
+    api: Api,
+    conn: MultiplexedConnection,
+    /// Member `a`'s last answer (it reads what it was assigned).
+    a: HeartbeatResponse,
+}
+
+/// A group with one member, `a`, whose aggregate is in the coordinator's decode cache.
+async fn group_with_a() -> Fixture {
+    let (redis, coord) = start().await;
+    let api = Api::new(coord.url());
+    api.create_group(S, G, 2).await;
+    let joined = api.hb(S, G, &join("a")).await;
+    let a = api.hb(S, G, &follow_up(&joined, &joined.assigned)).await;
+    let conn = redis.connection().await;
+    Fixture {
+        redis,
+        coord,
+        api,
+        conn,
+        a,
+    }
+}
+
+impl Fixture {
+    async fn refused(&self, req: &protocol::messages::HeartbeatRequest) {
+        let (http, body) = self.api.heartbeat(S, G, req).await.expect_err("refused");
+        assert_eq!(
+            (http, body.status),
+            (StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable),
+            "{body:?}"
+        );
+    }
+
+    /// A heartbeat of `a`, a join of `b` (unless `b_concerned` is false: `b`'s join reads nothing of `a`), a tick
+    /// and a describe all fail closed; nothing changes in Redis and the mutex is free.
+    async fn fails_closed(mut self, b_concerned: bool) {
+        let before = stored(&mut self.conn).await;
+        self.refused(&follow_up(&self.a, &self.a.assigned)).await;
+        if b_concerned {
+            self.refused(&join("b")).await;
+        }
+        let tick = self
+            .coord
+            .coordinator()
+            .tick_group(&S.parse().unwrap(), &G.parse().unwrap())
+            .await
+            .expect_err("the tick fails closed");
+        assert!(matches!(tick, Error::MetadataUnavailable(_)), "{tick:?}");
+        error_json(
+            self.api.get(DESCRIBE).await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Status::MetadataUnavailable,
+        )
+        .await;
+        assert_eq!(stored(&mut self.conn).await, before, "nothing was written");
+        assert!(
+            !exists(&mut self.conn, &mutex_key(S, G)).await,
+            "the mutex is not left held"
+        );
+        self.coord.shutdown().await;
+    }
+}
+
+async fn corrupt_metadata_field_fails_closed(field: &str, value: &str) {
+    let mut f = group_with_a().await;
+    hset(&mut f.conn, &metadata_key(S, G), field, value).await;
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_revision_fails_closed() {
+    corrupt_metadata_field_fails_closed("revision", "12x").await;
+}
+
+#[tokio::test]
+async fn a_revision_with_a_leading_zero_fails_closed() {
+    corrupt_metadata_field_fails_closed("revision", "07").await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_liveness_revision_fails_closed() {
+    corrupt_metadata_field_fails_closed("livenessRevision", "many").await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_schema_version_fails_closed() {
+    corrupt_metadata_field_fails_closed("schemaVersion", "one").await;
+}
+
+#[tokio::test]
+async fn a_schema_version_above_u32_is_not_truncated_to_a_known_one() {
+    // 2^32 + 1: read as 1 by a truncating parse.
+    corrupt_metadata_field_fails_closed("schemaVersion", "4294967297").await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_layout_version_fails_closed() {
+    corrupt_metadata_field_fails_closed("layoutVersion", "x").await;
+}
+
+#[tokio::test]
+async fn a_malformed_run_id_fails_closed() {
+    corrupt_metadata_field_fails_closed("runId", "not-a-run-id").await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_updated_at_fails_closed() {
+    corrupt_metadata_field_fails_closed("updatedAt", "later").await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_lease_of_the_heartbeating_member_fails_closed() {
+    let mut f = group_with_a().await;
+    hset(&mut f.conn, &liveness_key(S, G), "a", "forever").await;
+    f.fails_closed(false).await;
+}
+
+#[tokio::test]
+async fn a_non_numeric_lease_of_a_joining_member_is_refused_before_the_aggregate_is_written() {
+    // The join writes the aggregate and renews b: the renewal must not meet b's corrupt entry after the aggregate
+    // write (Redis keeps what a failing script wrote before it failed).
+    let mut f = group_with_a().await;
+    hset(&mut f.conn, &liveness_key(S, G), "b", "forever").await;
+    let before = stored(&mut f.conn).await;
+    f.refused(&join("b")).await;
+    assert_eq!(stored(&mut f.conn).await, before, "nothing was written");
+    assert!(
+        !exists(&mut f.conn, &mutex_key(S, G)).await,
+        "the mutex is not left held"
+    );
+    // Members the corrupt entry does not concern keep working: a's heartbeats load only a's lease.
+    let r = f.api.hb(S, G, &follow_up(&f.a, &f.a.assigned)).await;
+    assert_eq!(r.status, Status::Ok);
+    f.coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn commit_checks_what_it_overwrites_before_writing_anything() {
+    // A foreign writer damages the hash between a section's load and its commit: the commit must refuse whole.
+    let mut f = group_with_a().await;
+    let store = Store::new(f.redis.connection_manager().await);
+    let keys = SectionKeys::group(&S.parse().unwrap(), &G.parse().unwrap());
+    let token = store.token();
+    let a = MemberId::new("a").unwrap();
+    for (key, field, value) in [
+        (liveness_key(S, G), "a", "forever"),
+        (metadata_key(S, G), "schemaVersion", "99"),
+        (metadata_key(S, G), "revision", "x"),
+    ] {
+        // The coordinator's tick loop takes the mutex for a moment every 50 ms.
+        let loaded = wait_for(Duration::from_secs(5), "the mutex", || {
+            let (store, keys, token, a) = (&store, &keys, &token, &a);
+            async move {
+                store
+                    .try_load(keys, token, Duration::from_secs(5), None, LivenessScope::Member(a))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await;
+        let original: String = redis::cmd("HGET")
+            .arg(&key)
+            .arg(field)
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+        hset(&mut f.conn, &key, field, value).await;
+        let before = stored(&mut f.conn).await;
+        let renew = [(a.clone(), loaded.now_ms + 60_000)];
+        let write = Write {
+            aggregate: Some("{\"replaced\":true}"),
+            replaces: &loaded.aggregate_digest,
+            renew: &renew,
+            now_ms: loaded.now_ms,
+            run_id: &loaded.run_id,
+            ..Write::default()
+        };
+        let err = store
+            .commit(&keys, &token, loaded.revision, loaded.liveness_revision, &write)
+            .await
+            .expect_err("refused");
+        assert!(matches!(err, coord_server::StoreError::Corrupt(_)), "{field}: {err:?}");
+        assert_eq!(stored(&mut f.conn).await, before, "{field}: nothing was written");
+        assert!(
+            !exists(&mut f.conn, &mutex_key(S, G)).await,
+            "{field}: the mutex was released"
+        );
+        hset(&mut f.conn, &key, field, &original).await;
+    }
+    f.coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unknown_schema_version_under_a_warm_cache_fails_closed_and_is_not_rewritten() {
+    let mut f = group_with_a().await;
+    // The revision does not change: the coordinator's cached aggregate is still "current".
+    hset(&mut f.conn, &metadata_key(S, G), "schemaVersion", "99").await;
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn an_unknown_layout_version_under_a_warm_cache_fails_closed() {
+    let mut f = group_with_a().await;
+    hset(&mut f.conn, &metadata_key(S, G), "layoutVersion", "2").await;
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn a_garbage_aggregate_under_a_warm_cache_is_not_served_nor_replaced() {
+    let mut f = group_with_a().await;
+    hset(&mut f.conn, &metadata_key(S, G), "aggregate", "garbage").await;
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn an_edit_that_keeps_the_aggregate_length_is_never_overwritten_and_fails_closed_from_the_next_tick() {
+    let mut f = group_with_a().await;
+    let key = metadata_key(S, G);
+    let original: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("aggregate")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    hset(&mut f.conn, &key, "aggregate", &" ".repeat(original.len())).await;
+    let before = stored(&mut f.conn).await;
+    // b's join is decided on the cached aggregate (the length matches), but its write is refused.
+    f.refused(&join("b")).await;
+    assert_eq!(stored(&mut f.conn).await, before, "nothing was written");
+    // A tick compares digests; from then on nothing is served from the cache either.
+    let tick = f
+        .coord
+        .coordinator()
+        .tick_group(&S.parse().unwrap(), &G.parse().unwrap())
+        .await
+        .expect_err("the tick fails closed");
+    assert!(matches!(tick, Error::MetadataUnavailable(_)), "{tick:?}");
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn a_deleted_aggregate_under_a_warm_cache_fails_closed() {
+    let mut f = group_with_a().await;
+    let _: i64 = redis::cmd("HDEL")
+        .arg(metadata_key(S, G))
+        .arg("aggregate")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    f.fails_closed(true).await;
+}
+
+#[tokio::test]
+async fn a_repaired_hash_is_served_again() {
+    let mut f = group_with_a().await;
+    let key = metadata_key(S, G);
+    let original: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("aggregate")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    hset(&mut f.conn, &key, "aggregate", "garbage").await;
+    f.refused(&follow_up(&f.a, &f.a.assigned)).await;
+    hset(&mut f.conn, &key, "aggregate", &original).await;
+    let r = f.api.hb(S, G, &follow_up(&f.a, &f.a.assigned)).await;
+    assert_eq!((r.status, r.assigned.clone()), (Status::Ok, f.a.assigned.clone()));
+    f.coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_corrupt_routing_hash_fails_closed_for_reads_and_writes() {
+    let stream = StreamName::new(S).unwrap();
+    let routing = keys::stream_routing(&stream);
+    for (field, value) in [
+        ("revision", "x"),
+        ("schemaVersion", "99"),
+        ("schemaVersion", "4294967297"),
+        ("layoutVersion", "x"),
+        ("aggregate", "garbage"),
+    ] {
+        let mut f = group_with_a().await;
+        hset(&mut f.conn, &routing, field, value).await;
+        let before = stored(&mut f.conn).await;
+        for resp in [
+            f.api.get("/v1/streams/orders").await,
+            f.api
+                .post("/v1/streams/orders/shards", &AddShardsRequest { count: 1 })
+                .await,
+        ] {
+            let body = error_json(resp, StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable).await;
+            assert!(!body.message.is_empty(), "{field}={value}");
+        }
+        assert_eq!(
+            stored(&mut f.conn).await,
+            before,
+            "{field}={value}: nothing was written"
+        );
+        assert!(
+            !exists(&mut f.conn, &keys::stream_routing_mutex(&stream)).await,
+            "{field}={value}: the routing mutex is not left held"
+        );
+        // The group's own ticks go on (expiry must not stop because the routing is damaged).
+        f.coord
+            .coordinator()
+            .tick_group(&stream, &GroupName::new(G).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("{field}={value}: the group still ticks: {e}"));
+        f.coord.shutdown().await;
+    }
+}
