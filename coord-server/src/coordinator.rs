@@ -866,7 +866,7 @@ impl Coordinator {
     fn decode_loaded_routing(&self, loaded: &Loaded) -> Result<StreamRouting, Error> {
         store::check_versions(loaded, store::schema_of_routing()).map_err(|e| self.unavailable(e))?;
         let json = loaded.aggregate.as_deref().unwrap_or_default();
-        store::decode_routing(json).map_err(|e| self.unavailable(e))
+        store::decode_routing_json(json).map_err(|e| self.unavailable(e))
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {

@@ -340,17 +340,28 @@ impl Store {
     /// Reads a stream's routing without the mutex (routing reads are snapshots; writes go through the CAS).
     ///
     /// # Errors
-    /// Redis errors; [`StoreError::Protocol`] never: a bad document is reported by the caller's decode.
-    pub async fn read_routing(&self, stream: &StreamName) -> Result<Option<(StoreRevision, Vec<u8>)>, StoreError> {
+    /// Redis errors; [`StoreError::Protocol`] never: a bad document (or an unknown schema or layout version) is
+    /// reported by the caller's [`decode_routing`].
+    pub async fn read_routing(&self, stream: &StreamName) -> Result<Option<(StoreRevision, RoutingDoc)>, StoreError> {
         let mut conn = self.conn.clone();
-        let (rev, agg): (Option<u64>, Option<Vec<u8>>) = redis::cmd("HMGET")
+        type Fields = (Option<u64>, Option<Vec<u8>>, Option<u32>, Option<u32>);
+        let (rev, agg, schema_version, layout_version): Fields = redis::cmd("HMGET")
             .arg(keys::stream_routing(stream))
             .arg(fields::REVISION)
             .arg(fields::AGGREGATE)
+            .arg(fields::SCHEMA_VERSION)
+            .arg(fields::LAYOUT_VERSION)
             .query_async(&mut conn)
             .await?;
         Ok(match (rev, agg) {
-            (Some(rev), Some(agg)) => Some((StoreRevision(rev), agg)),
+            (Some(rev), Some(aggregate)) => Some((
+                StoreRevision(rev),
+                RoutingDoc {
+                    aggregate,
+                    schema_version,
+                    layout_version,
+                },
+            )),
             _ => None,
         })
     }
@@ -456,11 +467,32 @@ pub fn decode_group(loaded: &Loaded, json: &[u8]) -> Result<GroupMetadata, Strin
     GroupMetadata::decode(json).map_err(|e| format!("group metadata is unreadable: {e}"))
 }
 
-/// Decodes a routing document.
+/// A routing hash as read outside a critical section: the document and the hash's version fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingDoc {
+    /// The `aggregate` JSON.
+    pub aggregate: Vec<u8>,
+    /// `schemaVersion` field.
+    pub schema_version: Option<u32>,
+    /// `layoutVersion` field.
+    pub layout_version: Option<u32>,
+}
+
+/// Decodes a routing hash, checking its `schemaVersion` and `layoutVersion` fields first: a routing this build
+/// cannot interpret is refused (fail closed), never guessed at.
 ///
 /// # Errors
 /// A sentence for the `METADATA_UNAVAILABLE` answer.
-pub fn decode_routing(json: &[u8]) -> Result<StreamRouting, String> {
+pub fn decode_routing(doc: &RoutingDoc) -> Result<StreamRouting, String> {
+    check_version_fields(doc.schema_version, doc.layout_version, ROUTING_SCHEMA_VERSION)?;
+    decode_routing_json(&doc.aggregate)
+}
+
+/// Decodes a routing document whose hash fields were checked already ([`check_versions`]).
+///
+/// # Errors
+/// A sentence for the `METADATA_UNAVAILABLE` answer.
+pub fn decode_routing_json(json: &[u8]) -> Result<StreamRouting, String> {
     StreamRouting::decode(json).map_err(|e| format!("stream routing is unreadable: {e}"))
 }
 
@@ -469,16 +501,18 @@ pub fn decode_routing(json: &[u8]) -> Result<StreamRouting, String> {
 /// # Errors
 /// A sentence naming the unknown version.
 pub fn check_versions(loaded: &Loaded, schema: u32) -> Result<(), String> {
-    if loaded.layout_version != Some(LAYOUT_VERSION) {
+    check_version_fields(loaded.schema_version, loaded.layout_version, schema)
+}
+
+fn check_version_fields(schema_version: Option<u32>, layout_version: Option<u32>, schema: u32) -> Result<(), String> {
+    if layout_version != Some(LAYOUT_VERSION) {
         return Err(format!(
-            "unknown layoutVersion {:?} (this build understands {LAYOUT_VERSION})",
-            loaded.layout_version
+            "unknown layoutVersion {layout_version:?} (this build understands {LAYOUT_VERSION})"
         ));
     }
-    if loaded.schema_version != Some(schema) {
+    if schema_version != Some(schema) {
         return Err(format!(
-            "unknown schemaVersion {:?} (this build understands {schema})",
-            loaded.schema_version
+            "unknown schemaVersion {schema_version:?} (this build understands {schema})"
         ));
     }
     Ok(())

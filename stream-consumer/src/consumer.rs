@@ -18,7 +18,8 @@ use crate::lease::LeaseView;
 use crate::membership::Membership;
 use crate::metrics::ConsumerMetrics;
 use crate::shard_reader::ReaderShared;
-use crate::version_store::{version_key, DynVersionStore, MemoryVersionStore};
+use crate::version_store::{version_key, SharedVersionStore};
+use client_core::{PersistPolicy, VersionPersister};
 
 /// A consumer group member, configured and not yet running.
 ///
@@ -28,7 +29,7 @@ pub struct Consumer {
     config: Arc<ConsumerConfig>,
     handler: Arc<dyn DynHandler>,
     listener: Arc<dyn DynListener>,
-    store: Arc<dyn DynVersionStore>,
+    store: SharedVersionStore,
     /// Random per process: tells the coordinator a retried join from a new incarnation of the member id.
     instance_id: String,
     status: watch::Sender<ConsumerStatus>,
@@ -163,7 +164,7 @@ impl Consumer {
         config: ConsumerConfig,
         handler: Arc<dyn DynHandler>,
         listener: Option<Arc<dyn DynListener>>,
-        store: Option<Arc<dyn DynVersionStore>>,
+        store: Option<SharedVersionStore>,
     ) -> Consumer {
         let status = watch::Sender::new(ConsumerStatus::initial(config.member_id.clone()));
         let metrics = ConsumerMetrics::new(&config.stream, &config.group);
@@ -171,7 +172,7 @@ impl Consumer {
             config: Arc::new(config),
             handler,
             listener: listener.unwrap_or_else(|| Arc::new(NoListener)),
-            store: store.unwrap_or_else(|| Arc::new(MemoryVersionStore::new())),
+            store: store.unwrap_or_else(SharedVersionStore::process_default),
             instance_id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
             status,
             metrics,
@@ -277,8 +278,14 @@ impl Consumer {
             config: Arc::clone(&self.config),
             shared,
             listener: Arc::clone(&self.listener),
-            store: Arc::clone(&self.store),
-            version_key: key,
+            persister: VersionPersister::spawn(
+                self.store.clone(),
+                key,
+                max_observed,
+                PersistPolicy::default(),
+                Arc::new(self.metrics.clone()),
+            ),
+            routing_observed: self.store.observed(c.stream.as_str()),
             membership,
             status: self.status.clone(),
             kill,

@@ -41,7 +41,6 @@ use crate::lease::{effective_lease, Lease};
 use crate::membership::{Membership, ShardState};
 use crate::metrics::failure_status;
 use crate::shard_reader::{self, ReaderControl, ReaderExit, ReaderShared};
-use crate::version_store::DynVersionStore;
 
 /// How long a killed reader may take to stop before its task is aborted.
 const KILL_GRACE: Duration = Duration::from_secs(3);
@@ -82,8 +81,11 @@ pub(crate) struct Driver {
     pub config: Arc<ConsumerConfig>,
     pub shared: Arc<ReaderShared>,
     pub listener: Arc<dyn DynListener>,
-    pub store: Arc<dyn DynVersionStore>,
-    pub version_key: String,
+    /// Persists the highest observed metadata version (retrying until the store takes it).
+    pub persister: client_core::VersionPersister,
+    /// The stream's routing version as seen by the clients sharing the version store: raised from every answer,
+    /// so a producer of the process learns of a newer routing at once.
+    pub routing_observed: client_core::ObservedVersion,
     pub membership: Membership,
     pub status: watch::Sender<ConsumerStatus>,
     /// Cancelled to abort the whole consumer at once (no drain, no leave); readers' kill tokens are children.
@@ -305,17 +307,10 @@ impl State {
             self.start_reader(shard);
         }
         if let Some(v) = actions.max_observed_grew {
-            // Bounded: a slow store must not stall the loop that watches the lease. The version is kept in
-            // memory anyway and stored again when it next grows.
-            let store = self.d.store.store(&self.d.version_key, v.0);
-            match tokio::time::timeout(self.d.config.timings.request_timeout, store).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(group = %self.d.config.group, metadata_version = %v, error = %e,
-                    "cannot persist the highest observed metadata version"),
-                Err(_) => warn!(group = %self.d.config.group, metadata_version = %v,
-                    "persisting the highest observed metadata version timed out"),
-            }
+            // Written in the background and retried until it succeeds: the loop that watches the lease never waits.
+            self.d.persister.observe(v.0);
         }
+        self.d.routing_observed.raise(resp.routing_version.0);
         self.publish();
         if actions.prompt {
             Flow::Next(prompt())

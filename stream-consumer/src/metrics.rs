@@ -29,6 +29,8 @@
 //! | [`names::ENTRIES_HANDLED`] | counter | `stream`, `group` | entries the handler accepted (`Ok`) |
 //! | [`names::HANDLER_ERRORS`] | counter | `stream`, `group` | handler attempts that returned an error or panicked |
 //! | [`names::DEAD_LETTERS`] | counter | `stream`, `group` | entries moved to a dead-letter stream |
+//! | [`names::VERSION_STORE_FAILURES`] | counter | `stream`, `group` | failed writes of the highest observed metadata version to the version store (each retry counts) |
+//! | [`names::VERSION_UNPERSISTED`] | gauge | `stream`, `group` | 1 from a failed version-store write until a write succeeds: a restart now would forget the highest observed version |
 //!
 //! # When values change
 //! The gauges are set whenever the consumer publishes a new [`ConsumerStatus`](crate::ConsumerStatus): after
@@ -71,9 +73,13 @@ pub mod names {
     pub const HANDLER_ERRORS: &str = "redis_stream_consumer_handler_errors_total";
     /// Counter: entries appended to a dead-letter stream.
     pub const DEAD_LETTERS: &str = "redis_stream_consumer_dead_letters_total";
+    /// Counter: failed writes of the highest observed metadata version to the version store.
+    pub const VERSION_STORE_FAILURES: &str = "redis_stream_consumer_version_store_failures_total";
+    /// Gauge: 1 while the highest observed metadata version is not persisted after a failed write.
+    pub const VERSION_UNPERSISTED: &str = "redis_stream_consumer_version_unpersisted";
 
     /// Every name above.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         ASSIGNMENT_LEASE_REMAINING,
         REVOKING_SHARDS,
         READING_SHARDS,
@@ -85,6 +91,8 @@ pub mod names {
         ENTRIES_HANDLED,
         HANDLER_ERRORS,
         DEAD_LETTERS,
+        VERSION_STORE_FAILURES,
+        VERSION_UNPERSISTED,
     ];
 }
 
@@ -129,6 +137,8 @@ pub(crate) struct ConsumerMetrics {
     entries_handled: Counter,
     handler_errors: Counter,
     dead_letters: Counter,
+    store_failures: Counter,
+    unpersisted: Gauge,
 }
 
 impl ConsumerMetrics {
@@ -159,6 +169,8 @@ impl ConsumerMetrics {
             entries_handled: counter(names::ENTRIES_HANDLED),
             handler_errors: counter(names::HANDLER_ERRORS),
             dead_letters: counter(names::DEAD_LETTERS),
+            store_failures: counter(names::VERSION_STORE_FAILURES),
+            unpersisted: gauge(names::VERSION_UNPERSISTED),
         }
     }
 
@@ -200,6 +212,18 @@ impl ConsumerMetrics {
 
     pub(crate) fn dead_lettered(&self) {
         self.dead_letters.increment(1);
+    }
+}
+
+/// The version persister's reports (see [`client_core::persist`]).
+impl client_core::PersistObserver for ConsumerMetrics {
+    fn failed(&self, _version: u64, _error: &client_core::VersionStoreError) {
+        self.store_failures.increment(1);
+        self.unpersisted.set(1.0);
+    }
+
+    fn persisted(&self, _version: u64) {
+        self.unpersisted.set(0.0);
     }
 }
 
@@ -261,6 +285,14 @@ mod handles {
             "Handler attempts that returned an error or panicked."
         );
         describe_counter!(names::DEAD_LETTERS, "Entries moved to a dead-letter stream.");
+        describe_counter!(
+            names::VERSION_STORE_FAILURES,
+            "Failed writes of the highest observed metadata version to the version store (retried until one succeeds)."
+        );
+        describe_gauge!(
+            names::VERSION_UNPERSISTED,
+            "1 while the highest observed metadata version is not persisted after a failed version-store write."
+        );
     }
 }
 

@@ -15,7 +15,7 @@
 //! * `reconcile`: one member's view (assigned / pending / revoke) and ownership moves.
 //! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
 //! * `correction`: the metadata correction round.
-//! * `heartbeat`, `tick`, `admin`: the inputs.
+//! * `heartbeat`, `tick`: the inputs (admin fencing is in `tick`).
 
 pub mod assignor;
 mod correction;
@@ -248,7 +248,6 @@ impl<'a> Tx<'a> {
         self.liveness
     }
 
-    /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
     /// Opens a correction round when the caller suspects lost writes (see [`Clock::suspected_loss`]).
     fn open_round_if_suspected(&mut self, clock: Clock) {
         if let Some(known) = clock.suspected_loss {
@@ -258,6 +257,7 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
     fn remove_member(&mut self, id: &MemberId) {
         reconcile::release_all(self, id);
         correction::forget(self, id);
