@@ -70,9 +70,10 @@ pub trait PersistObserver: Send + Sync + 'static {
     fn persisted(&self, version: u64);
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
-    persisted: AtomicU64,
+    /// The highest version known to be in the store; a watch so [`VersionPersister::flush`] can wait for it.
+    persisted: watch::Sender<u64>,
     failures: AtomicU64,
 }
 
@@ -99,7 +100,7 @@ impl VersionPersister {
     ) -> Self {
         let (target, rx) = watch::channel(persisted);
         let counters = Arc::new(Counters {
-            persisted: AtomicU64::new(persisted),
+            persisted: watch::Sender::new(persisted),
             failures: AtomicU64::new(0),
         });
         let task = Task {
@@ -128,7 +129,19 @@ impl VersionPersister {
 
     /// The highest version known to be in the store.
     pub fn persisted(&self) -> u64 {
-        self.counters.persisted.load(Ordering::Acquire)
+        *self.counters.persisted.borrow()
+    }
+
+    /// Waits until every version observed so far is in the store, for at most `timeout` (a client closing
+    /// gracefully, so the next process starts from what this one saw). Returns whether it is.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let target = *self.target.borrow();
+        let mut persisted = self.counters.persisted.subscribe();
+        let reached = tokio::time::timeout(timeout, persisted.wait_for(|p| *p >= target)).await;
+        matches!(reached, Ok(Ok(_)))
     }
 
     /// Failed write attempts so far.
@@ -153,7 +166,7 @@ struct Task {
 impl Task {
     /// Runs until the [`VersionPersister`] is dropped.
     async fn run(self, mut rx: watch::Receiver<u64>) {
-        let mut persisted = self.counters.persisted.load(Ordering::Acquire);
+        let mut persisted = *self.counters.persisted.borrow();
         let mut failures_in_row = 0u32;
         loop {
             let target = *rx.borrow_and_update();
@@ -171,7 +184,7 @@ impl Task {
             match result {
                 Ok(()) => {
                     persisted = target;
-                    self.counters.persisted.store(target, Ordering::Release);
+                    self.counters.persisted.send_replace(target);
                     if failures_in_row > 0 {
                         tracing::info!(key = %self.key, version = target, failed_attempts = failures_in_row,
                             "the highest observed version is persisted again");
@@ -244,7 +257,8 @@ mod tests {
         let events = Arc::new(Events::default());
         let p = VersionPersister::spawn(store, "k", 0, fast(), events.clone());
         p.observe(5);
-        until(|| p.persisted() == 5).await;
+        assert!(p.flush(Duration::from_secs(10)).await, "flush waits for the retries");
+        assert_eq!(p.persisted(), 5);
         assert_eq!(flaky.stored("k").await, 5);
         assert_eq!(p.failures(), 3);
         assert!(!p.is_behind());
@@ -268,6 +282,10 @@ mod tests {
         let events = Arc::new(Events::default());
         let p = VersionPersister::spawn(SharedVersionStore::new(Hangs), "k", 0, fast(), events.clone());
         p.observe(2);
+        assert!(
+            !p.flush(Duration::from_millis(20)).await,
+            "a flush gives up at its deadline"
+        );
         until(|| p.failures() >= 2).await;
         assert!(events.0.lock().unwrap().iter().all(|e| e == "failed 2"));
         assert!(p.is_behind());

@@ -274,23 +274,29 @@ impl Consumer {
             self.instance_id.clone(),
             MetadataVersion(max_observed),
         );
+        let persister = Arc::new(VersionPersister::spawn(
+            self.store.clone(),
+            key,
+            max_observed,
+            PersistPolicy::default(),
+            Arc::new(self.metrics.clone()),
+        ));
         let driver = Driver {
             config: Arc::clone(&self.config),
             shared,
             listener: Arc::clone(&self.listener),
-            persister: VersionPersister::spawn(
-                self.store.clone(),
-                key,
-                max_observed,
-                PersistPolicy::default(),
-                Arc::new(self.metrics.clone()),
-            ),
+            persister: Arc::clone(&persister),
             routing_observed: self.store.observed(c.stream.as_str()),
             membership,
             status: self.status.clone(),
             kill,
         };
-        driver.run(shutdown).await
+        let closed = driver.run(shutdown).await;
+        // So the next process starts from what this one saw (bounded: a failing store must not hold the close).
+        if !persister.flush(PersistPolicy::default().attempt_timeout).await {
+            tracing::warn!(group = %c.group, "closing with the highest observed metadata version not persisted");
+        }
+        closed
     }
 }
 

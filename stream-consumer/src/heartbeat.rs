@@ -82,7 +82,7 @@ pub(crate) struct Driver {
     pub shared: Arc<ReaderShared>,
     pub listener: Arc<dyn DynListener>,
     /// Persists the highest observed metadata version (retrying until the store takes it).
-    pub persister: client_core::VersionPersister,
+    pub persister: Arc<client_core::VersionPersister>,
     /// The stream's routing version as seen by the clients sharing the version store: raised from every answer,
     /// so a producer of the process learns of a newer routing at once.
     pub routing_observed: client_core::ObservedVersion,

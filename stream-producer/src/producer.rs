@@ -356,6 +356,7 @@ impl Producer {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        self.shared.refresher.flush_versions().await;
         let stats = self.stats();
         match failure {
             Some(e) => Err(e),

@@ -289,6 +289,17 @@ impl Refresher {
         }
     }
 
+    /// Waits, bounded, until the highest observed version is persisted, so the next process starts from what this
+    /// one saw (a graceful close; a failing store must not hold it).
+    pub(crate) async fn flush_versions(&self) {
+        let flight = self.flight.lock().await;
+        if let Some(p) = &flight.persister {
+            if !p.flush(client_core::PersistPolicy::default().attempt_timeout).await {
+                tracing::warn!(stream = %self.stream, "closing with the highest observed routing version not persisted");
+            }
+        }
+    }
+
     /// The background loop: refreshes when the cache says a refresh is due, until `cancel` fires.
     ///
     /// # Cancel safety
