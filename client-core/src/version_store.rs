@@ -4,9 +4,18 @@
 //! coordinator learns of the loss (and starts a correction round). The in-memory store remembers for the life of
 //! the process; a deployment that wants a restarted process to detect a rollback too plugs in a persistent store:
 //! [`FileVersionStore`], or its own implementation of [`VersionStore`] (a database row, a config service, ...).
+//!
+//! # One memory per process
+//! The seed asks every client to remember the highest version it saw *for the lifetime of the process*, not of
+//! one `Consumer` or `Producer` object: a client recreated in the same process (a reconnect loop, a
+//! reconfiguration) must not start again at 0, or a rollback that happened in between goes unnoticed. So the
+//! SDKs' default is [`MemoryVersionStore::process`], one store shared by every client of the process, keyed
+//! like any store (`"<stream>/<group>"` for a consumer group's metadata, `"<stream>"` for a stream's routing;
+//! stream and group names cannot contain `/`, so the two never collide).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
@@ -24,6 +33,9 @@ pub enum VersionStoreError {
     /// A user implementation's own error.
     #[error("version store: {0}")]
     Other(String),
+    /// A write did not finish within its deadline (see [`crate::persist::PersistPolicy`]).
+    #[error("version store write timed out after {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 /// Keeps the highest version a client has observed, per key (for example `orders/billing` for a consumer
@@ -38,16 +50,24 @@ pub trait VersionStore: Send + Sync + 'static {
     fn store(&self, key: &str, version: u64) -> impl Future<Output = Result<(), VersionStoreError>> + Send;
 }
 
-/// Remembers versions for the life of the process (the default).
+/// Remembers versions in memory. [`MemoryVersionStore::process`] is the SDKs' default: one store for the whole
+/// process; [`MemoryVersionStore::new`] makes a separate one (tests, or clients that must not share).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryVersionStore {
     versions: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU64>>>>,
 }
 
 impl MemoryVersionStore {
-    /// An empty store.
+    /// An empty store of its own, shared only by its clones.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The process-wide store: every call returns a handle to the same memory, so every consumer and producer
+    /// of the process that uses the default sees the highest version any of them observed.
+    pub fn process() -> Self {
+        static PROCESS: std::sync::OnceLock<MemoryVersionStore> = std::sync::OnceLock::new();
+        PROCESS.get_or_init(MemoryVersionStore::new).clone()
     }
 
     fn slot(&self, key: &str) -> Arc<AtomicU64> {
@@ -59,6 +79,23 @@ impl MemoryVersionStore {
     }
 }
 
+/// The highest version observed under one key by the clients sharing a store, readable with one atomic load
+/// (cheap enough for a publish path); see [`SharedVersionStore::observed`].
+#[derive(Debug, Clone)]
+pub struct ObservedVersion(Arc<AtomicU64>);
+
+impl ObservedVersion {
+    /// The highest version observed so far (0: none).
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Raises the slot to `version` (never lowers it); returns the previous value.
+    pub fn raise(&self, version: u64) -> u64 {
+        self.0.fetch_max(version, Ordering::AcqRel)
+    }
+}
+
 impl VersionStore for MemoryVersionStore {
     async fn load(&self, key: &str) -> Result<u64, VersionStoreError> {
         Ok(self.slot(key).load(Ordering::Acquire))
@@ -67,6 +104,84 @@ impl VersionStore for MemoryVersionStore {
     async fn store(&self, key: &str, version: u64) -> Result<(), VersionStoreError> {
         self.slot(key).fetch_max(version, Ordering::AcqRel);
         Ok(())
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`VersionStore`] is not object safe (it returns `impl Future`); this erases it so the SDKs are not generic
+/// over their store.
+trait ErasedVersionStore: Send + Sync {
+    fn erased_load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, VersionStoreError>>;
+    fn erased_store<'a>(&'a self, key: &'a str, version: u64) -> BoxFuture<'a, Result<(), VersionStoreError>>;
+}
+
+impl<S: VersionStore> ErasedVersionStore for S {
+    fn erased_load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, VersionStoreError>> {
+        Box::pin(VersionStore::load(self, key))
+    }
+
+    fn erased_store<'a>(&'a self, key: &'a str, version: u64) -> BoxFuture<'a, Result<(), VersionStoreError>> {
+        Box::pin(VersionStore::store(self, key, version))
+    }
+}
+
+/// Any [`VersionStore`], type-erased and cheap to clone (what the SDKs hold).
+#[derive(Clone)]
+pub struct SharedVersionStore {
+    store: Arc<dyn ErasedVersionStore>,
+    /// What the clients of this store observed, readable without an await (see [`Self::observed`]).
+    observed: MemoryVersionStore,
+}
+
+impl SharedVersionStore {
+    /// Wraps `store`.
+    pub fn new<S: VersionStore>(store: S) -> Self {
+        // A memory store *is* the observation memory: every client given (a clone of) it sees what the others
+        // observed, the process-wide one included. Other stores get a memory of their own.
+        let observed = (&store as &dyn std::any::Any)
+            .downcast_ref::<MemoryVersionStore>()
+            .cloned()
+            .unwrap_or_default();
+        SharedVersionStore {
+            store: Arc::new(store),
+            observed,
+        }
+    }
+
+    /// The live highest version observed under `key` by the clients sharing this store's memory: with the
+    /// default ([`Self::process_default`]) every consumer and producer of the process. A client raises it with
+    /// what it observes and reads it to learn what the others saw (for example a producer learns of a newer
+    /// routing from a consumer's heartbeat answer).
+    pub fn observed(&self, key: &str) -> ObservedVersion {
+        ObservedVersion(self.observed.slot(key))
+    }
+
+    /// The SDKs' default: the process-wide [`MemoryVersionStore::process`].
+    pub fn process_default() -> Self {
+        SharedVersionStore::new(MemoryVersionStore::process())
+    }
+
+    /// See [`VersionStore::load`].
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn load(&self, key: &str) -> Result<u64, VersionStoreError> {
+        self.store.erased_load(key).await
+    }
+
+    /// See [`VersionStore::store`].
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn store(&self, key: &str, version: u64) -> Result<(), VersionStoreError> {
+        self.store.erased_store(key, version).await
+    }
+}
+
+impl std::fmt::Debug for SharedVersionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedVersionStore")
     }
 }
 
@@ -157,6 +272,30 @@ mod tests {
         assert_eq!(s.load("a").await.unwrap(), 5);
         assert_eq!(s.load("b").await.unwrap(), 1);
         assert_eq!(s.load("c").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_process_store_is_one_memory_for_every_handle() {
+        let key = "process-store-test/group";
+        MemoryVersionStore::process().store(key, 7).await.unwrap();
+        assert_eq!(MemoryVersionStore::process().load(key).await.unwrap(), 7);
+        assert_eq!(SharedVersionStore::process_default().load(key).await.unwrap(), 7);
+        assert_eq!(
+            MemoryVersionStore::new().load(key).await.unwrap(),
+            0,
+            "new() is a store of its own"
+        );
+        let shared = SharedVersionStore::process_default();
+        assert_eq!(
+            shared.observed(key).get(),
+            7,
+            "the observation memory is the store's memory"
+        );
+        shared.observed(key).raise(8);
+        assert_eq!(MemoryVersionStore::process().load(key).await.unwrap(), 8);
+        let file_dir = tempfile::tempdir().unwrap();
+        let file = SharedVersionStore::new(FileVersionStore::new(file_dir.path()).unwrap());
+        assert_eq!(file.observed(key).get(), 0, "another store has a memory of its own");
     }
 
     #[tokio::test]

@@ -108,7 +108,7 @@ impl CoordinatorHandle {
     ///
     /// # Errors
     /// Those of [`Coordinator::connect`]; a listen address that cannot be bound is reported as
-    /// [`Error::InvalidRequest`] (a configuration error).
+    /// [`Error::Listen`] naming the address.
     pub async fn spawn(config: Config) -> Result<CoordinatorHandle, Error> {
         let listen = config.listen;
         let coordinator = Coordinator::connect(config).await?;

@@ -37,8 +37,16 @@ pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
     ("XREADGROUP", "K: reading"),
     ("XACK", "K: acknowledging"),
     ("XAUTOCLAIM", "K: re-delivering a previous owner's pending entries"),
-    ("XINFO", "K/ops: lag and pending inspection"),
+    ("XCLAIM", "K: counting a handler retry as a delivery"),
+    ("XINFO", "C: lag and pending metrics (XINFO GROUPS)"),
+    ("XLEN", "C: shard length metric"),
     ("XPENDING", "K: delivery counts"),
+    (
+        "CLIENT",
+        "K: SETNAME/ID/UNBLOCK to end a blocking read at once on revoke",
+    ),
+    ("MULTI", "K: dead letter and acknowledgement in one transaction"),
+    ("EXEC", "K: dead letter and acknowledgement in one transaction"),
 ];
 
 /// Checks the server version and commands.

@@ -703,7 +703,8 @@ pub fn decode_group(loaded: &Loaded, json: &[u8]) -> Result<GroupMetadata, Strin
     GroupMetadata::decode(json).map_err(|e| format!("group metadata is unreadable: {e}"))
 }
 
-/// Decodes a routing document.
+/// Decodes a routing document whose hash fields were checked already ([`check_versions`], or the checks of
+/// [`Store::read`]).
 ///
 /// # Errors
 /// A sentence for the `METADATA_UNAVAILABLE` answer.
@@ -716,16 +717,18 @@ pub fn decode_routing(json: &[u8]) -> Result<StreamRouting, String> {
 /// # Errors
 /// A sentence naming the unknown version.
 pub fn check_versions(loaded: &Loaded, schema: u32) -> Result<(), String> {
-    if loaded.layout_version != Some(LAYOUT_VERSION) {
+    check_version_fields(loaded.schema_version, loaded.layout_version, schema)
+}
+
+fn check_version_fields(schema_version: Option<u32>, layout_version: Option<u32>, schema: u32) -> Result<(), String> {
+    if layout_version != Some(LAYOUT_VERSION) {
         return Err(format!(
-            "unknown layoutVersion {:?} (this build understands {LAYOUT_VERSION})",
-            loaded.layout_version
+            "unknown layoutVersion {layout_version:?} (this build understands {LAYOUT_VERSION})"
         ));
     }
-    if loaded.schema_version != Some(schema) {
+    if schema_version != Some(schema) {
         return Err(format!(
-            "unknown schemaVersion {:?} (this build understands {schema})",
-            loaded.schema_version
+            "unknown schemaVersion {schema_version:?} (this build understands {schema})"
         ));
     }
     Ok(())

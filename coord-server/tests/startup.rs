@@ -25,6 +25,25 @@ async fn spawn_fails_naming_a_disabled_xautoclaim() {
 }
 
 #[tokio::test]
+async fn spawn_fails_naming_every_consumer_command_that_was_renamed() {
+    // Commands only the consumer SDK sends, which the list once missed.
+    let redis = RedisServer::builder()
+        .rename_command("XCLAIM", "")
+        .rename_command("CLIENT", "CLIENT_RENAMED")
+        .rename_command("MULTI", "")
+        .start()
+        .await;
+    let err = CoordinatorHandle::spawn(config(&redis.url()))
+        .await
+        .expect_err("a Redis without XCLAIM, CLIENT and MULTI is refused");
+    let message = err.to_string();
+    for name in ["XCLAIM", "CLIENT", "MULTI"] {
+        assert!(message.contains(&format!("{name} (")), "{name}: {message}");
+    }
+    assert!(!message.contains("EXEC ("), "EXEC is still there: {message}");
+}
+
+#[tokio::test]
 async fn binary_exits_nonzero_naming_a_disabled_xautoclaim() {
     let redis = RedisServer::builder().rename_command("XAUTOCLAIM", "").start().await;
     let run = Command::new(BIN)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::consumer::Consumer;
 use crate::error::ConfigError;
 use crate::handler::{DynHandler, DynListener, Handler, RebalanceListener};
-use crate::version_store::{DynVersionStore, VersionStore};
+use crate::version_store::{SharedVersionStore, VersionStore};
 
 /// Where a consumer group starts on a shard stream that has no such group yet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -259,7 +259,7 @@ pub struct ConsumerBuilder {
     batch_size: usize,
     handler: Option<Arc<dyn DynHandler>>,
     listener: Option<Arc<dyn DynListener>>,
-    version_store: Option<Arc<dyn DynVersionStore>>,
+    version_store: Option<SharedVersionStore>,
 }
 
 impl fmt::Debug for ConsumerBuilder {
@@ -443,9 +443,10 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Where the highest observed metadata version is kept (default: in memory, for the life of the process).
+    /// Where the highest observed metadata version is kept (default: the process-wide memory, shared by every
+    /// consumer and producer of the process; see [`crate::version_store`]).
     pub fn version_store(mut self, store: impl VersionStore) -> Self {
-        self.version_store = Some(Arc::new(store));
+        self.version_store = Some(SharedVersionStore::new(store));
         self
     }
 

@@ -1,7 +1,7 @@
 //! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
 //! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
 
-use client_core::redis_check::{self, CONSUMER_COMMANDS};
+use client_core::redis_check::{check_redis as check_server, RedisRequirements, MIN_REDIS_VERSION};
 use protocol::names::MemberId;
 use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, ShardId, Status};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -20,7 +20,8 @@ use crate::lease::LeaseView;
 use crate::membership::Membership;
 use crate::metrics::ConsumerMetrics;
 use crate::shard_reader::ReaderShared;
-use crate::version_store::{version_key, DynVersionStore, MemoryVersionStore};
+use crate::version_store::{version_key, SharedVersionStore};
+use client_core::{PersistPolicy, VersionPersister};
 
 /// A consumer group member, configured and not yet running.
 ///
@@ -30,7 +31,7 @@ pub struct Consumer {
     config: Arc<ConsumerConfig>,
     handler: Arc<dyn DynHandler>,
     listener: Arc<dyn DynListener>,
-    store: Arc<dyn DynVersionStore>,
+    store: SharedVersionStore,
     /// Random per process: tells the coordinator a retried join from a new incarnation of the member id.
     instance_id: String,
     status: watch::Sender<ConsumerStatus>,
@@ -168,7 +169,7 @@ impl Consumer {
         config: ConsumerConfig,
         handler: Arc<dyn DynHandler>,
         listener: Option<Arc<dyn DynListener>>,
-        store: Option<Arc<dyn DynVersionStore>>,
+        store: Option<SharedVersionStore>,
     ) -> Consumer {
         let status = watch::Sender::new(ConsumerStatus::initial(config.member_id.clone()));
         let metrics = ConsumerMetrics::new(&config.stream, &config.group);
@@ -176,7 +177,7 @@ impl Consumer {
             config: Arc::new(config),
             handler,
             listener: listener.unwrap_or_else(|| Arc::new(NoListener)),
-            store: store.unwrap_or_else(|| Arc::new(MemoryVersionStore::new())),
+            store: store.unwrap_or_else(SharedVersionStore::process_default),
             instance_id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
             status,
             metrics,
@@ -303,17 +304,29 @@ impl Consumer {
             self.instance_id.clone(),
             MetadataVersion(max_observed),
         );
+        let persister = Arc::new(VersionPersister::spawn(
+            self.store.clone(),
+            key,
+            max_observed,
+            PersistPolicy::default(),
+            Arc::new(self.metrics.clone()),
+        ));
         let driver = Driver {
             config: Arc::clone(&self.config),
             shared,
             listener: Arc::clone(&self.listener),
-            store: Arc::clone(&self.store),
-            version_key: key,
+            persister: Arc::clone(&persister),
+            routing_observed: self.store.observed(c.stream.as_str()),
             membership,
             status: self.status.clone(),
             kill,
         };
-        driver.run(shutdown).await
+        let closed = driver.run(shutdown).await;
+        // So the next process starts from what this one saw (bounded: a failing store must not hold the close).
+        if !persister.flush(PersistPolicy::default().attempt_timeout).await {
+            tracing::warn!(group = %c.group, "closing with the highest observed metadata version not persisted");
+        }
+        closed
     }
 }
 
@@ -385,6 +398,25 @@ impl Drop for ConsumerHandle {
     }
 }
 
+/// What the consumer needs from the shard streams' Redis: checked before it joins a group (and again before it
+/// rejoins after giving its shards back).
+pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
+    min_version: MIN_REDIS_VERSION,
+    commands: &[
+        ("PING", "start-up check"),
+        ("INFO", "start-up check (version)"),
+        ("XGROUP", "consumer group creation"),
+        ("XREADGROUP", "reading"),
+        ("XACK", "acknowledging"),
+        ("XAUTOCLAIM", "re-delivering a previous owner's pending entries"),
+        ("XCLAIM", "counting a retry as a delivery"),
+        ("XPENDING", "delivery counts"),
+        ("XADD", "dead-lettering"),
+        ("MULTI", "dead-lettering atomically"),
+        ("EXEC", "dead-lettering atomically"),
+    ],
+};
+
 /// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends.
 /// Bounded by the connection timeout plus two response timeouts.
 pub(crate) async fn check_redis(redis: &redis::Client, config: &ConsumerConfig) -> Result<(), ConsumerError> {
@@ -401,8 +433,9 @@ pub(crate) async fn check_redis(redis: &redis::Client, config: &ConsumerConfig) 
             .get_multiplexed_async_connection_with_config(&connection)
             .await
             .map_err(|e| unusable(format!("cannot connect: {e}")))?;
-        redis_check::check_server(&mut conn, CONSUMER_COMMANDS)
+        check_server(&mut conn, &config.redis_url, &REDIS_REQUIREMENTS)
             .await
+            .map(|_| ())
             .map_err(|e| unusable(e.to_string()))
     };
     let bound = Duration::from_secs(2) + response_timeout * 2;

@@ -28,7 +28,6 @@ use futures::FutureExt;
 use protocol::messages::HeartbeatResponse;
 use protocol::{ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +47,6 @@ use crate::lease::{effective_lease, Lease};
 use crate::membership::{Membership, ShardState};
 use crate::metrics::failure_status;
 use crate::shard_reader::{self, ReadHealth, ReaderControl, ReaderExit, ReaderShared};
-use crate::version_store::DynVersionStore;
 
 /// How long a killed reader may take to stop before its task is aborted.
 const KILL_GRACE: Duration = Duration::from_secs(3);
@@ -90,8 +88,11 @@ pub(crate) struct Driver {
     pub config: Arc<ConsumerConfig>,
     pub shared: Arc<ReaderShared>,
     pub listener: Arc<dyn DynListener>,
-    pub store: Arc<dyn DynVersionStore>,
-    pub version_key: String,
+    /// Persists the highest observed metadata version (retrying until the store takes it).
+    pub persister: Arc<client_core::VersionPersister>,
+    /// The stream's routing version as seen by the clients sharing the version store: raised from every answer,
+    /// so a producer of the process learns of a newer routing at once.
+    pub routing_observed: client_core::ObservedVersion,
     pub membership: Membership,
     pub status: watch::Sender<ConsumerStatus>,
     /// Cancelled to abort the whole consumer at once (no drain, no leave); readers' kill tokens are children.
@@ -320,19 +321,10 @@ impl State {
             self.start_reader(shard);
         }
         if let Some(v) = actions.max_observed_grew {
-            // Bounded: a slow store must not stall the loop that watches the lease. The version is kept in
-            // memory anyway and stored again when it next grows.
-            let (store, key) = (Arc::clone(&self.d.store), self.d.version_key.clone());
-            let timeout = self.d.config.timings.request_timeout;
-            let store = async move { tokio::time::timeout(timeout, store.store(&key, v.0)).await };
-            match self.watching_lease(store).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(group = %self.d.config.group, metadata_version = %v, error = %e,
-                    "cannot persist the highest observed metadata version"),
-                Err(_) => warn!(group = %self.d.config.group, metadata_version = %v,
-                    "persisting the highest observed metadata version timed out"),
-            }
+            // Written in the background and retried until it succeeds: the loop that watches the lease never waits.
+            self.d.persister.observe(v.0);
         }
+        self.d.routing_observed.raise(resp.routing_version.0);
         self.publish();
         if actions.prompt {
             Flow::Next(prompt())
@@ -413,20 +405,6 @@ impl State {
             .is_err()
         {
             warn!(group = %self.d.config.group, timeout = ?limit, "on_lost ran past listener_timeout; dropped");
-        }
-    }
-
-    /// Awaits `fut` while watching the lease: if the lease runs out meanwhile, every reader is stopped at once
-    /// (and the wait goes on). For every await of the loop that is not itself bounded well below the lease.
-    async fn watching_lease<T>(&mut self, fut: impl Future<Output = T>) -> T {
-        tokio::pin!(fut);
-        loop {
-            let lease_end = self.lease_watch();
-            tokio::select! {
-                biased;
-                out = &mut fut => return out,
-                _ = sleep_until_opt(lease_end) => self.expire_lease().await,
-            }
         }
     }
 

@@ -31,6 +31,8 @@
 //! | [`names::DEAD_LETTERS`] | counter | `stream`, `group` | entries moved to a dead-letter stream |
 //! | [`names::HANDLERS_EXPIRED`] | counter | `stream`, `group` | handlers dropped because the assignment lease ran out while they ran (their result did not count) |
 //! | [`names::REDIS_GIVE_BACKS`] | counter | `stream`, `group` | times the member gave its shards back (left the group) because a reader could not read from Redis for longer than `Timings::read_failure_timeout` |
+//! | [`names::VERSION_STORE_FAILURES`] | counter | `stream`, `group` | failed writes of the highest observed metadata version to the version store (each retry counts) |
+//! | [`names::VERSION_UNPERSISTED`] | gauge | `stream`, `group` | 1 from a failed version-store write until a write succeeds: a restart now would forget the highest observed version |
 //!
 //! # When values change
 //! The gauges are set whenever the consumer publishes a new [`ConsumerStatus`](crate::ConsumerStatus): after
@@ -73,6 +75,10 @@ pub mod names {
     pub const HANDLER_ERRORS: &str = "redis_stream_consumer_handler_errors_total";
     /// Counter: entries appended to a dead-letter stream.
     pub const DEAD_LETTERS: &str = "redis_stream_consumer_dead_letters_total";
+    /// Counter: failed writes of the highest observed metadata version to the version store.
+    pub const VERSION_STORE_FAILURES: &str = "redis_stream_consumer_version_store_failures_total";
+    /// Gauge: 1 while the highest observed metadata version is not persisted after a failed write.
+    pub const VERSION_UNPERSISTED: &str = "redis_stream_consumer_version_unpersisted";
 
     /// Counter: handlers dropped because the assignment lease ran out while they ran.
     pub const HANDLERS_EXPIRED: &str = "redis_stream_consumer_handlers_expired_total";
@@ -80,7 +86,7 @@ pub mod names {
     pub const REDIS_GIVE_BACKS: &str = "redis_stream_consumer_redis_give_backs_total";
 
     /// Every name above.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         ASSIGNMENT_LEASE_REMAINING,
         REVOKING_SHARDS,
         READING_SHARDS,
@@ -94,6 +100,8 @@ pub mod names {
         DEAD_LETTERS,
         HANDLERS_EXPIRED,
         REDIS_GIVE_BACKS,
+        VERSION_STORE_FAILURES,
+        VERSION_UNPERSISTED,
     ];
 }
 
@@ -140,6 +148,8 @@ pub(crate) struct ConsumerMetrics {
     dead_letters: Counter,
     handlers_expired: Counter,
     redis_give_backs: Counter,
+    store_failures: Counter,
+    unpersisted: Gauge,
 }
 
 impl ConsumerMetrics {
@@ -172,6 +182,8 @@ impl ConsumerMetrics {
             dead_letters: counter(names::DEAD_LETTERS),
             handlers_expired: counter(names::HANDLERS_EXPIRED),
             redis_give_backs: counter(names::REDIS_GIVE_BACKS),
+            store_failures: counter(names::VERSION_STORE_FAILURES),
+            unpersisted: gauge(names::VERSION_UNPERSISTED),
         }
     }
 
@@ -221,6 +233,18 @@ impl ConsumerMetrics {
 
     pub(crate) fn gave_back_for_redis(&self) {
         self.redis_give_backs.increment(1);
+    }
+}
+
+/// The version persister's reports (see [`client_core::persist`]).
+impl client_core::PersistObserver for ConsumerMetrics {
+    fn failed(&self, _version: u64, _error: &client_core::VersionStoreError) {
+        self.store_failures.increment(1);
+        self.unpersisted.set(1.0);
+    }
+
+    fn persisted(&self, _version: u64) {
+        self.unpersisted.set(0.0);
     }
 }
 
@@ -289,6 +313,14 @@ mod handles {
         describe_counter!(
             names::REDIS_GIVE_BACKS,
             "Times the member gave its shards back because a reader could not read from Redis for too long."
+        );
+        describe_counter!(
+            names::VERSION_STORE_FAILURES,
+            "Failed writes of the highest observed metadata version to the version store (retried until one succeeds)."
+        );
+        describe_gauge!(
+            names::VERSION_UNPERSISTED,
+            "1 while the highest observed metadata version is not persisted after a failed version-store write."
         );
     }
 }

@@ -7,6 +7,8 @@
 
 mod common;
 
+use client_core::testing::FailingVersionStore;
+
 use common::*;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -204,6 +206,53 @@ async fn lease_remaining_counts_down_and_drops_to_zero_when_the_coordinator_is_g
         "a closed consumer holds no lease"
     );
     assert_eq!(m.gauge(names::READING_SHARDS, &l.group()), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_version_store_is_retried_counted_and_shown_until_it_persists() {
+    let m = recorder();
+    let env = Env::start("metrics-store").await;
+    let l = Labels::of(&env);
+    let rec = Recorder::new();
+    let store = FailingVersionStore::default();
+    store.set_failing(true);
+    let a = env
+        .consumer("a", &rec)
+        .version_store(store.clone())
+        .build()
+        .unwrap()
+        .spawn();
+    // The consumer keeps working within its lease while its store cannot persist.
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+    let observed = a.status().max_observed_version.0;
+    assert!(observed >= 1);
+    test_support::wait_until(Duration::from_secs(10), "two failed attempts", || {
+        let failures = m.counter(names::VERSION_STORE_FAILURES, &l.group());
+        async move { failures >= 2 }
+    })
+    .await;
+    assert_eq!(m.gauge(names::VERSION_UNPERSISTED, &l.group()), 1.0);
+    let key = stream_consumer::version_store::version_key(&env.stream, &env.group);
+    assert_eq!(store.stored(&key).await, 0);
+
+    // Retried without waiting for the version to grow again: the store takes it once it works.
+    store.set_failing(false);
+    test_support::wait_until(Duration::from_secs(10), "the version persisted by a retry", || {
+        let store = store.clone();
+        let key = key.clone();
+        async move { store.stored(&key).await >= observed }
+    })
+    .await;
+    test_support::wait_until(Duration::from_secs(10), "the unpersisted gauge back at 0", || {
+        let g = m.gauge(names::VERSION_UNPERSISTED, &l.group());
+        async move { g == 0.0 }
+    })
+    .await;
+    assert_eq!(
+        m.counter(names::VERSION_STORE_FAILURES, &l.group()),
+        store.failed_writes()
+    );
+    a.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -241,7 +241,7 @@ fn range_duration(name: &'static str, value: Duration) -> Result<(), ConfigError
 pub struct ProducerBuilder {
     stream: String,
     config: ProducerConfig,
-    version_store: Option<crate::refresher::SharedVersionStore>,
+    version_store: Option<client_core::SharedVersionStore>,
 }
 
 impl ProducerBuilder {
@@ -351,11 +351,13 @@ impl ProducerBuilder {
         self
     }
 
-    /// Where the highest routing version ever observed is kept (key: the stream name). Default: in memory, for
-    /// the life of the process; a [`FileVersionStore`](client_core::FileVersionStore) lets a restarted producer
-    /// still report a rolled-back routing.
+    /// Where the highest routing version ever observed is kept (key: the stream name). Default: the process-wide
+    /// memory ([`MemoryVersionStore::process`](client_core::MemoryVersionStore::process)), shared by every
+    /// producer and consumer of the process, so a producer recreated in the same process still reports what an
+    /// earlier one saw; a [`FileVersionStore`](client_core::FileVersionStore) lets a restarted process still
+    /// report a rolled-back routing.
     pub fn version_store(mut self, store: impl client_core::VersionStore) -> Self {
-        self.version_store = Some(crate::refresher::SharedVersionStore::new(store));
+        self.version_store = Some(client_core::SharedVersionStore::new(store));
         self
     }
 
@@ -373,7 +375,7 @@ impl ProducerBuilder {
         }
         let store = self
             .version_store
-            .unwrap_or_else(|| crate::refresher::SharedVersionStore::new(client_core::MemoryVersionStore::new()));
+            .unwrap_or_else(client_core::SharedVersionStore::process_default);
         Producer::start(self.config, store)
     }
 }

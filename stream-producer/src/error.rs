@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_core::{CoordError, VersionStoreError};
+use client_core::{CoordError, RedisCheckError, VersionStoreError};
 use protocol::names::StreamName;
 use protocol::{NameError, RoutingVersion, ShardId, Status};
 use thiserror::Error;
@@ -142,6 +142,14 @@ pub enum PublishError {
         #[source]
         source: Arc<redis::RedisError>,
     },
+    /// The Redis server cannot serve the producer: too old, or a command it sends is missing or renamed (checked
+    /// on the first connection). Nothing was written, and retrying cannot help until Redis is fixed.
+    #[error("Redis cannot serve the producer: {source}")]
+    RedisUnsupported {
+        /// The failed check, naming the server (without password) and what is missing.
+        #[source]
+        source: Arc<RedisCheckError>,
+    },
     /// The request left but its answer did not arrive (connection dropped, reset or timed out).
     #[error("connection to Redis lost while publishing to shard {shard}: {source}")]
     ConnectionLost {
@@ -181,6 +189,7 @@ impl PublishError {
             | PublishError::NoRouting { .. }
             | PublishError::Rejected { .. }
             | PublishError::Connect { .. }
+            | PublishError::RedisUnsupported { .. }
             | PublishError::InvalidRecord(_)
             | PublishError::Closed => WriteState::NotWritten,
         }
@@ -197,6 +206,7 @@ impl PublishError {
             | PublishError::ConnectionLost { .. } => true,
             PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),
             PublishError::UnexpectedReply { .. }
+            | PublishError::RedisUnsupported { .. }
             | PublishError::InvalidRecord(_)
             | PublishError::Closed
             | PublishError::Abandoned => false,

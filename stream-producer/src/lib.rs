@@ -96,11 +96,13 @@ mod routing_cache;
 pub mod stats;
 
 pub use batcher::Delivery;
-pub use client_core::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
+pub use client_core::{
+    FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore, VersionStoreError,
+};
 pub use config::{BatchingConfig, ProducerBuilder, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
 pub use protocol::{RoutingVersion, ShardId};
-pub use publisher::{Published, Record};
+pub use publisher::{Published, Record, REDIS_REQUIREMENTS};
 pub use routing_cache::RoutingInfo;
 pub use stats::ProducerStats;

@@ -25,6 +25,8 @@
 //! | [`names::ROUTING_ROLLBACKS`] | counter | `stream` | `SYNC_METADATA` answers that changed the routing in use |
 //! | [`names::PUBLISH_FAILURES`] | counter | `stream`, `reason` | publishes refused before writing anything: `reason="routing_expired"` (the lease ended), `"no_routing"` (never fetched) |
 //! | [`names::RECORDS`] | counter | `stream`, `outcome` | records by write outcome: `outcome="written"`, `"not_written"`, `"unknown"` ([`WriteState`](crate::WriteState)) |
+//! | [`names::VERSION_STORE_FAILURES`] | counter | `stream` | failed writes of the highest observed routing version to the version store (each retry counts) |
+//! | [`names::VERSION_UNPERSISTED`] | gauge | `stream` | 1 from a failed version-store write until a write succeeds: a restart now would forget the highest observed version |
 //!
 //! # When values change
 //! No metric costs a Redis or coordinator round trip. The routing gauges are set after every refresh attempt
@@ -57,9 +59,13 @@ pub mod names {
     pub const PUBLISH_FAILURES: &str = "redis_stream_producer_publish_failures_total";
     /// Counter, label `outcome`: records by write outcome.
     pub const RECORDS: &str = "redis_stream_producer_records_total";
+    /// Counter: failed writes of the highest observed routing version to the version store.
+    pub const VERSION_STORE_FAILURES: &str = "redis_stream_producer_version_store_failures_total";
+    /// Gauge: 1 while the highest observed routing version is not persisted after a failed write.
+    pub const VERSION_UNPERSISTED: &str = "redis_stream_producer_version_unpersisted";
 
     /// Every name above.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 10] = [
         ROUTING_CACHE_AGE,
         ROUTING_LEASE_REMAINING,
         ROUTING_VERSION,
@@ -68,6 +74,8 @@ pub mod names {
         ROUTING_ROLLBACKS,
         PUBLISH_FAILURES,
         RECORDS,
+        VERSION_STORE_FAILURES,
+        VERSION_UNPERSISTED,
     ];
 }
 
@@ -97,6 +105,8 @@ pub(crate) struct ProducerMetrics {
     written: Counter,
     not_written: Counter,
     unknown: Counter,
+    store_failures: Counter,
+    unpersisted: Gauge,
 }
 
 impl ProducerMetrics {
@@ -121,6 +131,8 @@ impl ProducerMetrics {
             written: labelled(names::RECORDS, "outcome", OUTCOME_WRITTEN),
             not_written: labelled(names::RECORDS, "outcome", OUTCOME_NOT_WRITTEN),
             unknown: labelled(names::RECORDS, "outcome", OUTCOME_UNKNOWN),
+            store_failures: counter(names::VERSION_STORE_FAILURES),
+            unpersisted: gauge(names::VERSION_UNPERSISTED),
         }
     }
 
@@ -146,6 +158,17 @@ impl ProducerMetrics {
 
     pub(crate) fn refresh_failed(&self) {
         self.refresh_failures.increment(1);
+    }
+
+    /// A version-store write failed (it is retried).
+    pub(crate) fn version_store_failed(&self) {
+        self.store_failures.increment(1);
+        self.unpersisted.set(1.0);
+    }
+
+    /// The highest observed version is persisted.
+    pub(crate) fn version_persisted(&self) {
+        self.unpersisted.set(0.0);
     }
 
     pub(crate) fn rolled_back(&self) {
@@ -251,6 +274,14 @@ mod handles {
         describe_counter!(
             names::RECORDS,
             "Records by write outcome: written, not_written, unknown."
+        );
+        describe_counter!(
+            names::VERSION_STORE_FAILURES,
+            "Failed writes of the highest observed routing version to the version store (retried until one succeeds)."
+        );
+        describe_gauge!(
+            names::VERSION_UNPERSISTED,
+            "1 while the highest observed routing version is not persisted after a failed version-store write."
         );
     }
 }

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_core::CoordClient;
+use client_core::{CoordClient, SharedVersionStore};
 use protocol::names::StreamName;
 use protocol::RoutingVersion;
 use tokio::sync::{mpsc, oneshot};
@@ -23,7 +23,7 @@ use crate::batcher::{self, Delivery, Msg};
 use crate::config::{ProducerBuilder, ProducerConfig};
 use crate::error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome};
 use crate::publisher::{Published, Publisher, Record};
-use crate::refresher::{Refresher, SharedVersionStore};
+use crate::refresher::Refresher;
 use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
 use crate::stats::{ProducerStats, Stats};
 
@@ -105,6 +105,7 @@ impl Producer {
         let publisher = Publisher::new(
             config.stream.clone(),
             redis,
+            &config.redis_url,
             config.connections,
             config.redis_connect_timeout,
             config.redis_response_timeout,
@@ -146,7 +147,8 @@ impl Producer {
     ///
     /// # Errors
     /// [`PublishError::NoRouting`] / [`PublishError::RoutingExpired`] when no routing can be fetched,
-    /// [`PublishError::Connect`] when Redis cannot be reached.
+    /// [`PublishError::Connect`] when Redis cannot be reached, [`PublishError::RedisUnsupported`] when it is too
+    /// old or lacks a command the producer sends (checked on the first connection).
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -156,10 +158,7 @@ impl Producer {
             .publisher
             .connect_all()
             .await
-            .map_err(|e| PublishError::Connect {
-                shard: protocol::ShardId(0),
-                source: e,
-            })?;
+            .map_err(|f| f.into_publish_error(protocol::ShardId(0)))?;
         Ok(routing)
     }
 
@@ -357,6 +356,7 @@ impl Producer {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        self.shared.refresher.flush_versions().await;
         let stats = self.stats();
         match failure {
             Some(e) => Err(e),

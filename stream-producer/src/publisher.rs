@@ -16,6 +16,13 @@
 //! ([`PublishError::Connect`], not written); a failure after the pipeline was handed to an open connection (reset,
 //! EOF, timeout) means Redis may have executed any prefix of it ([`PublishError::ConnectionLost`], unknown). An
 //! error reply to one `XADD` fails that record only ([`PublishError::Rejected`], not written).
+//!
+//! # Redis check
+//! The first connection any lane opens is checked before it is used ([`client_core::check_redis`]): the Redis
+//! version and every command the producer sends ([`REDIS_REQUIREMENTS`]). A server that cannot serve the
+//! producer (too old, a command missing or renamed) fails every publish with [`PublishError::RedisUnsupported`]
+//! naming the command and the URL (without password), for the life of the producer; a check cut short by a
+//! transport error is a connection failure and is taken again on the next connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +34,9 @@ use protocol::routing::shard_for_key;
 use protocol::{keys, RoutingVersion, ShardId};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, Value};
+
+use client_core::redis_check::MIN_REDIS_VERSION;
+use client_core::{check_redis, RedisCheckError, RedisRequirements};
 
 use crate::config::Trim;
 use crate::error::PublishError;
@@ -113,8 +123,69 @@ pub struct Published {
     pub routing_version: RoutingVersion,
 }
 
+/// What the producer needs from its Redis: `XADD` (with `MINID` trimming, hence 6.2).
+pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
+    min_version: MIN_REDIS_VERSION,
+    commands: &[("XADD", "publishing")],
+};
+
+/// Why no connection could be used. Cheap to clone: one failure is shared by every caller that waited for it.
+#[derive(Debug, Clone)]
+pub(crate) enum ConnectFailure {
+    /// The connection could not be opened (or the check was cut short): nothing was sent.
+    Redis(Arc<RedisError>),
+    /// The server cannot serve the producer: nothing was sent, and nothing will be.
+    Unsupported(Arc<RedisCheckError>),
+}
+
+impl ConnectFailure {
+    pub(crate) fn into_publish_error(self, shard: ShardId) -> PublishError {
+        match self {
+            ConnectFailure::Redis(source) => PublishError::Connect { shard, source },
+            ConnectFailure::Unsupported(source) => PublishError::RedisUnsupported { source },
+        }
+    }
+}
+
+/// The capability check, taken once on the first connection any lane opens.
+struct RedisGate {
+    url: String,
+    /// `Ok(Ok)`: passed; `Ok(Err)`: the server cannot serve the producer. A transport failure during the check
+    /// leaves it unset, to be taken again.
+    verdict: tokio::sync::OnceCell<Result<(), Arc<RedisCheckError>>>,
+}
+
+impl RedisGate {
+    async fn check(&self, con: &MultiplexedConnection) -> Result<(), ConnectFailure> {
+        let verdict = self
+            .verdict
+            .get_or_try_init(|| async {
+                let mut con = con.clone();
+                match check_redis(&mut con, &self.url, &REDIS_REQUIREMENTS).await {
+                    Ok(caps) => {
+                        tracing::debug!(redis_version = %caps.version, "Redis check passed");
+                        Ok(Ok(()))
+                    }
+                    Err(e) if e.is_unsupported() => {
+                        tracing::error!(error = %e, "Redis cannot serve the producer; every publish fails");
+                        Ok(Err(Arc::new(e)))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        match verdict {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ConnectFailure::Unsupported(e.clone())),
+            Err(RedisCheckError::Query { source, .. }) => Err(ConnectFailure::Redis(Arc::new(source))),
+            Err(other) => Err(ConnectFailure::Unsupported(Arc::new(other))),
+        }
+    }
+}
+
 /// One multiplexed connection, opened lazily and replaced after a transport error.
 struct Lane {
+    gate: Arc<RedisGate>,
     client: redis::Client,
     config: AsyncConnectionConfig,
     /// The open connection and its generation (so a stale failure does not drop a newer connection).
@@ -133,13 +204,13 @@ struct ConnectState {
     /// Finished attempts so far. A caller that waited through someone else's failed attempt shares its error
     /// instead of trying again at once: Redis being down must not cost one connect timeout per waiting publish.
     attempts: u64,
-    last_error: Option<Arc<RedisError>>,
+    last_error: Option<ConnectFailure>,
 }
 
 /// Why a lane could not run a pipeline.
 enum LaneError {
-    /// The connection could not be opened: nothing was sent.
-    Connect(Arc<RedisError>),
+    /// The connection could not be opened (or its server cannot serve the producer): nothing was sent.
+    Connect(ConnectFailure),
     /// The pipeline was handed to an open connection and then failed: outcome unknown.
     Lost(RedisError),
 }
@@ -149,7 +220,7 @@ impl Lane {
         self.current.lock().expect("the lane lock is never held across a panic")
     }
 
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Arc<RedisError>> {
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), ConnectFailure> {
         if let Some(c) = self.slot().clone() {
             return Ok(c);
         }
@@ -169,15 +240,19 @@ impl Lane {
         self.attempts.store(state.attempts, Ordering::Release);
         match result {
             Ok(con) => {
+                if let Err(f) = self.gate.check(&con).await {
+                    state.last_error = Some(f.clone());
+                    return Err(f);
+                }
                 state.last_error = None;
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                 *self.slot() = Some((generation, con.clone()));
                 Ok((generation, con))
             }
             Err(e) => {
-                let e = Arc::new(e);
-                state.last_error = Some(e.clone());
-                Err(e)
+                let f = ConnectFailure::Redis(Arc::new(e));
+                state.last_error = Some(f.clone());
+                Err(f)
             }
         }
     }
@@ -241,9 +316,11 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         stream: StreamName,
         client: redis::Client,
+        redis_url: &str,
         connections: usize,
         connect_timeout: Duration,
         response_timeout: Duration,
@@ -256,8 +333,13 @@ impl Publisher {
             // Many concurrent pipelines share a lane: a deeper request queue than the default 50 avoids
             // callers waiting for a slot while the socket is busy.
             .set_pipeline_buffer_size(1024);
+        let gate = Arc::new(RedisGate {
+            url: redis_url.to_owned(),
+            verdict: tokio::sync::OnceCell::new(),
+        });
         let lanes = (0..connections)
             .map(|_| Lane {
+                gate: gate.clone(),
                 client: client.clone(),
                 config: config.clone(),
                 current: Mutex::new(None),
@@ -279,7 +361,7 @@ impl Publisher {
     ///
     /// # Errors
     /// The first connection error.
-    pub(crate) async fn connect_all(&self) -> Result<(), Arc<RedisError>> {
+    pub(crate) async fn connect_all(&self) -> Result<(), ConnectFailure> {
         for lane in &self.lanes {
             lane.connection().await?;
         }
@@ -392,10 +474,7 @@ impl Publisher {
             lane.run(&pipe).await
         };
         let results: Vec<Result<Published, PublishError>> = match outcome {
-            Err(LaneError::Connect(e)) => {
-                let err = PublishError::Connect { shard, source: e };
-                vec![Err(err); count]
-            }
+            Err(LaneError::Connect(f)) => vec![Err(f.into_publish_error(shard)); count],
             Err(LaneError::Lost(e)) => {
                 let err = PublishError::ConnectionLost {
                     shard,
@@ -467,6 +546,7 @@ mod tests {
         Publisher::new(
             StreamName::new("orders").unwrap(),
             redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            "redis://127.0.0.1:1",
             2,
             Duration::from_secs(1),
             Duration::from_secs(1),

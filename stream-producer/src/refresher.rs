@@ -10,15 +10,25 @@
 //! # Version store
 //! Before the first request the highest routing version this stream's producers have observed is loaded from
 //! the [`VersionStore`] (key: the stream name); every request carries it, and every time it grows it is stored
-//! again, so a restarted producer still tells the coordinator about a routing Redis may have lost.
+//! again, so a restarted producer still tells the coordinator about a routing Redis may have lost. The write is
+//! retried until it succeeds ([`VersionPersister`]); while it fails, publishing goes on within the routing
+//! lease, each failure is logged and counted (`version_store_failures` in the stats, and the metrics
+//! `redis_stream_producer_version_store_failures_total` and `..._version_unpersisted`).
+//!
+//! # Stale routing
+//! Besides the periodic refresh and the caller's hint ([`crate::Producer::observe_routing_version`]), the
+//! publish path refreshes at once when another client sharing its version store (with the default store: any
+//! client of the process) observed a newer routing version of the stream: another producer's refresh, or a
+//! consumer's heartbeat answer (it carries the routing version). They meet in the store's [`ObservedVersion`]
+//! of the stream, read with one atomic load per publish.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use client_core::{CoordClient, VersionStore, VersionStoreError};
+use client_core::{
+    CoordClient, ObservedVersion, PersistObserver, SharedVersionStore, VersionPersister, VersionStoreError,
+};
 use protocol::names::StreamName;
 use protocol::RoutingVersion;
 use tokio::sync::Notify;
@@ -28,48 +38,25 @@ use crate::error::{PublishError, RefreshError};
 use crate::routing_cache::{Applied, PublishRoute, RoutingCache, RoutingInfo, Unavailable};
 use crate::stats::Stats;
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// [`VersionStore`] is not object safe (it returns `impl Future`); this erases it so the producer is not
-/// generic over its store.
-trait ErasedVersionStore: Send + Sync {
-    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, VersionStoreError>>;
-    fn store<'a>(&'a self, key: &'a str, version: u64) -> BoxFuture<'a, Result<(), VersionStoreError>>;
-}
-
-impl<S: VersionStore> ErasedVersionStore for S {
-    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64, VersionStoreError>> {
-        Box::pin(VersionStore::load(self, key))
-    }
-
-    fn store<'a>(&'a self, key: &'a str, version: u64) -> BoxFuture<'a, Result<(), VersionStoreError>> {
-        Box::pin(VersionStore::store(self, key, version))
-    }
-}
-
-/// A type-erased, shareable version store.
-#[derive(Clone)]
-pub(crate) struct SharedVersionStore(Arc<dyn ErasedVersionStore>);
-
-impl SharedVersionStore {
-    pub(crate) fn new(store: impl VersionStore) -> Self {
-        SharedVersionStore(Arc::new(store))
-    }
-}
-
-impl std::fmt::Debug for SharedVersionStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedVersionStore")
-    }
-}
-
 /// State only the refresh in flight touches.
 #[derive(Debug, Default)]
 struct Flight {
-    /// Whether the version store was read (done once, before the first request).
-    store_loaded: bool,
-    /// The highest version written to the version store, to store only when it grows.
-    persisted_max: u64,
+    /// Persists the highest observed version; started once the store was read (before the first request).
+    persister: Option<VersionPersister>,
+}
+
+/// Turns the persister's reports into the producer's stats and metrics.
+struct StoreObserver(Arc<Stats>);
+
+impl PersistObserver for StoreObserver {
+    fn failed(&self, _version: u64, _error: &VersionStoreError) {
+        self.0.version_store_failures.fetch_add(1, Ordering::Relaxed);
+        self.0.metrics.version_store_failed();
+    }
+
+    fn persisted(&self, _version: u64) {
+        self.0.metrics.version_persisted();
+    }
 }
 
 /// Fetches routing and keeps the cache current.
@@ -77,6 +64,11 @@ pub(crate) struct Refresher {
     stream: StreamName,
     client: CoordClient,
     store: SharedVersionStore,
+    /// What every client of the process observed for this stream's routing.
+    observed: ObservedVersion,
+    /// The value of `observed` already acted on (a refresh answered after it), so a version the coordinator did
+    /// not confirm (a rollback) does not turn into a refresh per publish.
+    observed_seen: AtomicU64,
     /// The pure cache. A std mutex: it is held for a few field reads, never across an await.
     cache: Mutex<RoutingCache>,
     /// Serialises refreshes (single flight); a tokio mutex because it is held across the HTTP request.
@@ -105,10 +97,13 @@ impl Refresher {
         cache: RoutingCache,
         stats: Arc<Stats>,
     ) -> Self {
+        let observed = store.observed(stream.as_str());
         Refresher {
             stream,
             client,
             store,
+            observed,
+            observed_seen: AtomicU64::new(0),
             cache: Mutex::new(cache),
             flight: tokio::sync::Mutex::new(Flight::default()),
             last_error: Mutex::new(None),
@@ -149,6 +144,7 @@ impl Refresher {
     /// # Cancel safety
     /// Cancel safe: a dropped call drops its refresh (if it was the one running); the next caller starts over.
     pub(crate) async fn routing_for_publish(&self) -> Result<RoutingInfo, PublishError> {
+        self.check_process_version();
         let decision = self.cache().for_publish(Instant::now());
         let refused = match decision {
             PublishRoute::Use(info) => return Ok(self.used(info)),
@@ -167,6 +163,15 @@ impl Refresher {
         m.refused(matches!(refused, Unavailable::Expired { .. }));
         m.cache(self.cache().gauges_at(Instant::now()));
         Err(self.unavailable(refused))
+    }
+
+    /// Turns a newer routing version seen by another client of the process into a hint (at most once per value).
+    fn check_process_version(&self) {
+        let seen = self.observed.get();
+        if seen > self.observed_seen.load(Ordering::Relaxed) {
+            self.observed_seen.fetch_max(seen, Ordering::Relaxed);
+            self.hint_newer_version(RoutingVersion(seen));
+        }
     }
 
     /// Updates the routing gauges from the routing a publish is about to use (cheap: no lock, no clock read).
@@ -221,12 +226,20 @@ impl Refresher {
     }
 
     async fn refresh_locked(&self, flight: &mut Flight) -> Result<(), RefreshError> {
-        if !flight.store_loaded {
-            let stored = self.store.0.load(self.stream.as_str()).await?;
-            flight.persisted_max = stored;
-            flight.store_loaded = true;
+        if flight.persister.is_none() {
+            let stored = self.store.load(self.stream.as_str()).await?;
+            flight.persister = Some(VersionPersister::spawn(
+                self.store.clone(),
+                self.stream.as_str(),
+                stored,
+                client_core::PersistPolicy::default(),
+                Arc::new(StoreObserver(self.stats.clone())),
+            ));
             self.cache().observe_max(RoutingVersion(stored));
         }
+        // What the other clients of the store observed is this process's observation too: report it.
+        let shared_max = self.observed.get();
+        self.cache().observe_max(RoutingVersion(shared_max));
         let query = self.cache().query();
         // The lease starts here, before the request leaves: never later than the coordinator's own clock start.
         let sent_at = Instant::now();
@@ -237,15 +250,11 @@ impl Refresher {
             return Err(RefreshError::UnexpectedStatus(status));
         }
         let max = self.cache().max_observed().0;
-        if max > flight.persisted_max {
-            match self.store.0.store(self.stream.as_str(), max).await {
-                Ok(()) => flight.persisted_max = max,
-                Err(e) => {
-                    // Not fatal: the routing is applied; the store is retried when the next answer arrives.
-                    self.stats.version_store_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(stream = %self.stream, error = %e, "cannot persist the observed routing version");
-                }
-            }
+        // The coordinator answered a query that carried everything observed up to its send: that is acted on.
+        self.observed.raise(max);
+        self.observed_seen.fetch_max(shared_max.max(max), Ordering::Relaxed);
+        if let Some(p) = &flight.persister {
+            p.observe(max);
         }
         Ok(())
     }
@@ -277,6 +286,17 @@ impl Refresher {
                     "ignored an OK routing answer older than the routing in use");
             }
             Applied::UnexpectedStatus(_) => {}
+        }
+    }
+
+    /// Waits, bounded, until the highest observed version is persisted, so the next process starts from what this
+    /// one saw (a graceful close; a failing store must not hold it).
+    pub(crate) async fn flush_versions(&self) {
+        let flight = self.flight.lock().await;
+        if let Some(p) = &flight.persister {
+            if !p.flush(client_core::PersistPolicy::default().attempt_timeout).await {
+                tracing::warn!(stream = %self.stream, "closing with the highest observed routing version not persisted");
+            }
         }
     }
 

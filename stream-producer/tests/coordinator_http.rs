@@ -43,7 +43,7 @@ async fn routing_requests(server: &MockServer) -> usize {
 }
 
 fn producer(coordinators: &[String], redis: &RedisServer) -> Producer {
-    Producer::builder(STREAM)
+    common::isolated(Producer::builder(STREAM))
         .coordinators(coordinators.iter().cloned())
         .redis(redis.url())
         .build()

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use client_core::testing::FailingVersionStore;
 use common::{any_port, coordinator_config, DEADLINE};
 use coord_server::server::CoordinatorHandle;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
@@ -266,6 +267,46 @@ async fn a_routing_rollback_is_counted() {
         "the stored routing is adopted"
     );
     assert_eq!(producer.stats().routing_rollbacks, 1);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_version_store_is_retried_counted_and_shown_until_it_persists() {
+    let m = recorder();
+    // A long lease: the routing version never grows again during the test, so only a retry can persist it.
+    let env = Env::start("metrics-store", Duration::from_secs(30)).await;
+    let store = FailingVersionStore::default();
+    store.set_failing(true);
+    let producer = env.producer().version_store(store.clone()).build().unwrap();
+    producer.ready().await.unwrap();
+    let s = env.stream();
+    wait_until(DEADLINE, "two failed attempts to persist routing version 1", || {
+        let failures = m.counter(names::VERSION_STORE_FAILURES, &s);
+        async move { failures >= 2 }
+    })
+    .await;
+    assert_eq!(m.gauge(names::VERSION_UNPERSISTED, &s), 1.0);
+    assert!(producer.stats().version_store_failures >= 2);
+    // The producer keeps working within its lease meanwhile.
+    producer.send("k", &[("f", "v")]).await.unwrap();
+
+    store.set_failing(false);
+    wait_until(DEADLINE, "the version persisted by a retry", || {
+        let store = store.clone();
+        let stream = env.stream.clone();
+        async move { store.stored(&stream).await == 1 }
+    })
+    .await;
+    wait_until(DEADLINE, "the unpersisted gauge back at 0", || {
+        let g = m.gauge(names::VERSION_UNPERSISTED, &s);
+        async move { g == 0.0 }
+    })
+    .await;
+    assert_eq!(
+        m.counter(names::VERSION_STORE_FAILURES, &s),
+        store.failed_writes(),
+        "every failed write is counted"
+    );
     producer.close().await.unwrap();
 }
 

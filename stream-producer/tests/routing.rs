@@ -9,8 +9,8 @@ use common::{any_port, coordinator_config, stream, total_len, xlen, Env, DEADLIN
 use coord_server::server::CoordinatorHandle;
 use protocol::routing::shard_for_key;
 use protocol::{keys, RoutingVersion, ShardId};
-use stream_producer::{FileVersionStore, Producer, PublishError, Record, WriteState};
-use test_support::{wait_until, FaultProxy, Mode};
+use stream_producer::{FileVersionStore, MemoryVersionStore, Producer, PublishError, Record, WriteState};
+use test_support::{wait_until, FaultProxy, Mode, RedisServer};
 
 /// Short lease (refresh every 500 ms) so lease rules play out quickly.
 const SHORT_LEASE: Duration = Duration::from_millis(1500);
@@ -116,7 +116,7 @@ async fn lease_runs_out_during_a_coordinator_outage_then_fails_closed_and_recove
     let env = Env::start(4, SHORT_LEASE).await;
     let (coordinator, proxy) = coordinator_behind_proxy(&env.redis.url(), SHORT_LEASE).await;
     let addr = coordinator.addr();
-    let producer = Producer::builder(common::STREAM)
+    let producer = common::isolated(Producer::builder(common::STREAM))
         .coordinator(format!("http://{}", proxy.addr()))
         .redis(env.redis.url())
         .build()
@@ -220,7 +220,7 @@ async fn spawn_at(redis_url: &str, addr: std::net::SocketAddr) -> CoordinatorHan
 async fn second_coordinator_url_takes_over_when_the_first_is_gone() {
     let env = Env::start(4, SHORT_LEASE).await;
     let dead = format!("http://127.0.0.1:{}", test_support::free_port());
-    let producer = Producer::builder(common::STREAM)
+    let producer = common::isolated(Producer::builder(common::STREAM))
         .coordinator(dead)
         .coordinator(env.coordinator.url())
         .redis(env.redis.url())
@@ -313,4 +313,86 @@ async fn highest_observed_version_survives_a_producer_restart_through_the_versio
         "the first refresh already reported version 2: {stats:?}"
     );
     Arc::into_inner(second).unwrap().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_newer_routing_seen_by_another_producer_of_the_store_refreshes_at_once() {
+    // A long lease: the periodic refresh (10 s) is far away.
+    let env = Env::start(4, Duration::from_secs(30)).await;
+    // One memory shared by both producers (what the default, process-wide store does for a whole process).
+    let shared = MemoryVersionStore::new();
+    let first = env.producer().version_store(shared.clone()).build().unwrap();
+    let second = env.producer().version_store(shared).build().unwrap();
+    first.ready().await.unwrap();
+    second.ready().await.unwrap();
+    env.add_shards(1).await;
+    first.observe_routing_version(RoutingVersion(2));
+    wait_until(DEADLINE, "the first producer adopts 5 shards", || {
+        let routing = first.routing();
+        async move { routing.is_some_and(|r| r.shard_count == 5) }
+    })
+    .await;
+    assert_eq!(second.routing().unwrap().shard_count, 4, "no refresh of its own yet");
+    // The second producer's next publish sees that its routing is stale and refreshes first.
+    let key = key_on(4, 5);
+    let published = second.send(&key, &[("f", "v")]).await.unwrap();
+    assert_eq!(
+        (published.shard, published.routing_version),
+        (ShardId(4), RoutingVersion(2))
+    );
+    first.close().await.unwrap();
+    second.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_routing_hash_with_an_unknown_layout_fails_closed() {
+    let env = Env::start(2, SHORT_LEASE).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    // A routing hash written by a build with another layout: this coordinator must not interpret it.
+    let mut con = env.redis.connection().await;
+    let _: i64 = redis::cmd("HSET")
+        .arg(keys::stream_routing(&stream()))
+        .arg(keys::fields::LAYOUT_VERSION)
+        .arg(99)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = loop {
+        match producer.send("k", &[("f", "v")]).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => break e,
+        }
+        assert!(
+            producer.stats().refreshes < 20,
+            "the routing is still served: {:?}",
+            producer.stats()
+        );
+    };
+    assert!(matches!(err, PublishError::RoutingExpired { .. }), "{err:?}");
+    assert_eq!(err.write_state(), WriteState::NotWritten);
+    let cause = std::error::Error::source(&err)
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(cause.contains("layoutVersion"), "{cause}");
+}
+
+#[tokio::test]
+async fn a_redis_without_a_command_the_producer_sends_is_refused_naming_it_and_the_url_without_password() {
+    let env = Env::start(2, SHORT_LEASE).await;
+    // The producer's own Redis has XADD renamed away (the coordinator's Redis is complete).
+    let crippled = RedisServer::builder().rename_command("XADD", "").start().await;
+    let url = format!("redis://default:s3cret@127.0.0.1:{}", crippled.port());
+    let producer = env.producer().redis(url).build().unwrap();
+    let err = producer.ready().await.expect_err("XADD is missing");
+    assert!(matches!(err, PublishError::RedisUnsupported { .. }), "{err:?}");
+    let message = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(message.contains("XADD (publishing)"), "{message}");
+    assert!(message.contains(&format!("127.0.0.1:{}", crippled.port())), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+    let publish = producer.send("k", &[("f", "v")]).await.unwrap_err();
+    assert!(matches!(publish, PublishError::RedisUnsupported { .. }), "{publish:?}");
+    assert_eq!(publish.write_state(), WriteState::NotWritten);
+    assert!(!publish.is_retryable());
+    producer.close().await.unwrap();
 }

@@ -265,7 +265,6 @@ impl<'a> Tx<'a> {
         self.liveness
     }
 
-    /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
     /// Opens a correction round when the caller suspects lost writes (see [`Clock::suspected_loss`]).
     fn open_round_if_suspected(&mut self, clock: Clock) {
         if let Some(known) = clock.suspected_loss {
@@ -275,6 +274,7 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Removes a member from the group: releases its shards, forgets its liveness and round bookkeeping.
     fn remove_member(&mut self, id: &MemberId) {
         reconcile::release_all(self, id);
         correction::forget(self, id);

@@ -20,6 +20,13 @@ pub fn stream() -> StreamName {
     StreamName::new(STREAM).expect("valid stream name")
 }
 
+/// Gives the producer a version store of its own. Every test here uses the stream name [`STREAM`] against its
+/// own Redis; with the default, process-wide store, tests sharing a process (`cargo test`) would report each
+/// other's routing versions. nextest runs each test in its own process, where this changes nothing.
+pub fn isolated(builder: ProducerBuilder) -> ProducerBuilder {
+    builder.version_store(stream_producer::MemoryVersionStore::new())
+}
+
 /// A coordinator configuration for tests: fast ticks and the given routing lease.
 pub fn coordinator_config(redis_url: &str, lease: Duration, listen: SocketAddr) -> coord_server::Config {
     let mut config = coord_server::Config::new(redis_url);
@@ -60,11 +67,13 @@ impl Env {
         Env { redis, coordinator }
     }
 
-    /// A builder pointed at this Redis and coordinator.
+    /// A builder pointed at this Redis and coordinator, with a version store of its own ([`isolated`]).
     pub fn producer(&self) -> ProducerBuilder {
-        Producer::builder(STREAM)
-            .coordinator(self.coordinator.url())
-            .redis(self.redis.url())
+        isolated(
+            Producer::builder(STREAM)
+                .coordinator(self.coordinator.url())
+                .redis(self.redis.url()),
+        )
     }
 
     pub async fn add_shards(&self, count: u32) {
