@@ -1211,7 +1211,7 @@ async fn main() -> ExitCode {
     let settings = match Settings::new(&args) {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", examples::error_chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -1276,7 +1276,7 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             out.finish();
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", examples::error_chain(&e));
             ExitCode::from(2)
         }
     }
