@@ -1,7 +1,8 @@
 //! The admin API over HTTP: one method per route `coordctl` uses, and the errors a caller can act on.
 
 use protocol::messages::{
-    AddShardsRequest, ErrorResponse, GroupDescription, GroupList, RecreateGroupRequest, RoutingDescription,
+    AddShardsRequest, CreateGroupRequest, ErrorResponse, GroupDescription, GroupList, RecreateGroupRequest,
+    RoutingDescription,
 };
 use protocol::StoreRevision;
 use reqwest::header::{AUTHORIZATION, IF_MATCH};
@@ -136,6 +137,17 @@ impl AdminClient {
             .await
     }
 
+    /// `POST /v1/streams/{stream}/groups/{group}`: create a group (and the stream's routing when it has none).
+    pub async fn create(
+        &self,
+        stream: &str,
+        group: &str,
+        req: &CreateGroupRequest,
+    ) -> Result<GroupDescription, CliError> {
+        let path = format!("/v1/streams/{}/groups/{}", seg(stream), seg(group));
+        self.json(body(self.request(Method::POST, &path), req)).await
+    }
+
     /// `POST /v1/streams/{stream}/groups/{group}/recreate`.
     pub async fn recreate(
         &self,
@@ -171,6 +183,22 @@ impl AdminClient {
         })?;
         decode(resp).await
     }
+}
+
+/// `err` and its causes, `: `-separated, each said once: a cause whose text the message so far already contains
+/// (reqwest, hyper and the OS error often repeat one another) is left out.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 fn body<T: Serialize>(rb: RequestBuilder, value: &T) -> RequestBuilder {
@@ -232,6 +260,36 @@ fn excerpt(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, Error)]
+    #[error("{0}")]
+    struct Layer(String, #[source] Option<Box<Layer>>);
+
+    fn layers(texts: &[&str]) -> Layer {
+        texts
+            .iter()
+            .rev()
+            .fold(None, |inner, t| Some(Layer((*t).to_owned(), inner.map(Box::new))))
+            .expect("at least one layer")
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = layers(&[
+            "cannot reach the coordinator at http://x",
+            "error sending request",
+            "client error (Connect)",
+            "tcp connect error: Connection refused (os error 111)",
+            "Connection refused (os error 111)",
+        ]);
+        let chain = error_chain(&e);
+        assert_eq!(
+            chain,
+            "cannot reach the coordinator at http://x: error sending request: client error (Connect): tcp connect \
+             error: Connection refused (os error 111)"
+        );
+        assert_eq!(chain.matches("Connection refused").count(), 1, "{chain}");
+    }
 
     #[test]
     fn path_segments_are_escaped() {

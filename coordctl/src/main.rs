@@ -13,7 +13,7 @@ mod output;
 
 use clap::{Parser, Subcommand};
 use client::{AdminClient, CliError};
-use protocol::messages::RecreateGroupRequest;
+use protocol::messages::{CreateGroupRequest, RecreateGroupRequest};
 use protocol::metadata::GroupTimings;
 use protocol::StoreRevision;
 use serde::Serialize;
@@ -27,9 +27,11 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Cli {
-    /// Coordinator base URL (any instance, or the Service).
-    #[arg(long, env = "COORD_URL", default_value = "http://127.0.0.1:7400", global = true)]
-    url: String,
+    /// Coordinator base URL (any instance, or the Service). `COORDINATOR_URL` is read too, as a deprecated alias
+    /// (the first of a comma-separated list).
+    /// [default: http://127.0.0.1:7400]
+    #[arg(long, env = "COORD_URL", global = true)]
+    url: Option<String>,
     /// Admin bearer token (required when the coordinator has one). Prefer the environment or --token-file: a
     /// flag's value is visible to every local user in /proc/PID/cmdline.
     #[arg(
@@ -68,6 +70,19 @@ enum Command {
         /// Consumer group name.
         group: String,
     },
+    /// Create a consumer group (and the stream's routing with --shards when the stream has none). A second call
+    /// answers ALREADY_EXISTS.
+    Create {
+        /// Stream name.
+        stream: String,
+        /// Consumer group name.
+        group: String,
+        /// Shard count: required when the stream has no routing yet; otherwise absent or equal to the stream's.
+        #[arg(long)]
+        shards: Option<u32>,
+        #[command(flatten)]
+        timings: TimingFlags,
+    },
     /// Grow a stream by COUNT shards. Groups adopt the new routing on their next tick.
     AddShards {
         /// Stream name.
@@ -100,18 +115,8 @@ enum Command {
         /// Shard count (must equal the stream's, see `coordctl routing`).
         #[arg(long)]
         shards: u32,
-        /// Member lease TTL in ms (give all four timings, or none for the coordinator's defaults).
-        #[arg(long)]
-        member_ttl_ms: Option<u64>,
-        /// Heartbeat interval in ms.
-        #[arg(long)]
-        heartbeat_interval_ms: Option<u64>,
-        /// Rebalance timeout in ms.
-        #[arg(long)]
-        rebalance_timeout_ms: Option<u64>,
-        /// Consumer assignment lease in ms (at most the member TTL).
-        #[arg(long)]
-        assignment_lease_ms: Option<u64>,
+        #[command(flatten)]
+        timings: TimingFlags,
         /// Do it.
         #[arg(long)]
         yes: bool,
@@ -121,6 +126,47 @@ enum Command {
         /// Stream name.
         stream: String,
     },
+}
+
+/// A group's timings for `create` and `recreate`: all four, or none for the coordinator's defaults.
+#[derive(Debug, clap::Args)]
+struct TimingFlags {
+    /// Member lease TTL in ms (give all four timings, or none for the coordinator's defaults).
+    #[arg(long)]
+    member_ttl_ms: Option<u64>,
+    /// Heartbeat interval in ms.
+    #[arg(long)]
+    heartbeat_interval_ms: Option<u64>,
+    /// Rebalance timeout in ms.
+    #[arg(long)]
+    rebalance_timeout_ms: Option<u64>,
+    /// Consumer assignment lease in ms (at most the member TTL).
+    #[arg(long)]
+    assignment_lease_ms: Option<u64>,
+}
+
+impl TimingFlags {
+    fn timings(&self) -> Result<Option<GroupTimings>, CliError> {
+        match (
+            self.member_ttl_ms,
+            self.heartbeat_interval_ms,
+            self.rebalance_timeout_ms,
+            self.assignment_lease_ms,
+        ) {
+            (None, None, None, None) => Ok(None),
+            (Some(ttl), Some(hb), Some(rb), Some(lease)) => Ok(Some(GroupTimings {
+                member_ttl_ms: ttl,
+                heartbeat_interval_ms: hb,
+                rebalance_timeout_ms: rb,
+                assignment_lease_ms: lease,
+            })),
+            _ => Err(CliError::Refused(
+                "give all four timings (--member-ttl-ms --heartbeat-interval-ms --rebalance-timeout-ms \
+                 --assignment-lease-ms) or none"
+                    .into(),
+            )),
+        }
+    }
 }
 
 /// `coordctl describe --json`: the group and, when the coordinator's `/metrics` is readable, the lag per shard.
@@ -157,7 +203,7 @@ async fn main() -> ExitCode {
                     println!("{v}");
                 }
             }
-            eprintln!("coordctl: {e}");
+            eprintln!("coordctl: {}", client::error_chain(&e));
             ExitCode::from(e.exit_code())
         }
     }
@@ -176,8 +222,27 @@ fn token(cli: &Cli) -> Result<Option<String>, CliError> {
     }
 }
 
+/// Where the coordinator is when `--url` / `COORD_URL` is absent.
+const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+
+/// `--url` / `COORD_URL`, else the deprecated `COORDINATOR_URL` (the examples' old name, a comma-separated list:
+/// its first URL), else [`DEFAULT_URL`].
+fn url(cli: &Cli) -> String {
+    if let Some(url) = &cli.url {
+        return url.clone();
+    }
+    let alias = std::env::var("COORDINATOR_URL").unwrap_or_default();
+    match alias.split(',').map(str::trim).find(|u| !u.is_empty()) {
+        Some(first) => {
+            eprintln!("coordctl: COORDINATOR_URL is deprecated, use COORD_URL");
+            first.to_owned()
+        }
+        None => DEFAULT_URL.to_owned(),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let client = AdminClient::new(&cli.url, token(&cli)?, Duration::from_millis(cli.timeout_ms))?;
+    let client = AdminClient::new(&url(&cli), token(&cli)?, Duration::from_millis(cli.timeout_ms))?;
     let json = cli.json;
     match cli.command {
         Command::Groups { rebuild } => {
@@ -186,12 +251,23 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Describe { stream, group } => {
             let g = client.describe(&stream, &group).await?;
-            let lag = client
-                .metrics()
-                .await
-                .map(|text| output::lag_from_metrics(&text, &stream, &group));
+            let lag = lag(&client, &stream, &group).await;
             let human = output::group(&g, lag.as_deref());
             emit(json, &Described { group: g, lag }, || human);
+        }
+        Command::Create {
+            stream,
+            group,
+            shards,
+            timings,
+        } => {
+            let req = CreateGroupRequest {
+                shard_count: shards,
+                timings: timings.timings()?,
+            };
+            let g = client.create(&stream, &group, &req).await?;
+            let lag = lag(&client, &stream, &group).await;
+            emit(json, &g, || format!("created\n\n{}", output::group(&g, lag.as_deref())));
         }
         Command::AddShards {
             stream,
@@ -210,11 +286,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let g = client
                 .fence(&stream, &group, &member, if_match.map(StoreRevision))
                 .await?;
+            let lag = lag(&client, &stream, &group).await;
             emit(json, &g, || {
                 format!(
                     "fenced {member}: it gets FENCED_MEMBER_EPOCH on its next heartbeat; its shards move when its lease \
                      ends\n\n{}",
-                    output::group(&g, None)
+                    output::group(&g, lag.as_deref())
                 )
             });
         }
@@ -222,33 +299,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             stream,
             group,
             shards,
-            member_ttl_ms,
-            heartbeat_interval_ms,
-            rebalance_timeout_ms,
-            assignment_lease_ms,
+            timings,
             yes,
         } => {
-            let timings = match (
-                member_ttl_ms,
-                heartbeat_interval_ms,
-                rebalance_timeout_ms,
-                assignment_lease_ms,
-            ) {
-                (None, None, None, None) => None,
-                (Some(ttl), Some(hb), Some(rb), Some(lease)) => Some(GroupTimings {
-                    member_ttl_ms: ttl,
-                    heartbeat_interval_ms: hb,
-                    rebalance_timeout_ms: rb,
-                    assignment_lease_ms: lease,
-                }),
-                _ => {
-                    return Err(CliError::Refused(
-                        "give all four timings (--member-ttl-ms --heartbeat-interval-ms --rebalance-timeout-ms \
-                         --assignment-lease-ms) or none"
-                            .into(),
-                    ))
-                }
-            };
+            let timings = timings.timings()?;
             if !yes {
                 let current = match client.describe(&stream, &group).await {
                     Ok(g) => format!("the group exists (revision {}): recreate will refuse", g.revision.0),
@@ -273,7 +327,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 timings,
             };
             let g = client.recreate(&stream, &group, &req).await?;
-            emit(json, &g, || format!("recreated\n\n{}", output::group(&g, None)));
+            let lag = lag(&client, &stream, &group).await;
+            emit(json, &g, || {
+                format!("recreated\n\n{}", output::group(&g, lag.as_deref()))
+            });
         }
         Command::Routing { stream } => {
             let r = client.routing(&stream).await?;
@@ -281,6 +338,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// The group's per-shard lag from the coordinator's `/metrics`, `None` when that page cannot be read. Every
+/// command that prints a group table reads it: the table says "not readable" when it is `None`.
+async fn lag(client: &AdminClient, stream: &str, group: &str) -> Option<Vec<output::ShardLag>> {
+    client
+        .metrics()
+        .await
+        .map(|text| output::lag_from_metrics(&text, stream, group))
 }
 
 fn recreate_plan(p: &RecreatePlan) -> String {

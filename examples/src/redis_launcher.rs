@@ -1,9 +1,11 @@
-//! A private `redis-server` for the demo: found on `PATH` (or named by `REDIS_SERVER_BIN`), started on a free
-//! loopback port with persistence off (`--save "" --appendonly no`) in a temporary directory, ready once it
-//! answers `PING`, and killed when dropped.
+//! A private `redis-server` for the demo: named by `REDIS_SERVER_BIN`, else found on `PATH`, else provided by
+//! `scripts/ensure-redis.sh` (the Debian package as root, otherwise a binary in the project-local cache under
+//! `target/tools/`; the script says on stderr what it did). It is started on a free loopback port with persistence
+//! off (`--save "" --appendonly no`) in a temporary directory, ready once it answers `PING`, and killed when
+//! dropped.
 //!
-//! It never touches a Redis you already run. When no `redis-server` can be found, [`LaunchError::NotInstalled`]
-//! explains how to install one ([`INSTALL_HINT`]).
+//! It never touches a Redis you already run. When no `redis-server` can be provided,
+//! [`LaunchError::NotInstalled`] says what is missing and how to install one ([`INSTALL_HINT`]).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -26,8 +28,10 @@ pub const INSTALL_HINT: &str = "\
 The demo needs redis-server (6.2 or newer). Install it:
     Debian/Ubuntu:  sudo apt-get install redis-server
     macOS:          brew install redis
-or point REDIS_SERVER_BIN at the binary, or use a Redis you already run with --redis-url redis://HOST:PORT
-(or the REDIS_URL environment variable).";
+or point REDIS_SERVER_BIN at the binary, or use a Redis you already run with --redis-url redis://HOST:PORT.";
+
+/// The provisioning script of this repository (found relative to the crate the binary was built from).
+pub const ENSURE_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ensure-redis.sh");
 
 /// Ports tried when another process takes the chosen port before `redis-server` binds it.
 const START_ATTEMPTS: usize = 5;
@@ -84,7 +88,12 @@ impl RedisLauncher {
     /// [`LaunchError::NotInstalled`] without a binary; [`LaunchError::Failed`] when it exits or does not answer
     /// within [`READY_TIMEOUT`].
     pub async fn start() -> Result<RedisLauncher, LaunchError> {
-        let bin = find_redis_server()?;
+        let bin = match find_redis_server() {
+            Err(LaunchError::NotInstalled { reason }) if std::env::var_os(SERVER_BIN_ENV).is_none() => {
+                provision(&reason)?
+            }
+            other => other?,
+        };
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             match Self::start_once(&bin).await {
@@ -217,6 +226,48 @@ pub fn find_redis_server() -> Result<PathBuf, LaunchError> {
     search_path(&OsString::from("redis-server")).ok_or_else(|| LaunchError::NotInstalled {
         reason: "redis-server is not on PATH".into(),
     })
+}
+
+/// Runs [`ENSURE_SCRIPT`] (its messages go to stderr as they come) and returns the path it prints last.
+///
+/// # Errors
+/// [`LaunchError::NotInstalled`] naming what is missing: `bash` or the script, or what the script could not do.
+pub fn provision(missing: &str) -> Result<PathBuf, LaunchError> {
+    let script = Path::new(ENSURE_SCRIPT);
+    let not_installed = |why: String| LaunchError::NotInstalled {
+        reason: format!("{missing}, and {why}"),
+    };
+    if !script.is_file() {
+        return Err(not_installed(format!(
+            "the provisioning script {} is not there (the demo binary was moved from its repository)",
+            script.display()
+        )));
+    }
+    eprintln!("{missing}: running {} to provide one", script.display());
+    let out = Command::new("bash")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| not_installed(format!("bash could not run {}: {e}", script.display())))?;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let path = printed.lines().last().map(str::trim).unwrap_or_default();
+    if !out.status.success() || path.is_empty() {
+        return Err(not_installed(format!(
+            "{} could not provide one ({}; its reasons are above)",
+            script.display(),
+            out.status
+        )));
+    }
+    let path = PathBuf::from(path);
+    if !is_executable(&path) {
+        return Err(not_installed(format!(
+            "{} printed {}, which is not an executable",
+            script.display(),
+            path.display()
+        )));
+    }
+    Ok(path)
 }
 
 /// `name` in a directory of `PATH` (only bare names are looked up).

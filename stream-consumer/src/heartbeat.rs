@@ -358,8 +358,14 @@ impl State {
             .unwrap_or(self.interval)
             .min(self.interval);
         let now = Instant::now();
-        warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e, retry_in = ?delay,
-            lease_left = ?self.lease.remaining_at(now), "heartbeat failed; reading on within the lease");
+        if joining {
+            // Nothing is read before a join is answered: there is no lease to read on within.
+            warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e, retry_in = ?delay,
+                "cannot join the group yet; retrying");
+        } else {
+            warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e, retry_in = ?delay,
+                lease_left = ?self.lease.remaining_at(now), "heartbeat failed; reading on within the lease");
+        }
         self.publish();
         Flow::Next(now + delay)
     }

@@ -65,17 +65,21 @@ const TICKS_PER_SECOND: u64 = 100;
 #[derive(Parser, Debug)]
 #[command(about = "redis-stream-coord demo: 3 consumers, 2 producers, a crash and a join, then a summary")]
 struct Args {
-    /// Redis to use instead of starting a private redis-server.
-    #[arg(long, env = "REDIS_URL")]
+    /// Redis to use instead of starting a private redis-server; the demo leaves a `demo-*` stream in it. Only this
+    /// flag selects it: an exported `REDIS_URL` is ignored (and said so), so that the demo never writes into a
+    /// Redis by accident.
+    #[arg(long)]
     redis_url: Option<String>,
-    /// An external coordinator instead of the in-process one; it must use the Redis of --redis-url.
-    #[arg(long, env = "COORDINATOR_URL", requires = "redis_url")]
+    /// An external coordinator instead of the in-process one; it must use the Redis of --redis-url. Flag only, as
+    /// --redis-url.
+    #[arg(long, requires = "redis_url")]
     coordinator_url: Option<String>,
     /// Admin bearer token of the external coordinator (to create the group), if it requires one.
     #[arg(long, env = "COORD_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
-    /// Client bearer token of the external coordinator, if it requires one.
-    #[arg(long, env = "COORDINATOR_TOKEN", hide_env_values = true)]
+    /// Client bearer token of the external coordinator, if it requires one (the deprecated `COORDINATOR_TOKEN`
+    /// is read too).
+    #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
     coordinator_token: Option<String>,
     /// Records to publish [default: 200000; 5000 with --short].
     #[arg(long)]
@@ -433,7 +437,8 @@ impl Board {
                     format!("{}: {} {}", v.name, v.reading.len(), shard_list(&v.reading))
                 }
                 Fate::Running => format!(
-                    "{}: {} {} (+{} pending)",
+                    // Assigned here, but the previous owner has not released them yet.
+                    "{}: {} {} (+{} awaiting handover)",
                     v.name,
                     v.reading.len(),
                     shard_list(&v.reading),
@@ -873,6 +878,11 @@ impl Report {
                 shard_list(&m.reading_at_end)
             );
         }
+        let _ = writeln!(
+            t,
+            "claimed: entries a crashed member had read but not handled, taken over by the next owner (delivery count \
+             >= 2); redelivered: records processed twice (usually 0: even a crash acknowledges what was handled)"
+        );
         for v in &self.violations {
             let _ = writeln!(
                 t,
@@ -1190,11 +1200,21 @@ async fn crash_and_join(shared: &Shared, consumers: &mut BTreeMap<usize, Consume
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.coordinator_token.is_none() {
+        let mut token = Vec::new();
+        examples::deprecated_env_alias(&mut token, "COORDINATOR_TOKEN", "COORD_CLIENT_TOKEN");
+        args.coordinator_token = token.into_iter().next();
+    }
+    if args.redis_url.is_none() && std::env::var_os("REDIS_URL").is_some() {
+        eprintln!(
+            "note: REDIS_URL is set but ignored; the demo starts a private redis-server (use --redis-url to pick one)"
+        );
+    }
     let settings = match Settings::new(&args) {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", examples::error_chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -1216,11 +1236,18 @@ async fn main() -> ExitCode {
     // Redis: given, or a private redis-server (killed when `_launcher` is dropped, also on Ctrl-C).
     let (redis_url, redis_label, _launcher) = match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
         // The label is printed and logged: never with the URL's password.
-        Some(url) => (
-            url.to_owned(),
-            format!("{} (given)", protocol::redact::redact_url(url)),
-            None,
-        ),
+        Some(url) => {
+            eprintln!(
+                "USING YOUR REDIS {} (--redis-url): the demo writes a stream demo-* and a consumer group into it, and \
+                 leaves them there",
+                protocol::redact::redact_url(url)
+            );
+            (
+                url.to_owned(),
+                format!("{} (given)", protocol::redact::redact_url(url)),
+                None,
+            )
+        }
         None => match RedisLauncher::start().await {
             Ok(l) => {
                 let label = format!("{} (private redis-server, {})", l.url(), l.bin().display());
@@ -1252,7 +1279,7 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             out.finish();
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", examples::error_chain(&e));
             ExitCode::from(2)
         }
     }

@@ -33,12 +33,9 @@ struct Args {
     /// Redis URL.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
-    /// Coordinator base URL (repeat for several instances).
-    #[arg(
-        long = "coordinator-url",
-        env = "COORDINATOR_URL",
-        default_value = "http://127.0.0.1:7400"
-    )]
+    /// Coordinator base URL (repeat for several instances, or comma-separate `COORD_URL`; the deprecated
+    /// `COORDINATOR_URL` is read too) [default: http://127.0.0.1:7400].
+    #[arg(long = "coordinator-url", env = "COORD_URL", value_delimiter = ',')]
     coordinator_urls: Vec<String>,
     /// Seconds between rate reports.
     #[arg(long, default_value_t = 5)]
@@ -104,7 +101,11 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    examples::deprecated_env_alias(&mut args.coordinator_urls, "COORDINATOR_URL", "COORD_URL");
+    if args.coordinator_urls.is_empty() {
+        args.coordinator_urls.push("http://127.0.0.1:7400".to_owned());
+    }
     let producer = Producer::builder(args.stream.as_str())
         .coordinators(args.coordinator_urls.iter().cloned())
         .redis(args.redis_url.as_str())

@@ -1,5 +1,5 @@
 //! A consumer-group worker: joins a group through the coordinator, reads the shards it is assigned, logs every
-//! assignment change, and leaves gracefully on SIGTERM or SIGINT (in-flight work finished, shards reported
+//! assignment change and, every few seconds, the messages processed per second and the lag of its shards, and leaves gracefully on SIGTERM or SIGINT (in-flight work finished, shards reported
 //! revoked, group left, so its shards move at once).
 //!
 //! ```text
@@ -10,20 +10,24 @@
 //! ```
 //!
 //! Every flag can also come from the environment (`STREAM`, `GROUP`, `MEMBER_ID`, `REDIS_URL`,
-//! `COORDINATOR_URL` as a comma-separated list, ...). `RUST_LOG` sets the log filter (default `info`).
+//! `COORD_URL` as a comma-separated list, `COORD_CLIENT_TOKEN`, ...; see docs/configuration.md). The old names
+//! `COORDINATOR_URL` and `COORDINATOR_TOKEN` still work, with a deprecation warning. `RUST_LOG` sets the log filter (default `info`).
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
+use redis::streams::StreamInfoGroupsReply;
+use redis::AsyncCommands;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stream_consumer::{
     CancellationToken, Consumer, FencingToken, FileVersionStore, Message, RebalanceListener, ShardId, StartPosition,
 };
 use tracing::{debug, info, warn};
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(about = "A redis-stream-coord consumer-group worker")]
 struct Args {
     /// Logical stream (prefix of the shard keys).
@@ -38,17 +42,17 @@ struct Args {
     /// Redis URL of the shard streams.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
-    /// Coordinator base URL; repeat the flag (or comma-separate the variable) for several.
-    #[arg(
-        long = "coordinator-url",
-        env = "COORDINATOR_URL",
-        value_delimiter = ',',
-        required = true
-    )]
+    /// Coordinator base URL; repeat the flag (or comma-separate the variable) for several. Required (flag,
+    /// `COORD_URL`, or the deprecated `COORDINATOR_URL`).
+    #[arg(long = "coordinator-url", env = "COORD_URL", value_delimiter = ',')]
     coordinator_urls: Vec<String>,
-    /// Bearer token of the coordinator's client endpoints, if it requires one.
-    #[arg(long, env = "COORDINATOR_TOKEN")]
+    /// Bearer token of the coordinator's client endpoints, if it requires one (also the deprecated
+    /// `COORDINATOR_TOKEN`).
+    #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
     coordinator_token: Option<String>,
+    /// Seconds between two progress lines (processed/s, lag, pending).
+    #[arg(long, env = "REPORT_EVERY_SECS", default_value_t = 5)]
+    report_every_secs: u64,
     /// Where a brand-new Redis consumer group starts on each shard.
     #[arg(long, env = "START_FROM", value_enum, default_value_t = Start::Beginning)]
     start_from: Start,
@@ -86,7 +90,7 @@ impl RebalanceListener for LogRebalance {
 
     async fn on_lost(&self, shards: Vec<ShardId>) {
         warn!(
-            ?shards,
+            shards = %shard_list(&shards),
             "shards lost (fenced, forgotten, or the assignment lease ran out)"
         );
     }
@@ -99,10 +103,21 @@ async fn main() -> Result<()> {
         // Colour codes only where a person reads them, not in a redirected log.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    examples::deprecated_env_alias(&mut args.coordinator_urls, "COORDINATOR_URL", "COORD_URL");
+    if args.coordinator_urls.is_empty() {
+        anyhow::bail!("no coordinator: pass --coordinator-url URL or set COORD_URL");
+    }
+    if args.coordinator_token.is_none() {
+        let mut token = Vec::new();
+        examples::deprecated_env_alias(&mut token, "COORDINATOR_TOKEN", "COORD_CLIENT_TOKEN");
+        args.coordinator_token = token.into_iter().next();
+    }
 
     let handled: Arc<Mutex<BTreeMap<ShardId, u64>>> = Arc::default();
     let counts = Arc::clone(&handled);
+    let processed = Arc::new(AtomicU64::new(0));
+    let processed_in_handler = Arc::clone(&processed);
     let mut builder = Consumer::builder(&args.stream, &args.group)
         .coordinators(args.coordinator_urls.iter().cloned())
         .redis(&args.redis_url)
@@ -115,6 +130,7 @@ async fn main() -> Result<()> {
         .rebalance_listener(LogRebalance { handled })
         .handler(move |msg: Message| {
             let counts = Arc::clone(&counts);
+            processed_in_handler.fetch_add(1, Ordering::Relaxed);
             async move {
                 debug!(shard = %msg.shard(), id = %msg.id(), deliveries = msg.delivery_count(),
                     fields = msg.fields().count(), "message");
@@ -148,18 +164,88 @@ async fn main() -> Result<()> {
         while status.changed().await.is_ok() {
             let s = status.borrow_and_update().clone();
             if s.reading != last {
-                info!(reading = ?s.reading, revoking = ?s.revoking, pending = ?s.pending,
+                info!(reading = %shard_list(&s.reading), revoking = %shard_list(&s.revoking),
+                    waiting_for_previous_owner = %shard_list(&s.pending),
                     metadata_version = %s.metadata_version, epoch = %s.member_epoch, "assignment");
                 last = s.reading;
             }
         }
     });
 
+    tokio::spawn(report_progress(args.clone(), consumer.status(), processed));
+
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));
     let report = consumer.run(shutdown).await.context("consumer failed")?;
     info!(left = report.left, cut_short = ?report.killed_shards, "worker stopped");
     Ok(())
+}
+
+/// `0,3,4` (`-` for none): shard numbers as people read them, not `[ShardId(0), ...]`.
+fn shard_list(shards: &[ShardId]) -> String {
+    if shards.is_empty() {
+        return "-".to_owned();
+    }
+    shards.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Every `--report-every-secs`: messages processed per second since the last line, and the lag (entries not yet
+/// delivered to the group) and pending entries (delivered, not acknowledged) of the shards this worker reads, from
+/// `XINFO GROUPS`. Lag needs Redis 7; with 6.2 it shows `?`.
+async fn report_progress(
+    args: Args,
+    status: tokio::sync::watch::Receiver<stream_consumer::ConsumerStatus>,
+    processed: Arc<AtomicU64>,
+) {
+    let Ok(stream) = protocol::names::StreamName::new(&args.stream) else {
+        return;
+    };
+    let redis = match redis::Client::open(args.redis_url.as_str()) {
+        Ok(client) => client,
+        Err(e) => {
+            warn!(error = %e, "no progress lines: the Redis URL is not usable");
+            return;
+        }
+    };
+    let mut conn = None;
+    let every = Duration::from_secs(args.report_every_secs.max(1));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    let (mut last_count, mut last_at) = (0u64, Instant::now());
+    loop {
+        tick.tick().await;
+        let count = processed.load(Ordering::Relaxed);
+        let rate = (count - last_count) as f64 / last_at.elapsed().as_secs_f64();
+        (last_count, last_at) = (count, Instant::now());
+        let reading = status.borrow().reading.clone();
+        if conn.is_none() {
+            conn = redis.get_multiplexed_async_connection().await.ok();
+        }
+        let (mut lag, mut pending, mut lag_known) = (0usize, 0usize, true);
+        if let Some(c) = conn.as_mut() {
+            for &shard in &reading {
+                let key = protocol::keys::shard_stream(&stream, shard);
+                let Ok(reply) = c.xinfo_groups::<_, StreamInfoGroupsReply>(&key).await else {
+                    lag_known = false;
+                    continue;
+                };
+                if let Some(g) = reply.groups.iter().find(|g| g.name == args.group) {
+                    pending += g.pending;
+                    match g.lag {
+                        Some(l) => lag += l,
+                        None => lag_known = false,
+                    }
+                }
+            }
+        } else {
+            lag_known = false;
+        }
+        let lag = if lag_known { lag.to_string() } else { "?".to_owned() };
+        info!(
+            "{rate:>8.0} processed/s | processed {count} | lag {lag} pending {pending} on shards {}",
+            shard_list(&reading)
+        );
+    }
 }
 
 /// Cancels `shutdown` on SIGTERM (what Kubernetes sends) or SIGINT (Ctrl-C).
