@@ -30,6 +30,9 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Bearer token required by consumer and producer endpoints, if set.
     pub client_token: Option<String>,
+    /// Accept a Redis `maxmemory-policy` other than `noeviction` (see [`crate::memory_policy`]): the instance then
+    /// reports ready and creates groups although Redis may evict their keys. Off by default.
+    pub accept_eviction_policy: bool,
 }
 
 impl Default for Config {
@@ -46,6 +49,7 @@ impl Default for Config {
             routing_lease: Duration::from_secs(30),
             admin_token: None,
             client_token: None,
+            accept_eviction_policy: false,
         }
     }
 }

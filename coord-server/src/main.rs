@@ -55,6 +55,10 @@ struct Args {
     /// Bearer token required by the consumer and producer endpoints.
     #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
     client_token: Option<String>,
+    /// Report ready and create groups although Redis's maxmemory-policy is not `noeviction` (Redis may then evict
+    /// group metadata, liveness or a held mutex under memory pressure).
+    #[arg(long, env = "COORD_ACCEPT_EVICTION_POLICY")]
+    accept_eviction_policy: bool,
     /// Log output format (the level comes from RUST_LOG, default `info`).
     #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -98,6 +102,7 @@ impl Args {
         }
         config.admin_token = self.admin_token.clone().filter(|t| !t.is_empty());
         config.client_token = self.client_token.clone().filter(|t| !t.is_empty());
+        config.accept_eviction_policy = self.accept_eviction_policy;
         config
     }
 }
