@@ -12,7 +12,10 @@
 //! 5. `FENCED_MEMBER_EPOCH` / `UNKNOWN_MEMBER`: kill every reader, wait for them to stop, call `on_lost`, and only
 //!    then join again with epoch 0.
 //! 6. Outage (unreachable, `COORDINATOR_TERMINATING` everywhere, `STORE_UNAVAILABLE`, `METADATA_UNAVAILABLE`):
-//!    keep reading within the lease, retry with jittered backoff capped at the heartbeat interval.
+//!    keep reading within the lease, retry with jittered backoff capped at the heartbeat interval. A refusal that
+//!    retrying cannot fix (`NOT_FOUND`: the group was never created, `INVALID_REQUEST`, `UNAUTHORIZED`) of the
+//!    first join stops the consumer with [`ConsumerError::Coordinator`]; after the member was answered once, it is
+//!    retried with the same backoff and a warning per attempt.
 //! 7. Close: stop new reads everywhere, wait for in-flight work up to the drain deadline (still heartbeating, so
 //!    the lease holds), kill what is left, report every shard `REVOKED` in one heartbeat, then leave (epoch -1).
 
