@@ -19,7 +19,7 @@ const REQUESTS: usize = 300;
 async fn refusals_of_a_lost_group_are_logged_once_per_window() {
     let redis = RedisServer::start().await;
     let port = free_port();
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args(["--redis-url", &redis.url(), "--listen", &format!("127.0.0.1:{port}")])
         .args(["--tick-interval-ms", "3600000"])
         .env("RUST_LOG", "info")
@@ -31,6 +31,13 @@ async fn refusals_of_a_lost_group_are_logged_once_per_window() {
         .kill_on_drop(true)
         .spawn()
         .expect("the binary starts");
+    // Read the log while the binary runs: a full pipe would block its writes and stall the requests.
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let log = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+        text
+    });
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     wait_until(WAIT, "the binary to answer /readyz", || {
@@ -63,11 +70,14 @@ async fn refusals_of_a_lost_group_are_logged_once_per_window() {
         .status()
         .expect("kill runs");
     assert!(killed.success());
-    let output = tokio::time::timeout(WAIT, child.wait_with_output())
+    tokio::time::timeout(WAIT, child.wait())
         .await
         .expect("the binary stops after SIGTERM")
         .expect("wait for the binary");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = tokio::time::timeout(WAIT, log)
+        .await
+        .expect("the log ends with the binary")
+        .expect("log reader");
     let refusal_lines = stderr
         .lines()
         .filter(|l| l.contains("request failed") || l.contains("response failed"))
