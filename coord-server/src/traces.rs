@@ -20,6 +20,7 @@ use protocol::keys;
 use protocol::names::{GroupName, StreamName};
 use protocol::ShardId;
 use redis::streams::StreamInfoGroupsReply;
+use std::collections::HashSet;
 use std::fmt;
 
 use crate::error::StoreError;
@@ -66,7 +67,7 @@ impl fmt::Display for Trace {
 }
 
 /// Reply of the first group check: the metadata hash, index membership, the liveness hash, the stream's routing.
-type GroupTraceReply = (bool, bool, bool, (Option<u64>, Option<Vec<u8>>));
+type GroupTraceReply = (bool, HashSet<String>, bool, (Option<u64>, Option<Vec<u8>>));
 
 /// What remains of a group whose metadata hash has no revision.
 ///
@@ -74,9 +75,11 @@ type GroupTraceReply = (bool, bool, bool, (Option<u64>, Option<Vec<u8>>));
 /// Redis errors (the caller then answers as for a lost group: failing towards the old answer is safe).
 pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> Result<Absence, StoreError> {
     let mut conn = store.connection();
-    let (hash, indexed, liveness, (rev, routing)): GroupTraceReply = redis::pipe()
+    // SMEMBERS rather than SISMEMBER: the deployment ACL grants the coordinator SMEMBERS only (a follow-up may add
+    // SISMEMBER to make this O(1)); the index holds one short member per group.
+    let (hash, index, liveness, (rev, routing)): GroupTraceReply = redis::pipe()
         .exists(keys::group_metadata(stream, group))
-        .sismember(keys::groups_index(), keys::groups_index_member(stream, group))
+        .smembers(keys::groups_index())
         .exists(keys::group_liveness(stream, group))
         .cmd("HMGET")
         .arg(keys::stream_routing(stream))
@@ -87,7 +90,7 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
     if hash {
         return Ok(Absence::Lost(Trace::DamagedHash));
     }
-    if indexed {
+    if index.contains(&keys::groups_index_member(stream, group)) {
         return Ok(Absence::Lost(Trace::Indexed));
     }
     if liveness {
@@ -131,12 +134,13 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
 /// Redis errors.
 pub async fn of_stream(store: &Store, stream: &StreamName) -> Result<Absence, StoreError> {
     let mut conn = store.connection();
-    let (hash, indexed, shard): (bool, bool, bool) = redis::pipe()
+    let (hash, index, shard): (bool, HashSet<String>, bool) = redis::pipe()
         .exists(keys::stream_routing(stream))
-        .sismember(keys::streams_index(), stream.as_str())
+        .smembers(keys::streams_index())
         .exists(keys::shard_stream(stream, ShardId(0)))
         .query_async(&mut conn)
         .await?;
+    let indexed = index.contains(stream.as_str());
     Ok(if hash {
         Absence::Lost(Trace::DamagedHash)
     } else if indexed {
