@@ -677,6 +677,15 @@ impl Coordinator {
         groups.len()
     }
 
+    /// Whether a load of this process found the group (any group of the stream, for `None`) within
+    /// [`SLOT_RETENTION`]: a trace Redis cannot lose, though only this process has it.
+    fn seen_recently(&self, stream: &StreamName, group: Option<&GroupName>) -> bool {
+        let groups = self.inner.groups.lock().expect("groups lock");
+        groups
+            .iter()
+            .any(|((s, g), slot)| s == stream && group.is_none_or(|group| g == group) && slot.retained())
+    }
+
     /// How many per-group slots this process holds.
     pub fn slot_count(&self) -> usize {
         self.inner.groups.lock().expect("groups lock").len()
@@ -693,7 +702,12 @@ impl Coordinator {
     /// The answer to a request for a group without metadata: never created (`NOT_FOUND`) or lost
     /// (`METADATA_UNAVAILABLE`), from the traces Redis still holds (see [`crate::traces`]).
     async fn absent_group(&self, stream: &StreamName, group: &GroupName) -> Error {
-        let absence = traces::of_group(&self.inner.store, stream, group).await;
+        let absence = match traces::of_group(&self.inner.store, stream, group).await {
+            Ok(Absence::NeverCreated) if self.seen_recently(stream, Some(group)) => {
+                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
+            }
+            other => other,
+        };
         if let Ok(Absence::NeverCreated) = absence {
             return Error::NotFound(format!(
                 "group {group} of stream {stream} was never created (Redis holds no metadata, index entry,                  liveness or consumer group of it): create it with POST /v1/streams/{stream}/groups/{group}, or                  check the names"
@@ -710,7 +724,12 @@ impl Coordinator {
 
     /// Like [`Self::absent_group`] for a stream without routing.
     async fn absent_stream(&self, stream: &StreamName) -> Error {
-        let absence = traces::of_stream(&self.inner.store, stream).await;
+        let absence = match traces::of_stream(&self.inner.store, stream).await {
+            Ok(Absence::NeverCreated) if self.seen_recently(stream, None) => {
+                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
+            }
+            other => other,
+        };
         if let Ok(Absence::NeverCreated) = absence {
             return Error::NotFound(format!(
                 "stream {stream} was never created (Redis holds no routing, index entry or shard of it): create a                  group of it with a shardCount, or check the name"

@@ -7,7 +7,9 @@
 //! 2. its member of the groups index (added at creation, never removed);
 //! 3. its liveness hash (written by every join and renewal);
 //! 4. a Redis consumer group of its name on one of the first [`SHARDS_CHECKED`] shard streams (created by the
-//!    consumer SDK on every shard it reads; shard 0 is read as soon as the group has a member).
+//!    consumer SDK on every shard it reads; shard 0 is read as soon as the group has a member);
+//! 5. checked by the caller when Redis shows nothing: the coordinator process itself found the group recently
+//!    ([`Trace::SeenByThisCoordinator`]; survives a Redis that lost everything).
 //!
 //! The stream's routing hash is a trace of the *stream*, not of a group: a typo in a group name on a live stream
 //! must be told apart from an outage, so it is only used to find the shards. A stream is lost when its routing
@@ -52,6 +54,9 @@ pub enum Trace {
     ConsumerGroup(ShardId),
     /// The stream's shard 0 exists.
     ShardStream,
+    /// This coordinator process found the group's metadata within [`crate::coordinator::SLOT_RETENTION`] (the
+    /// one trace that survives a Redis that lost everything, such as a restart without persistence).
+    SeenByThisCoordinator,
 }
 
 impl fmt::Display for Trace {
@@ -62,6 +67,7 @@ impl fmt::Display for Trace {
             Trace::Liveness => f.write_str("its liveness hash"),
             Trace::ConsumerGroup(shard) => write!(f, "its Redis consumer group on shard {shard}"),
             Trace::ShardStream => f.write_str("its shard stream"),
+            Trace::SeenByThisCoordinator => f.write_str("this coordinator's record of having served it recently"),
         }
     }
 }

@@ -139,12 +139,18 @@ async fn a_group_whose_metadata_is_lost_is_503_as_long_as_any_trace_remains() {
         .await
         .expect("HSET");
     assert_lost(&api, "metadata hash").await;
-    // Nothing left: Redis cannot tell it from a group that never existed (a documented limit). The periodic index
-    // rebuild may have re-indexed the damaged hash meanwhile (correctly: it is a trace): remove that entry too.
+    // Nothing left in Redis (the periodic index rebuild may have re-indexed the damaged hash meanwhile: remove that
+    // entry too). This coordinator still remembers serving the group: lost.
     del(&redis, &metadata).await;
     unindex(&redis).await;
-    assert_never_created(&api, S, G).await;
+    assert_lost(&api, "this coordinator's record").await;
     coord.shutdown().await;
+    // A coordinator without that memory cannot tell it from a group that never existed (a documented limit).
+    let fresh = coord_server::server::CoordinatorHandle::spawn(common::config(&redis.url()))
+        .await
+        .expect("coordinator starts");
+    assert_never_created(&Api::new(fresh.url()), S, G).await;
+    fresh.shutdown().await;
 }
 
 #[tokio::test]
