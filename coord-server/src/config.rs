@@ -38,6 +38,9 @@ pub struct Config {
     pub tokens: Vec<Grant>,
     /// Accept a listen address that is not loopback although nothing protects the admin routes.
     pub insecure_no_admin_token: bool,
+    /// Accept a Redis `maxmemory-policy` other than `noeviction` (see [`crate::memory_policy`]): the instance then
+    /// reports ready and creates groups although Redis may evict their keys. Off by default.
+    pub accept_eviction_policy: bool,
 }
 
 impl fmt::Debug for Config {
@@ -57,6 +60,7 @@ impl fmt::Debug for Config {
             .field("client_token", &hidden(&self.client_token))
             .field("tokens", &self.tokens)
             .field("insecure_no_admin_token", &self.insecure_no_admin_token)
+            .field("accept_eviction_policy", &self.accept_eviction_policy)
             .finish_non_exhaustive()
     }
 }
@@ -77,6 +81,7 @@ impl Default for Config {
             client_token: None,
             tokens: Vec::new(),
             insecure_no_admin_token: false,
+            accept_eviction_policy: false,
         }
     }
 }

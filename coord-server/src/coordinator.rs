@@ -25,14 +25,20 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::Config;
 use crate::error::{Error, StoreError};
+use crate::memory_policy::{self, PolicyCheck};
 use crate::shutdown::ShutdownGate;
 use crate::spans::{self, Boundary};
 use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, Cached, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
+use crate::traces::{self, Absence};
 
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
+
+/// How long a slot is kept after the last load that found its group: a group that stays deleted (and unindexed)
+/// is ticked that long, with this process's memory of its versions, then forgotten.
+pub const SLOT_RETENTION: Duration = Duration::from_secs(300);
 
 /// How many times a critical section reloads after losing a compare-and-set.
 const MAX_CAS_ATTEMPTS: usize = 5;
@@ -56,7 +62,9 @@ struct Inner {
     store: Store,
     gate: ShutdownGate,
     stats: Stats,
-    /// Per-group local lock and cache of the last aggregate read or written (keyed by revision).
+    /// Per-group local lock and cache of the last aggregate read or written (keyed by revision). A slot exists
+    /// while a request or tick uses it, and afterwards only for a group some load found (see [`SLOT_RETENTION`]):
+    /// requests naming groups that do not exist leave nothing here and add no tick work.
     groups: StdMutex<HashMap<(StreamName, GroupName), Arc<GroupSlot>>>,
     /// Redis time (ms) before which nobody is expired, after a Redis restart (run id change).
     global_grace_until_ms: AtomicU64,
@@ -64,6 +72,8 @@ struct Inner {
     run_id: StdMutex<Option<String>>,
     /// When the tick loop last rebuilt the groups index.
     index_rebuilt_at: StdMutex<Option<Instant>>,
+    /// The Redis `maxmemory-policy` precondition.
+    eviction_policy: PolicyCheck,
 }
 
 #[derive(Default)]
@@ -73,6 +83,23 @@ struct GroupSlot {
     /// Heartbeats waiting for the next critical section of the group (group commit).
     queue: StdMutex<Vec<Queued>>,
     cache: StdMutex<GroupMemory>,
+    /// When a load last found the group's metadata hash; `None`: never (the group may not exist).
+    present_at: StdMutex<Option<Instant>>,
+}
+
+impl GroupSlot {
+    fn present_at(&self) -> Option<Instant> {
+        *self.present_at.lock().expect("slot lock")
+    }
+
+    fn mark_present(&self) {
+        *self.present_at.lock().expect("slot lock") = Some(Instant::now());
+    }
+
+    /// Whether this slot is worth keeping when nobody uses it: its group was found recently.
+    fn retained(&self) -> bool {
+        self.present_at().is_some_and(|t| t.elapsed() < SLOT_RETENTION)
+    }
 }
 
 /// A heartbeat waiting in a group's queue, with the channel its answer goes back on.
@@ -115,7 +142,8 @@ impl Coordinator {
             .await
             .inspect_err(crate::metrics::count_startup_failure)?;
         let run_id = store.run_id().await?;
-        Ok(Coordinator {
+        let eviction_policy = PolicyCheck::new(config.accept_eviction_policy);
+        let coordinator = Coordinator {
             inner: Arc::new(Inner {
                 config,
                 store,
@@ -125,8 +153,30 @@ impl Coordinator {
                 global_grace_until_ms: AtomicU64::new(0),
                 run_id: StdMutex::new(Some(run_id)),
                 index_rebuilt_at: StdMutex::new(None),
+                eviction_policy,
             }),
-        })
+        };
+        coordinator.check_eviction_policy().await?;
+        Ok(coordinator)
+    }
+
+    /// Reads Redis's `maxmemory-policy` (through `INFO memory`), records it in the metrics and logs an error
+    /// while it is not `noeviction`. Returns whether this instance may report ready: the policy is `noeviction`
+    /// or accepted by configuration.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn check_eviction_policy(&self) -> Result<bool, Error> {
+        let policy = memory_policy::read(&self.inner.store).await?;
+        let check = &self.inner.eviction_policy;
+        let safe = check.record(&policy);
+        self.inner.stats.metrics().eviction_policy(!safe);
+        Ok(safe || check.accepted())
+    }
+
+    /// The `maxmemory-policy` precondition's last result.
+    pub fn eviction_policy(&self) -> &PolicyCheck {
+        &self.inner.eviction_policy
     }
 
     /// The configuration.
@@ -163,6 +213,19 @@ impl Coordinator {
         // queue; whoever takes the local lock next runs all of them in one section (one LOAD, one COMMIT), so a
         // large group costs two round trips per batch rather than per member.
         let slot = self.slot(stream, group);
+        let result = self.heartbeat_in(stream, group, &slot, req).await;
+        self.forget_if_absent(stream, group, slot);
+        result
+    }
+
+    /// [`Self::heartbeat`] through the group's queue.
+    async fn heartbeat_in(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        slot: &GroupSlot,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, Error> {
         let (reply, mut answer) = oneshot::channel();
         slot.queue.lock().expect("queue lock").push(Queued {
             req: req.clone(),
@@ -321,7 +384,7 @@ impl Coordinator {
             .await
             .map_err(|e| self.store_error(e))?;
         let (Some(rev), Some(agg)) = (loaded.revision, loaded.aggregate.as_deref()) else {
-            return Err(missing_group(stream, group));
+            return Err(self.absent_group(stream, group).await);
         };
         let meta = store::decode_group(&loaded, agg).map_err(|e| self.unavailable(e))?;
         let liveness: Liveness = loaded.liveness.iter().cloned().collect();
@@ -344,6 +407,7 @@ impl Coordinator {
             .config
             .check_timings(&timings)
             .map_err(Error::InvalidRequest)?;
+        self.require_safe_eviction_policy()?;
         let indexed = self.inner.store.indexed_groups().await?;
         if indexed.contains(&protocol::keys::groups_index_member(stream, group)) {
             let exists = self.group_exists(stream, group).await?;
@@ -384,6 +448,7 @@ impl Coordinator {
             .config
             .check_timings(&timings)
             .map_err(Error::InvalidRequest)?;
+        self.require_safe_eviction_policy()?;
         if self.group_exists(stream, group).await? {
             return Err(Error::AlreadyExists(format!(
                 "group {group} of stream {stream} has metadata; not recreating"
@@ -492,7 +557,9 @@ impl Coordinator {
     }
 
     /// The groups the tick loop visits: the index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost
-    /// or incomplete index must not stop expiry), plus every group this process has served.
+    /// or incomplete index must not stop expiry), plus every group a load of this process found within
+    /// [`SLOT_RETENTION`]. Groups that requests merely named are not visited: the tick's cost follows the groups
+    /// that exist, not the names clients send.
     ///
     /// # Errors
     /// Redis errors.
@@ -509,8 +576,9 @@ impl Coordinator {
         let known: Vec<GroupRef> = {
             let slots = self.inner.groups.lock().expect("groups lock");
             slots
-                .keys()
-                .map(|(stream, group)| GroupRef {
+                .iter()
+                .filter(|(_, slot)| slot.retained())
+                .map(|((stream, group), _)| GroupRef {
                     stream: stream.clone(),
                     group: group.clone(),
                 })
@@ -583,6 +651,98 @@ impl Coordinator {
         }
     }
 
+    /// Drops `slot` and, when its group was never found and nobody else uses the slot, forgets it: a request
+    /// naming a group that does not exist leaves no state behind.
+    fn forget_if_absent(&self, stream: &StreamName, group: &GroupName, slot: Arc<GroupSlot>) {
+        if slot.present_at().is_some() {
+            return;
+        }
+        let key = (stream.clone(), group.clone());
+        let mut groups = self.inner.groups.lock().expect("groups lock");
+        // New users clone the slot only under this lock: two references (the map's and ours) mean no other user.
+        let unused = groups
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(s, &slot) && Arc::strong_count(&slot) == 2);
+        if unused && slot.queue.lock().expect("queue lock").is_empty() {
+            groups.remove(&key);
+        }
+    }
+
+    /// Forgets every slot nobody uses whose group no load found within [`SLOT_RETENTION`] (never found, deleted,
+    /// or idle). Returns how many slots remain. Run by the tick loop.
+    pub fn evict_idle_slots(&self) -> usize {
+        let mut groups = self.inner.groups.lock().expect("groups lock");
+        groups.retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || !slot.queue.lock().expect("queue lock").is_empty() || slot.retained()
+        });
+        groups.len()
+    }
+
+    /// Whether a load of this process found the group (any group of the stream, for `None`) within
+    /// [`SLOT_RETENTION`]: a trace Redis cannot lose, though only this process has it.
+    fn seen_recently(&self, stream: &StreamName, group: Option<&GroupName>) -> bool {
+        let groups = self.inner.groups.lock().expect("groups lock");
+        groups
+            .iter()
+            .any(|((s, g), slot)| s == stream && group.is_none_or(|group| g == group) && slot.retained())
+    }
+
+    /// How many per-group slots this process holds.
+    pub fn slot_count(&self) -> usize {
+        self.inner.groups.lock().expect("groups lock").len()
+    }
+
+    /// Refuses group creation while Redis may evict the keys it would write (see [`crate::memory_policy`]).
+    fn require_safe_eviction_policy(&self) -> Result<(), Error> {
+        self.inner
+            .eviction_policy
+            .require_safe()
+            .map_err(|e| StoreError::Unsupported(e).into())
+    }
+
+    /// The answer to a request for a group without metadata: never created (`NOT_FOUND`) or lost
+    /// (`METADATA_UNAVAILABLE`), from the traces Redis still holds (see [`crate::traces`]).
+    async fn absent_group(&self, stream: &StreamName, group: &GroupName) -> Error {
+        let absence = match traces::of_group(&self.inner.store, stream, group).await {
+            Ok(Absence::NeverCreated) if self.seen_recently(stream, Some(group)) => {
+                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
+            }
+            other => other,
+        };
+        if let Ok(Absence::NeverCreated) = absence {
+            return Error::NotFound(format!(
+                "group {group} of stream {stream} was never created (Redis holds no metadata, index entry, liveness or consumer group of it): create it with POST /v1/streams/{stream}/groups/{group}, or check the names"
+            ));
+        }
+        self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
+        match absence {
+            Ok(Absence::Lost(trace)) => Error::MetadataUnavailable(format!(
+                "no metadata for group {group} of stream {stream}, but {trace} remains: the group existed and its metadata is lost; the coordinator does not rebuild it from heartbeats: recreate it explicitly"
+            )),
+            _ => missing_group(stream, group),
+        }
+    }
+
+    /// Like [`Self::absent_group`] for a stream without routing.
+    async fn absent_stream(&self, stream: &StreamName) -> Error {
+        let absence = match traces::of_stream(&self.inner.store, stream).await {
+            Ok(Absence::NeverCreated) if self.seen_recently(stream, None) => {
+                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
+            }
+            other => other,
+        };
+        if let Ok(Absence::NeverCreated) = absence {
+            return Error::NotFound(format!(
+                "stream {stream} was never created (Redis holds no routing, index entry or shard of it): create a group of it with a shardCount, or check the name"
+            ));
+        }
+        let trace = match absence {
+            Ok(Absence::Lost(trace)) => format!("{trace} remains"),
+            _ => "never created, or lost".to_owned(),
+        };
+        self.unavailable(format!("stream {stream} has no routing ({trace})"))
+    }
+
     fn unavailable(&self, message: String) -> Error {
         self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
         self.inner.stats.metrics().metadata_unreadable(&message);
@@ -640,8 +800,11 @@ impl Coordinator {
         F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
     {
         let slot = self.slot(stream, group);
-        let _local = slot.lock.lock().await;
-        self.group_section_locked(stream, group, scope, f).await
+        let local = slot.lock.lock().await;
+        let result = self.group_section_locked(stream, group, scope, f).await;
+        drop(local);
+        self.forget_if_absent(stream, group, slot);
+        result
     }
 
     /// [`Self::group_section`] for a caller that already holds the group's local lock.
@@ -668,12 +831,20 @@ impl Coordinator {
             });
             let loaded = self.acquire(&keys, &token, cached, scope).await?;
             spans::reached(Boundary::Loaded, loaded.revision);
+            if loaded.revision.is_some() {
+                slot.mark_present();
+            }
             let result = self.decide(stream, group, &slot, memory, &loaded, &mut f);
             let (t, rev) = match result {
                 Ok(v) => v,
                 Err(e) => {
                     self.release_quietly(&keys, &token).await;
                     spans::reached(Boundary::Released, loaded.revision);
+                    if loaded.revision.is_none() {
+                        // Looked up after the mutex is released: the lookup needs no lock, and only requests
+                        // for groups without metadata pay for it.
+                        return Err(self.absent_group(stream, group).await);
+                    }
                     return Err(e);
                 }
             };
@@ -744,9 +915,8 @@ impl Coordinator {
     {
         let Some(rev) = loaded.revision else {
             slot.cache.lock().expect("cache lock").aggregate = None;
-            return Err(missing_group(stream, group)).inspect_err(|_| {
-                self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
-            });
+            // Counted by `absent_group`, which tells a lost group (counted) from a never-created one.
+            return Err(missing_group(stream, group));
         };
         // Every load is checked, cached or not: the cache only saves the JSON parse.
         store::check_versions(loaded, store::schema_of_group()).map_err(|e| {
@@ -900,7 +1070,7 @@ impl Coordinator {
             .await
             .map_err(|e| self.store_error(e))?;
         let Some((rev, json)) = routing else {
-            return Err(self.unavailable(format!("stream {stream} has no routing (never created, or lost)")));
+            return Err(self.absent_stream(stream).await);
         };
         let r = store::decode_routing(&json).map_err(|e| self.unavailable(e))?;
         Ok((rev, r))

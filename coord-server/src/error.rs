@@ -24,6 +24,9 @@ pub enum Error {
     /// The group or stream metadata is missing or unreadable; the coordinator fails closed.
     #[error("metadata unavailable: {0}")]
     MetadataUnavailable(String),
+    /// The group or stream was never created: Redis holds no trace of it (see `docs/failure-handling.md`).
+    #[error("not found: {0}")]
+    NotFound(String),
     /// An admin mutation's `If-Match` does not match the stored revision.
     #[error("revision conflict: expected {expected}, stored {found}")]
     RevisionConflict {
@@ -69,6 +72,7 @@ impl Error {
             Error::Rejected { status, .. } => *status,
             Error::InvalidRequest(_) => Status::InvalidRequest,
             Error::MetadataUnavailable(_) => Status::MetadataUnavailable,
+            Error::NotFound(_) => Status::NotFound,
             Error::RevisionConflict { .. } => Status::RevisionConflict,
             Error::AlreadyExists(_) => Status::AlreadyExists,
             Error::Terminating => Status::CoordinatorTerminating,
@@ -92,6 +96,7 @@ impl Error {
             },
             Error::InvalidRequest(m) => Error::InvalidRequest(m.clone()),
             Error::MetadataUnavailable(m) => Error::MetadataUnavailable(m.clone()),
+            Error::NotFound(m) => Error::NotFound(m.clone()),
             Error::RevisionConflict { expected, found } => Error::RevisionConflict {
                 expected: *expected,
                 found: *found,

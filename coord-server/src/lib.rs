@@ -9,7 +9,9 @@
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
 //! * [`tick`]: the loop that ticks every group.
 //! * [`shutdown`]: the terminating gate.
-//! * [`startup`]: Redis version and command checks.
+//! * [`startup`]: Redis version and command checks; [`memory_policy`]: the `maxmemory-policy` precondition.
+//! * [`traces`]: "never created" or "lost" for a group or stream without metadata.
+//! * [`log_limit`]: rate limiting of repeated log lines.
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
 //! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
@@ -24,6 +26,8 @@ pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod http;
+pub mod log_limit;
+pub mod memory_policy;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;
@@ -33,6 +37,7 @@ pub mod state_machine;
 pub mod stats;
 pub mod store;
 pub mod tick;
+pub mod traces;
 
 pub use config::Config;
 pub use coordinator::Coordinator;

@@ -93,6 +93,10 @@ struct Args {
     /// anyone who reaches the port).
     #[arg(long, env = "COORD_INSECURE_NO_ADMIN_TOKEN")]
     insecure_no_admin_token: bool,
+    /// Report ready and create groups although Redis's maxmemory-policy is not `noeviction` (Redis may then evict
+    /// group metadata, liveness or a held mutex under memory pressure).
+    #[arg(long, env = "COORD_ACCEPT_EVICTION_POLICY")]
+    accept_eviction_policy: bool,
     /// Log output format (the level comes from RUST_LOG, default `info`).
     #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -168,6 +172,7 @@ impl Args {
             );
         }
         config.insecure_no_admin_token = self.insecure_no_admin_token;
+        config.accept_eviction_policy = self.accept_eviction_policy;
         Ok(config)
     }
 }

@@ -39,7 +39,7 @@ use protocol::names::{GroupName, StreamName};
 use protocol::{ShardId, Status};
 use redis::Value;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
@@ -54,6 +54,9 @@ use crate::store;
 pub mod names {
     /// Gauge, 1 while this instance is terminating (refusing new mutations, `/readyz` unready), else 0.
     pub const TERMINATING: &str = "redis_stream_coord_terminating";
+    /// Gauge: 1 while Redis's `maxmemory-policy` is not `noeviction` (Redis may evict coordinator keys; the
+    /// instance is unready unless configured to accept it), 0 when it is, absent before the first check.
+    pub const EVICTION_POLICY_UNSAFE: &str = "redis_stream_coord_redis_eviction_policy_unsafe";
     /// Gauge: critical sections running in this instance now.
     pub const SECTIONS_IN_FLIGHT: &str = "redis_stream_coord_critical_sections_in_flight";
     /// Histogram: time from the first try to take a group's (or stream's) Redis mutex until it was held and the
@@ -139,6 +142,7 @@ pub mod names {
     /// Every name above.
     pub const ALL: &[&str] = &[
         TERMINATING,
+        EVICTION_POLICY_UNSAFE,
         SECTIONS_IN_FLIGHT,
         MUTEX_WAIT,
         MUTEX_BUSY,
@@ -231,6 +235,9 @@ pub struct Metrics {
     seen_groups: StdMutex<HashSet<(String, String)>>,
     /// When the lag was last scraped; the async lock also makes concurrent scrapes wait for one refresh.
     lag_scraped: tokio::sync::Mutex<Option<Instant>>,
+    /// The last `maxmemory-policy` check: 0 not yet, 1 safe, 2 unsafe (set again at every render, so the gauge
+    /// never idles out while the condition lasts).
+    eviction_policy: AtomicU8,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -259,6 +266,7 @@ impl Metrics {
             handle,
             seen_groups: StdMutex::new(HashSet::new()),
             lag_scraped: tokio::sync::Mutex::new(None),
+            eviction_policy: AtomicU8::new(0),
         };
         metrics.describe();
         metrics.record(|| {
@@ -285,6 +293,10 @@ impl Metrics {
         use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
         self.record(|| {
             describe_gauge!(names::TERMINATING, "1 while this coordinator is terminating, else 0");
+            describe_gauge!(
+                names::EVICTION_POLICY_UNSAFE,
+                "1 while Redis maxmemory-policy is not noeviction, else 0"
+            );
             describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
             describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
             describe_counter!(names::MUTEX_BUSY, "Mutex tries that found it held");
@@ -367,6 +379,13 @@ impl Metrics {
                 "Duration of the last lag scrape"
             );
         });
+    }
+
+    /// Records the result of a `maxmemory-policy` check.
+    pub(crate) fn eviction_policy(&self, unsafe_policy: bool) {
+        self.eviction_policy
+            .store(if unsafe_policy { 2 } else { 1 }, Ordering::Relaxed);
+        self.record(|| gauge!(names::EVICTION_POLICY_UNSAFE).set(if unsafe_policy { 1.0 } else { 0.0 }));
     }
 
     /// Records one heartbeat answer.
@@ -510,6 +529,11 @@ impl Metrics {
         let get = Stats::get;
         self.record(|| {
             gauge!(names::TERMINATING).set(if terminating { 1.0 } else { 0.0 });
+            match self.eviction_policy.load(Ordering::Relaxed) {
+                1 => gauge!(names::EVICTION_POLICY_UNSAFE).set(0.0),
+                2 => gauge!(names::EVICTION_POLICY_UNSAFE).set(1.0),
+                _ => {}
+            }
             gauge!(names::SECTIONS_IN_FLIGHT).set(in_flight as f64);
             counter!(names::MUTEX_BUSY).absolute(get(&stats.mutex_busy));
             counter!(names::HEARTBEAT_BATCHES).absolute(get(&stats.heartbeat_batches));

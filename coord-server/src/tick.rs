@@ -53,10 +53,20 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
 }
 
 /// One pass over every indexed group. Returns how many groups were ticked successfully.
+///
+/// Also forgets per-group state nobody uses any more (see [`Coordinator::evict_idle_slots`]) and, every
+/// [`crate::memory_policy::CHECK_PERIOD`], reads Redis's `maxmemory-policy` again.
 pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) -> usize {
+    coordinator.evict_idle_slots();
     if let Err(e) = coordinator.check_redis_restart().await {
         coordinator.stats().metrics().error(&e);
         warn!(error = %e, "Redis restart check failed");
+    }
+    if coordinator.eviction_policy().due() {
+        if let Err(e) = coordinator.check_eviction_policy().await {
+            coordinator.stats().metrics().error(&e);
+            warn!(error = %e, "maxmemory-policy check failed");
+        }
     }
     let groups = match coordinator.groups_to_tick().await {
         Ok(groups) => groups,
@@ -76,7 +86,7 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             Err(e) => {
                 coordinator.stats().metrics().error(&e);
                 match e.status() {
-                    Status::MetadataUnavailable => {
+                    Status::MetadataUnavailable | Status::NotFound => {
                         debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked")
                     }
                     Status::CoordinatorTerminating => break,

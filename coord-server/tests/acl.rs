@@ -132,6 +132,10 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         .unwrap_or_else(|e| panic!("the coordinator starts as its ACL user: {e}\n{}", redis.log()));
     let api = Api::new(coord.url());
     api.create_group(S, G, 2).await;
+    // The maxmemory-policy check (INFO memory) and the never-created check (traces) work under the ACL.
+    assert_eq!(api.get("/readyz").await.status(), reqwest::StatusCode::OK);
+    let typo = api.heartbeat(S, "no-such-group", &join("a")).await.unwrap_err();
+    assert_eq!(typo.1.status, Status::NotFound, "{typo:?}");
     let a1 = api.hb(S, G, &join("a")).await;
     assert_eq!(a1.status, Status::Ok);
     let a2 = api.hb(S, G, &follow_up(&a1, &a1.assigned)).await;

@@ -470,7 +470,7 @@ async fn routing_fetch_answers_sync_metadata_when_the_producer_saw_more() {
     assert_eq!(Stats::get(&coord.coordinator().stats().routing_regressions), 1);
 
     let unknown = api.get("/v1/streams/nowhere/routing").await;
-    error_json(unknown, StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable).await;
+    error_json(unknown, StatusCode::NOT_FOUND, Status::NotFound).await;
     coord.shutdown().await;
 }
 

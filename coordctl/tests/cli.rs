@@ -237,9 +237,9 @@ async fn describe_shows_members_shards_and_lag() {
 
     let missing = coordctl(&url, None, &["describe", S, "nosuch", "--json"]).await;
     assert_eq!(missing.code, 1, "{}", missing.stderr);
-    assert!(missing.stderr.contains("METADATA_UNAVAILABLE"), "{}", missing.stderr);
-    assert_eq!(missing.json()["httpStatus"], 503);
-    assert_eq!(missing.json()["error"]["status"], "METADATA_UNAVAILABLE");
+    assert!(missing.stderr.contains("NOT_FOUND"), "{}", missing.stderr);
+    assert_eq!(missing.json()["httpStatus"], 404);
+    assert_eq!(missing.json()["error"]["status"], "NOT_FOUND");
     coord.shutdown().await;
 }
 

@@ -29,6 +29,10 @@ pub enum Status {
     /// The group's metadata is missing or unreadable (unknown schema or layout version, corrupt JSON). The
     /// coordinator fails closed and never rebuilds it from client reports; an operator recreates the group.
     MetadataUnavailable,
+    /// The group (or stream) was never created: Redis holds no trace of it (no metadata, no index entry, no
+    /// liveness, no consumer group on its shards). Usually a typo or a missing create step: create it. Retrying the
+    /// same request does not help; a lost group (traces remain) is [`Status::MetadataUnavailable`] instead.
+    NotFound,
     /// This coordinator instance is shutting down: retry against another instance.
     CoordinatorTerminating,
     /// Redis could not be reached, or the group's mutex stayed busy: retry with backoff.
@@ -51,6 +55,7 @@ impl Status {
             Status::InvalidRequest => 400,
             Status::Unauthorized => 401,
             Status::FencedMemberEpoch | Status::UnknownMember | Status::AlreadyExists => 409,
+            Status::NotFound => 404,
             Status::RevisionConflict => 412,
             Status::MetadataUnavailable | Status::CoordinatorTerminating | Status::StoreUnavailable => 503,
         }
@@ -83,6 +88,7 @@ impl Status {
             Status::FencedMemberEpoch => "FENCED_MEMBER_EPOCH",
             Status::UnknownMember => "UNKNOWN_MEMBER",
             Status::MetadataUnavailable => "METADATA_UNAVAILABLE",
+            Status::NotFound => "NOT_FOUND",
             Status::CoordinatorTerminating => "COORDINATOR_TERMINATING",
             Status::StoreUnavailable => "STORE_UNAVAILABLE",
             Status::InvalidRequest => "INVALID_REQUEST",
@@ -93,13 +99,14 @@ impl Status {
     }
 
     /// Every status, for documentation and exhaustive tests.
-    pub const ALL: [Status; 12] = [
+    pub const ALL: [Status; 13] = [
         Status::Ok,
         Status::SyncMetadata,
         Status::RevokePending,
         Status::FencedMemberEpoch,
         Status::UnknownMember,
         Status::MetadataUnavailable,
+        Status::NotFound,
         Status::CoordinatorTerminating,
         Status::StoreUnavailable,
         Status::InvalidRequest,
@@ -124,6 +131,15 @@ mod tests {
         for s in Status::ALL {
             assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{}\"", s.as_str()));
         }
+    }
+
+    #[test]
+    fn never_created_is_a_final_404() {
+        assert_eq!(Status::NotFound.http_status(), 404);
+        assert_eq!(Status::NotFound.as_str(), "NOT_FOUND");
+        assert!(Status::NotFound.is_error());
+        assert!(!Status::NotFound.is_retryable(), "retrying a typo only adds load");
+        assert!(!Status::NotFound.requires_rejoin());
     }
 
     #[test]

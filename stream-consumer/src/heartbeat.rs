@@ -12,13 +12,16 @@
 //! 5. `FENCED_MEMBER_EPOCH` / `UNKNOWN_MEMBER`: kill every reader, wait for them to stop, call `on_lost`, and only
 //!    then join again with epoch 0.
 //! 6. Outage (unreachable, `COORDINATOR_TERMINATING` everywhere, `STORE_UNAVAILABLE`, `METADATA_UNAVAILABLE`):
-//!    keep reading within the lease, retry with jittered backoff capped at the heartbeat interval.
+//!    keep reading within the lease, retry with jittered backoff capped at the heartbeat interval. A refusal that
+//!    retrying cannot fix (`NOT_FOUND`: the group was never created, `INVALID_REQUEST`, `UNAUTHORIZED`) of the
+//!    first join stops the consumer with [`ConsumerError::Coordinator`]; after the member was answered once, it is
+//!    retried with the same backoff and a warning per attempt.
 //! 7. Redis unreadable: when a reader has failed to reach Redis for longer than `read_failure_timeout`, kill every
 //!    reader, leave the group (every shard reported revoked, so the coordinator moves them at once), call
 //!    `on_lost`, and join again only once Redis passes the start-up check.
-//! 8. Every other await of the loop (version-store writes, stopping readers) watches the lease too, and
-//!    `on_lost` is bounded by `listener_timeout`: nothing the loop waits for can keep readers running past the
-//!    lease.
+//! 8. Every other await of the loop (stopping readers, callbacks) watches the lease too, and `on_lost` is bounded
+//!    by `listener_timeout`; version-store writes run in the background (`client_core::persist`): nothing the loop
+//!    waits for can keep readers running past the lease.
 //! 9. Close: stop new reads everywhere, wait for in-flight work up to the drain deadline (still heartbeating, so
 //!    the lease holds), kill what is left, report every shard `REVOKED` in one heartbeat, then leave (epoch -1).
 

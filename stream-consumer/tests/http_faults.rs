@@ -57,6 +57,34 @@ async fn requests(server: &MockServer) -> Vec<HeartbeatRequest> {
 }
 
 #[tokio::test]
+async fn a_group_that_was_never_created_stops_the_consumer_with_a_typed_error() {
+    init_tracing();
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(404).set_body_json(ErrorResponse {
+            status: Status::NotFound,
+            message: "group billing of stream orders was never created".into(),
+            member_epoch: None,
+            retry_after_ms: None,
+        }))
+        .mount(&server)
+        .await;
+    let consumer = builder("redis://127.0.0.1:1")
+        .coordinator(server.uri())
+        .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+        .build()
+        .unwrap();
+    let run = consumer.run(tokio_util::sync::CancellationToken::new());
+    let err = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the consumer stops instead of retrying a group that does not exist")
+        .unwrap_err();
+    assert_eq!(err.coordinator_status(), Some(Status::NotFound), "{err}");
+    assert_eq!(requests(&server).await.len(), 1, "no retry");
+}
+
+#[tokio::test]
 async fn lost_join_answer_is_retried_as_a_join_of_the_same_instance() {
     init_tracing();
     let server = MockServer::start().await;

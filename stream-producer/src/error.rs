@@ -83,6 +83,13 @@ pub enum RefreshError {
     VersionStore(#[from] VersionStoreError),
 }
 
+impl RefreshError {
+    /// Whether the coordinator answered `NOT_FOUND`: the stream was never created (a typo, or a missing create).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, RefreshError::Coordinator(e) if e.status() == Some(Status::NotFound))
+    }
+}
+
 /// Whether a record reached its shard stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteState {
@@ -200,8 +207,11 @@ impl PublishError {
     /// [`Unknown`](WriteState::Unknown) record may duplicate it.
     pub fn is_retryable(&self) -> bool {
         match self {
+            // A stream the coordinator says was never created stays so until someone creates it.
+            PublishError::NoRouting { last_error, .. } => {
+                !last_error.as_deref().is_some_and(RefreshError::is_not_found)
+            }
             PublishError::RoutingExpired { .. }
-            | PublishError::NoRouting { .. }
             | PublishError::Connect { .. }
             | PublishError::ConnectionLost { .. } => true,
             PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),

@@ -223,6 +223,35 @@ async fn without_any_routing_publishes_fail_closed() {
 }
 
 #[tokio::test]
+async fn a_stream_that_was_never_created_is_a_final_error() {
+    let redis = RedisServer::start().await;
+    let coord = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(ResponseTemplate::new(404).set_body_json(json!({
+            "status": "NOT_FOUND",
+            "message": "stream orders was never created",
+        })))
+        .mount(&coord)
+        .await;
+    let producer = producer(&[coord.uri()], &redis);
+    let err = producer.send("k", &[("f", "v")]).await.unwrap_err();
+    let PublishError::NoRouting {
+        last_error: Some(last), ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(last.is_not_found(), "{last:?}");
+    assert!(
+        !err.is_retryable(),
+        "retrying a stream that does not exist cannot succeed"
+    );
+    assert_eq!(err.write_state(), WriteState::NotWritten);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn failed_refreshes_keep_the_cache_until_the_lease_ends_then_publishes_fail_closed() {
     let redis = RedisServer::start().await;
     let coord = MockServer::start().await;

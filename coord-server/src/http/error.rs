@@ -11,9 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use protocol::messages::ErrorResponse;
 use protocol::Status;
+use std::sync::LazyLock;
+use std::time::Duration;
 use tracing::{debug, warn};
 
 use crate::error::Error;
+use crate::log_limit::LogLimiter;
 
 /// Suggested wait after `COORDINATOR_TERMINATING`: another instance can usually answer at once.
 const RETRY_TERMINATING_MS: u64 = 200;
@@ -21,6 +24,19 @@ const RETRY_TERMINATING_MS: u64 = 200;
 const RETRY_STORE_MS: u64 = 1_000;
 /// Suggested wait after `METADATA_UNAVAILABLE`: only an operator fixes it, so retrying fast only adds load.
 const RETRY_METADATA_MS: u64 = 5_000;
+
+/// How often a server-side refusal of one status is logged at most: the same refusal repeated by every member of
+/// a lost group every heartbeat says nothing new after its first line (metrics count every one).
+pub const REFUSAL_LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// Limits the `request failed` lines, one window per wire status (a handful of keys).
+static REFUSAL_LOGS: LazyLock<LogLimiter> = LazyLock::new(|| LogLimiter::new(REFUSAL_LOG_WINDOW, 64));
+
+/// Whether to log a server-side failure of `key` now (`Some(suppressed since the last line)`), shared by every
+/// log line the HTTP layer writes for a failed request so one refusal never costs more than one line per window.
+pub(crate) fn admit_failure_log(key: &str) -> Option<u64> {
+    REFUSAL_LOGS.admit(key)
+}
 
 /// An error answer: the HTTP status plus the typed body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +171,10 @@ impl From<QueryRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.http.is_server_error() {
-            warn!(status = %self.body.status, message = %self.body.message, "request failed");
+            if let Some(suppressed) = admit_failure_log(self.body.status.as_str()) {
+                warn!(status = %self.body.status, message = %self.body.message, suppressed,
+                    "request failed (repeats of this status are logged once per {} s)", REFUSAL_LOG_WINDOW.as_secs());
+            }
         } else {
             debug!(status = %self.body.status, message = %self.body.message, "request refused");
         }
@@ -189,6 +208,7 @@ mod tests {
         let cases = [
             (Error::Terminating, 503),
             (Error::MetadataUnavailable("gone".into()), 503),
+            (Error::NotFound("typo".into()), 404),
             (Error::InvalidRequest("bad".into()), 400),
             (Error::AlreadyExists("g".into()), 409),
             (

@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::error::{Error, StoreError};
 
-/// How long `/readyz` waits for Redis to answer `PING`; a probe must answer before its own timeout.
+/// How long `/readyz` waits for Redis to answer; a probe must answer before its own timeout.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Body of a successful probe.
@@ -26,18 +26,21 @@ pub(super) async fn healthz() -> Json<Health> {
 }
 
 /// Readiness: unready first thing on shutdown (so load balancers stop sending before mutations are refused),
-/// and while Redis does not answer `PING`.
+/// while Redis does not answer, and while its `maxmemory-policy` is not `noeviction` (unless accepted by
+/// configuration; see [`crate::memory_policy`]). Each probe reads the policy (`INFO memory`, which also proves
+/// Redis answers), so fixing it at run time turns the instance ready at the next probe.
 pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     let coordinator = &state.coordinator;
     if coordinator.gate().is_terminating() {
         return Err(Error::Terminating.into());
     }
-    let mut conn = coordinator.store().connection();
-    let cmd = redis::cmd("PING");
-    let ping = cmd.query_async::<String>(&mut conn);
-    match tokio::time::timeout(PING_TIMEOUT, ping).await {
-        Ok(Ok(_)) => Ok(Json(Health { status: Status::Ok })),
-        Ok(Err(e)) => Err(Error::Store(StoreError::Redis(e)).into()),
+    match tokio::time::timeout(PING_TIMEOUT, coordinator.check_eviction_policy()).await {
+        Ok(Ok(true)) => Ok(Json(Health { status: Status::Ok })),
+        Ok(Ok(false)) => {
+            let why = coordinator.eviction_policy().require_safe().err().unwrap_or_default();
+            Err(Error::Store(StoreError::Unsupported(why)).into())
+        }
+        Ok(Err(e)) => Err(e.into()),
         Err(_) => {
             let timeout = std::io::Error::new(
                 std::io::ErrorKind::TimedOut,

@@ -35,6 +35,7 @@ use axum::{BoxError, Router};
 use std::future::Future;
 use std::time::Duration;
 use tower::ServiceBuilder;
+use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
@@ -163,8 +164,16 @@ pub fn router(coordinator: Coordinator) -> Router {
                 .layer(HandleErrorLayer::new(move |e: BoxError| timed_out(e, timeout)))
                 .timeout(timeout),
         )
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().on_failure(log_failure))
         .with_state(AppState { coordinator })
+}
+
+/// tower-http's default writes an ERROR line for every 5xx: a second line for each refusal [`ApiError`] already
+/// logged. Repeats go through the same limiter, so a refused request costs at most one line per window.
+fn log_failure(class: ServerErrorsFailureClass, latency: Duration, _span: &tracing::Span) {
+    if let Some(suppressed) = error::admit_failure_log(&format!("http {class}")) {
+        tracing::error!(classification = %class, latency = ?latency, suppressed, "response failed");
+    }
 }
 
 async fn timed_out(err: BoxError, timeout: Duration) -> ApiError {
