@@ -30,6 +30,18 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Bearer token required by consumer and producer endpoints, if set.
     pub client_token: Option<String>,
+    /// How long a client may take to send a request head once its first byte arrived (slow-header defence).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in progress (kept alive, or never used).
+    pub idle_timeout: Duration,
+    /// Most connections served at once, besides the probe reserve; `None` derives it from the process's open-file
+    /// limit (see `server` docs).
+    pub max_connections: Option<usize>,
+    /// Connections reserved for `/healthz` and `/readyz` once `max_connections` is reached.
+    pub probe_connections: usize,
+    /// After shutdown drained the critical sections: how long open requests get to be answered before every
+    /// remaining connection is dropped. Idle and half-sent connections are closed at once.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Config {
@@ -46,6 +58,12 @@ impl Default for Config {
             routing_lease: Duration::from_secs(30),
             admin_token: None,
             client_token: None,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: None,
+            probe_connections: 8,
+            // Longer than the default request timeout, so a request in flight at shutdown is still answered.
+            shutdown_grace: Duration::from_secs(6),
         }
     }
 }
@@ -75,6 +93,12 @@ impl Config {
         }
         if self.routing_lease < Duration::from_secs(1) {
             return Err("routing_lease must be at least 1 s".into());
+        }
+        if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() || self.shutdown_grace.is_zero() {
+            return Err("header_read_timeout, idle_timeout and shutdown_grace must be positive".into());
+        }
+        if self.max_connections == Some(0) || self.probe_connections == 0 {
+            return Err("max_connections and probe_connections must be at least 1".into());
         }
         self.default_timings.validate()
     }
