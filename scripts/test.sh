@@ -25,3 +25,7 @@ else
 fi
 echo "== doc tests"
 cargo test --workspace --doc
+echo "== OpenAPI conformance (schemathesis against the debug coord-server)"
+# The tests above built it already; this only makes sure when they were skipped.
+cargo build -p redis-stream-coord-server --bin coord-server
+scripts/schemathesis.sh
