@@ -12,12 +12,13 @@
 #    refused with a documented status and body.
 #
 # Uses target/debug/coord-server (built by `cargo build`/the test step) unless COORD_SERVER_BIN says otherwise.
-# SCHEMATHESIS_MAX_EXAMPLES (default 40 per operation) and SCHEMATHESIS_MAX_TIME (default 90 s per run) bound it.
+# SCHEMATHESIS_MAX_EXAMPLES (default 40 per operation) and SCHEMATHESIS_MAX_TIME (default 90 s per run) bound it;
+# SCHEMATHESIS_VENV moves the venv (default .cache/schemathesis-venv, reused while it holds the pinned version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ST_VERSION=4.32.5
-VENV=.cache/schemathesis-venv
+VENV=${SCHEMATHESIS_VENV:-.cache/schemathesis-venv}
 COORD_BIN=${COORD_SERVER_BIN:-target/debug/coord-server}
 REDIS_BIN=${REDIS_SERVER_BIN:-redis-server}
 MAX_EXAMPLES=${SCHEMATHESIS_MAX_EXAMPLES:-40}

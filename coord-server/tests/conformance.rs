@@ -82,6 +82,15 @@ async fn if_match_is_exactly_a_quoted_or_bare_revision_of_at_most_19_digits() {
             .unwrap();
         error_json(refused, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
     }
+    // An impossible count is refused as such, even with a stale If-Match (not 412).
+    let refused = api
+        .request(reqwest::Method::POST, "/v1/streams/orders/shards")
+        .header(IF_MATCH, "\"999\"")
+        .json(&serde_json::json!({"count": 65536}))
+        .send()
+        .await
+        .unwrap();
+    error_json(refused, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
     let after: RoutingDescription = ok_json(api.get("/v1/streams/orders").await, StatusCode::OK).await;
     assert_eq!(after, before, "no refused If-Match added shards");
     let added = api

@@ -199,7 +199,7 @@ async fn with_the_connection_cap_reached_health_probes_still_answer() {
         assert_eq!(get(&mut stream, "/healthz").await.expect("answered").0, 200);
         holders.push(stream);
     }
-    // Beyond the cap and the probe reserve, idle connections are closed (those in probe slots after 2 s).
+    // Beyond the cap and the probe reserve, idle connections are closed (those in probe slots after 250 ms).
     let mut extras = Vec::new();
     for _ in 0..EXTRA {
         extras.push(TcpStream::connect(addr).await.unwrap());

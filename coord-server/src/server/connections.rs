@@ -13,10 +13,11 @@
 //!
 //! # Connection cap
 //! At most `max_connections` regular connections. When they are all taken, up to `probe_connections` more are
-//! accepted as probe slots: one request each, no keep-alive, both timeouts cut to [`PROBE_TIMEOUT`], and only
-//! `/healthz` and `/readyz` served (anything else gets `503 STORE_UNAVAILABLE`). So a liveness probe still
-//! answers while idle clients hold every regular slot. Beyond that, a new connection is closed as soon as it is
-//! accepted, which keeps the process below its open-file limit.
+//! accepted as probe slots: one request each, no keep-alive, timeouts cut to [`PROBE_IDLE_TIMEOUT`] and
+//! [`PROBE_HEADER_TIMEOUT`], and only `/healthz` and `/readyz` served (anything else gets
+//! `503 STORE_UNAVAILABLE`). So a liveness probe still answers while idle clients hold every regular slot: idle
+//! connections that landed in probe slots give them back within a quarter second. Beyond that, a new connection
+//! is closed as soon as it is accepted, which keeps the process below its open-file limit.
 //!
 //! Unset, `max_connections` is derived from the soft `RLIMIT_NOFILE` (read from `/proc/self/limits`): three
 //! quarters of it minus the probe reserve, leaving a quarter for Redis connections, the listener and logs.
@@ -50,8 +51,11 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::http::{ApiError, HEALTHZ, READYZ};
 
-/// Both timeouts of a probe slot: a probe answers well within a second, and a slot must not stay blocked.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Idle timeout of a probe slot: a probe sends its request as soon as it is connected, so a connection that sends
+/// nothing for this long is not a probe, and gives its slot back before the next probe comes.
+pub const PROBE_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+/// Header-read timeout of a probe slot: a probe's head is a few dozen bytes.
+pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// `max_connections` when the open-file limit cannot be read.
 const FALLBACK_MAX_CONNECTIONS: usize = 768;
 /// Pause after an accept error other than a connection reset, so a full fd table is not spun on.
@@ -237,8 +241,8 @@ impl Connection {
         let probe = matches!(self.slot, Slot::Probe(_));
         let (idle_timeout, header_timeout) = if probe {
             (
-                self.limits.idle_timeout.min(PROBE_TIMEOUT),
-                self.limits.header_read_timeout.min(PROBE_TIMEOUT),
+                self.limits.idle_timeout.min(PROBE_IDLE_TIMEOUT),
+                self.limits.header_read_timeout.min(PROBE_HEADER_TIMEOUT),
             )
         } else {
             (self.limits.idle_timeout, self.limits.header_read_timeout)
