@@ -76,6 +76,11 @@ run_tests
 echo "== doc tests"
 cargo test --workspace --doc 2>&1 | tee "$log"
 done_steps+=("$(count_tests) doc tests")
+echo "== OpenAPI conformance (schemathesis against the debug coord-server)"
+# The tests above built it already; this only makes sure when they were skipped.
+cargo build -p redis-stream-coord-server --bin coord-server
+scripts/schemathesis.sh
+done_steps+=(schemathesis)
 echo "== fresh machine: no redis-server on PATH"
 scripts/check-no-redis.sh
 done_steps+=("no-redis check")

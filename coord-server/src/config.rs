@@ -41,6 +41,18 @@ pub struct Config {
     /// Accept a Redis `maxmemory-policy` other than `noeviction` (see [`crate::memory_policy`]): the instance then
     /// reports ready and creates groups although Redis may evict their keys. Off by default.
     pub accept_eviction_policy: bool,
+    /// How long a client may take to send a request head once its first byte arrived (slow-header defence).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in progress (kept alive, or never used).
+    pub idle_timeout: Duration,
+    /// Most connections served at once, besides the probe reserve; `None` derives it from the process's open-file
+    /// limit (see `server` docs).
+    pub max_connections: Option<usize>,
+    /// Connections reserved for `/healthz` and `/readyz` once `max_connections` is reached.
+    pub probe_connections: usize,
+    /// After shutdown drained the critical sections: how long open requests get to be answered before every
+    /// remaining connection is dropped. Idle and half-sent connections are closed at once.
+    pub shutdown_grace: Duration,
 }
 
 impl fmt::Debug for Config {
@@ -61,6 +73,11 @@ impl fmt::Debug for Config {
             .field("tokens", &self.tokens)
             .field("insecure_no_admin_token", &self.insecure_no_admin_token)
             .field("accept_eviction_policy", &self.accept_eviction_policy)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("probe_connections", &self.probe_connections)
+            .field("shutdown_grace", &self.shutdown_grace)
             .finish_non_exhaustive()
     }
 }
@@ -82,6 +99,12 @@ impl Default for Config {
             tokens: Vec::new(),
             insecure_no_admin_token: false,
             accept_eviction_policy: false,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: None,
+            probe_connections: 8,
+            // Longer than the default request timeout, so a request in flight at shutdown is still answered.
+            shutdown_grace: Duration::from_secs(6),
         }
     }
 }
@@ -111,6 +134,12 @@ impl Config {
         }
         if self.routing_lease < Duration::from_secs(1) {
             return Err("routing_lease must be at least 1 s".into());
+        }
+        if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() || self.shutdown_grace.is_zero() {
+            return Err("header_read_timeout, idle_timeout and shutdown_grace must be positive".into());
+        }
+        if self.max_connections == Some(0) || self.probe_connections == 0 {
+            return Err("max_connections and probe_connections must be at least 1".into());
         }
         self.validate_auth()?;
         self.check_timings(&self.default_timings)

@@ -475,8 +475,9 @@ impl Coordinator {
         count: u32,
         if_match: Option<StoreRevision>,
     ) -> Result<RoutingDescription, Error> {
-        if count == 0 {
-            return Err(Error::InvalidRequest("count must be at least 1".into()));
+        // Checked before If-Match and the stored count, so an impossible count is refused as such whatever is stored.
+        if count == 0 || count >= MAX_SHARDS {
+            return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
         }
         let keys = SectionKeys::routing(stream);
         let (routing, rev) = self

@@ -97,6 +97,21 @@ struct Args {
     /// group metadata, liveness or a held mutex under memory pressure).
     #[arg(long, env = "COORD_ACCEPT_EVICTION_POLICY")]
     accept_eviction_policy: bool,
+    /// How long a client may take to send a request head after its first byte, in ms.
+    #[arg(long, env = "COORD_HEADER_READ_TIMEOUT_MS")]
+    header_read_timeout_ms: Option<u64>,
+    /// How long a connection may stay open with no request in progress, in ms.
+    #[arg(long, env = "COORD_IDLE_TIMEOUT_MS")]
+    idle_timeout_ms: Option<u64>,
+    /// Most connections served at once, besides the probe reserve (default: 3/4 of the open-file limit).
+    #[arg(long, env = "COORD_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Extra connections, beyond --max-connections, that serve only /healthz and /readyz.
+    #[arg(long, env = "COORD_PROBE_CONNECTIONS")]
+    probe_connections: Option<usize>,
+    /// On shutdown, how long open requests get to be answered before the remaining connections are dropped, in ms.
+    #[arg(long, env = "COORD_SHUTDOWN_GRACE_MS")]
+    shutdown_grace_ms: Option<u64>,
     /// Log output format (the level comes from RUST_LOG, default `info`).
     #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -139,6 +154,21 @@ impl Args {
         }
         if let Some(v) = self.body_limit_bytes {
             config.body_limit_bytes = v;
+        }
+        if let Some(v) = self.header_read_timeout_ms {
+            config.header_read_timeout = ms(v);
+        }
+        if let Some(v) = self.idle_timeout_ms {
+            config.idle_timeout = ms(v);
+        }
+        if self.max_connections.is_some() {
+            config.max_connections = self.max_connections;
+        }
+        if let Some(v) = self.probe_connections {
+            config.probe_connections = v;
+        }
+        if let Some(v) = self.shutdown_grace_ms {
+            config.shutdown_grace = ms(v);
         }
         let t = &mut config.default_timings;
         if let Some(v) = self.member_ttl_ms {

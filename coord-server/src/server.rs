@@ -7,7 +7,11 @@
 //!    (the server keeps accepting, so clients learn to go elsewhere instead of getting connection errors);
 //! 2. the tick loop stops scheduling;
 //! 3. critical sections already entered finish (their write and mutex release complete);
-//! 4. the HTTP server stops accepting and waits for open requests to be answered.
+//! 4. the HTTP server stops accepting, closes idle and half-sent connections at once, and gives open requests
+//!    `shutdown_grace` to be answered before it drops what remains (see [`connections`]).
+//!
+//! Connection limits and timeouts (cap with a probe reserve, header-read and idle timeouts) are described in
+//! [`connections`].
 //!
 //! # Example
 //! ```no_run
@@ -35,6 +39,8 @@ use crate::config::Config;
 use crate::coordinator::Coordinator;
 use crate::error::Error;
 use crate::{http, tick};
+
+pub mod connections;
 
 /// Serves the API on `listener` and runs the tick loop until `shutdown` completes, then shuts down in the order
 /// of the module docs.
@@ -76,9 +82,10 @@ pub async fn serve(
             info!("critical sections finished; closing the HTTP server");
         }
     };
+    let limits = connections::Limits::from_config(coordinator.config());
     let app = http::router(coordinator);
     let server = async move {
-        let result = axum::serve(listener, app).with_graceful_shutdown(drained).await;
+        let result = connections::serve_connections(listener, app, limits, drained).await;
         // Also when the server fails on its own: the tick loop must not outlive it.
         stop_ticks.cancel();
         result
@@ -165,7 +172,7 @@ impl CoordinatorHandle {
     /// Stops at once, like a crash: the server and the tick loop are aborted, nothing is waited for and nothing is
     /// cleaned up in Redis (a mutex held by a tick stays until its TTL).
     ///
-    /// axum serves each connection on a task of its own, which aborting cannot reach; the gate is closed so a
+    /// Each connection is served on a task of its own, which aborting cannot reach; the gate is closed so a
     /// kept-alive connection to this instance gets `COORDINATOR_TERMINATING` instead of a live coordinator.
     pub fn abort(mut self) {
         self.coordinator.gate().begin();

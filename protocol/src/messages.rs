@@ -12,8 +12,18 @@ use crate::version::{
     AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
 };
 
-/// Longest accepted `instanceId`, in bytes.
+/// Longest accepted `instanceId`, in bytes (the id is visible ASCII, so also in characters).
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
+
+/// Largest version a client may send (2^53 - 1, the same bound as [`crate::MetadataVersion::MAX_SAFE`]): beyond it,
+/// JSON numbers of other languages are not exact.
+pub const MAX_WIRE_VERSION: u64 = (1 << 53) - 1;
+
+/// Whether `id` is a valid `instanceId`: 1 to [`MAX_INSTANCE_ID_LEN`] visible ASCII characters, the document's
+/// pattern. ASCII makes the length the same in characters (what JSON Schema counts) and in bytes (what is stored).
+pub fn is_valid_instance_id(id: &str) -> bool {
+    (1..=MAX_INSTANCE_ID_LEN).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
+}
 
 /// `POST /v1/streams/{stream}/groups/{group}/heartbeat`: join (epoch 0), heartbeat, or leave (epoch -1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +139,19 @@ pub struct RoutingQuery {
     /// The highest routing version the producer has ever observed.
     #[serde(default)]
     pub max_observed_version: RoutingVersion,
+}
+
+impl RoutingQuery {
+    /// Checks both versions against [`MAX_WIRE_VERSION`].
+    ///
+    /// # Errors
+    /// A sentence naming the value out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.routing_version.0 > MAX_WIRE_VERSION || self.max_observed_version.0 > MAX_WIRE_VERSION {
+            return Err("routingVersion and maxObservedVersion must be at most 2^53 - 1".into());
+        }
+        Ok(())
+    }
 }
 
 /// Answer of a routing fetch: `OK`, or `SYNC_METADATA` when the producer has observed a routing version higher

@@ -123,6 +123,15 @@ impl ApiError {
         )
     }
 
+    /// `503 STORE_UNAVAILABLE`: the request came in on a connection of the probe reserve (every regular slot is
+    /// taken), which serves only `/healthz` and `/readyz`.
+    pub fn at_connection_limit(limit: usize) -> Self {
+        ApiError::new(
+            Status::StoreUnavailable,
+            format!("this instance serves its connection limit ({limit}); retry later or use another instance"),
+        )
+    }
+
     /// `500 STORE_UNAVAILABLE`: the task running the operation failed (a bug). Retryable: whatever it wrote
     /// is recorded, and the retry answers from Redis.
     pub fn internal(message: impl Into<String>) -> Self {

@@ -24,8 +24,35 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let Json(value) = Json::<T>::from_request(req, state).await?;
-        Ok(JsonBody(value))
+        // Content type, body limit and syntax are checked by axum's extractor, as before.
+        let Json(mut value) = Json::<serde_json::Value>::from_request(req, state).await?;
+        integral_floats_to_integers(&mut value);
+        serde_path_to_error::deserialize(value)
+            .map(JsonBody)
+            .map_err(|e| ApiError::invalid(format!("Failed to deserialize the JSON body into the target type: {e}")))
+    }
+}
+
+/// Largest integer every JSON implementation holds exactly (2^53): beyond it `N.0` may not be `N`.
+const MAX_EXACT_FLOAT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// JSON has one number type, and JSON Schema counts `5.0` as an integer: a client whose JSON library writes
+/// whole numbers that way (JavaScript, some Python paths) must not be refused. Only values that are exactly an
+/// integer, within 2^53, are rewritten; any other fraction stays a float and the typed decode refuses it.
+fn integral_floats_to_integers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() <= MAX_EXACT_FLOAT_INTEGER)
+            {
+                // Exact: |f| <= 2^53, so the cast neither rounds nor saturates.
+                *n = serde_json::Number::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_floats_to_integers),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(integral_floats_to_integers),
+        _ => {}
     }
 }
 
@@ -133,16 +160,20 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
 
 /// Accepts the ETag we send (`"42"`) and, for hand-written requests, the bare revision (`42`). Weak tags and
 /// lists are refused: a revision check is a strong comparison of exactly one value.
+///
+/// Exactly the document's pattern: `*`, or 1 to 19 ASCII digits (always below `u64::MAX`), optionally in double
+/// quotes. No sign, no spaces inside.
 fn parse_if_match(text: &str) -> Result<Option<StoreRevision>, ApiError> {
-    let text = text.trim();
     if text == "*" {
         return Ok(None);
     }
     let inner = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text);
-    inner
-        .parse::<u64>()
+    let digits = !inner.is_empty() && inner.len() <= 19 && inner.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| inner.parse::<u64>().ok())
+        .flatten()
         .map(|rev| Some(StoreRevision(rev)))
-        .map_err(|_| ApiError::invalid(format!("If-Match {text:?} is not a revision (expected \"<number>\")")))
+        .ok_or_else(|| ApiError::invalid(format!("If-Match {text:?} is not a revision (expected \"<number>\")")))
 }
 
 /// The ETag of a revision: the decimal number in double quotes.
@@ -157,15 +188,42 @@ mod tests {
     #[test]
     fn if_match_accepts_quoted_bare_and_star() {
         assert_eq!(parse_if_match("\"42\"").unwrap(), Some(StoreRevision(42)));
-        assert_eq!(parse_if_match(" 7 ").unwrap(), Some(StoreRevision(7)));
+        assert_eq!(parse_if_match("7").unwrap(), Some(StoreRevision(7)));
+        assert_eq!(
+            parse_if_match("9999999999999999999").unwrap(),
+            Some(StoreRevision(9_999_999_999_999_999_999))
+        );
         assert_eq!(parse_if_match("*").unwrap(), None);
         assert_eq!(etag(StoreRevision(42)), "\"42\"");
     }
 
     #[test]
     fn if_match_refuses_malformed_values() {
-        for bad in ["", "\"\"", "W/\"4\"", "\"4\", \"5\"", "abc", "-1", "\"4"] {
+        for bad in [
+            "",
+            "\"\"",
+            "W/\"4\"",
+            "\"4\", \"5\"",
+            "abc",
+            "-1",
+            "+1",
+            "\"+1\"",
+            " 7",
+            "\"4",
+            "12345678901234567890",
+        ] {
             assert!(parse_if_match(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn whole_floats_become_integers_and_fractions_stay() {
+        let mut v = serde_json::json!({"a": 5.0, "b": [-1.0, 2.5], "c": {"d": 9007199254740994.0}, "e": 7});
+        integral_floats_to_integers(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 5, "b": [-1, 2.5], "c": {"d": 9007199254740994.0}, "e": 7})
+        );
+        assert!(v["a"].is_i64() && v["b"][1].is_f64() && v["c"]["d"].is_f64());
     }
 }

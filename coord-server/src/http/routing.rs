@@ -20,6 +20,7 @@ pub(super) async fn fetch_routing(
     StreamPath(stream): StreamPath,
     QueryParams(query): QueryParams<RoutingQuery>,
 ) -> Result<Json<RoutingResponse>, ApiError> {
+    query.validate().map_err(ApiError::invalid)?;
     if state.coordinator.gate().is_terminating() {
         return Err(Error::Terminating.into());
     }

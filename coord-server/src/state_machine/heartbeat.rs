@@ -11,7 +11,7 @@
 //!    round closes; outside: OK;
 //! 7. renew the member's lease (liveness hash) unless it is fenced.
 
-use protocol::messages::{HeartbeatRequest, RevokeState, MAX_INSTANCE_ID_LEN};
+use protocol::messages::{is_valid_instance_id, HeartbeatRequest, RevokeState, MAX_INSTANCE_ID_LEN};
 use protocol::metadata::{MemberRecord, MAX_SHARDS};
 use protocol::names::MemberId;
 use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
@@ -145,8 +145,10 @@ pub(super) fn heartbeat(
 }
 
 fn validate(req: &HeartbeatRequest) -> Result<(), String> {
-    if req.instance_id.is_empty() || req.instance_id.len() > MAX_INSTANCE_ID_LEN {
-        return Err(format!("instanceId must be 1 to {MAX_INSTANCE_ID_LEN} bytes"));
+    if !is_valid_instance_id(&req.instance_id) {
+        return Err(format!(
+            "instanceId must be 1 to {MAX_INSTANCE_ID_LEN} visible ASCII characters"
+        ));
     }
     if req.member_epoch.0 < -1 {
         return Err(format!(
