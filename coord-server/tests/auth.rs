@@ -241,6 +241,8 @@ async fn the_library_refuses_a_non_loopback_listener_without_an_admin_token() {
 fn binary(redis: &RedisServer, listen: &str) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(["--redis-url", &redis.url(), "--listen", listen])
+        // The shared short group timings need a mutex that a 1.5 s lease outlasts.
+        .args(["--mutex-ttl-ms", "900", "--critical-section-timeout-ms", "600"])
         .env_remove("RUST_LOG")
         .env_remove("COORD_ADMIN_TOKEN")
         .env_remove("COORD_CLIENT_TOKEN")

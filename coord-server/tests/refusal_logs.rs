@@ -22,6 +22,8 @@ async fn refusals_of_a_lost_group_are_logged_once_per_window() {
     let mut child = Command::new(BIN)
         .args(["--redis-url", &redis.url(), "--listen", &format!("127.0.0.1:{port}")])
         .args(["--tick-interval-ms", "3600000"])
+        // The shared short group timings need a mutex that a 1.5 s lease outlasts.
+        .args(["--mutex-ttl-ms", "900", "--critical-section-timeout-ms", "600"])
         .env("RUST_LOG", "info")
         .env_remove("COORD_ADMIN_TOKEN")
         .env_remove("COORD_CLIENT_TOKEN")

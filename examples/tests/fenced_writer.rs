@@ -105,6 +105,9 @@ async fn a_stalled_owners_late_write_is_refused_after_its_shard_moved() {
     let mut config = coord_server::Config::new(redis.url());
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.tick_interval = Duration::from_millis(50);
+    // Short enough for the 1.5 s assignment lease below (the lease must outlast mutex TTL + section timeout).
+    config.mutex_ttl = Duration::from_millis(900);
+    config.critical_section_timeout = Duration::from_millis(600);
     let coord = CoordinatorHandle::spawn(config).await.expect("coordinator starts");
     let stream = StreamName::new("fenced").unwrap();
     let timings = GroupTimings {

@@ -70,7 +70,9 @@ async fn a_group_that_was_never_created_stops_the_consumer_with_a_typed_error() 
         }))
         .mount(&server)
         .await;
-    let consumer = builder("redis://127.0.0.1:1")
+    // A real Redis: the consumer checks it before joining.
+    let redis = RedisServer::start().await;
+    let consumer = builder(&redis.url())
         .coordinator(server.uri())
         .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
         .build()
