@@ -246,6 +246,34 @@ impl ConsumerConfig {
 ///
 /// Required: at least one [`coordinator`](Self::coordinator), a [`redis`](Self::redis) URL and a
 /// [`handler`](Self::handler). Everything else has a default.
+///
+/// # Example
+/// A worker as deployed: two coordinators, a stable member id, new groups starting at new entries, a file
+/// version store that survives restarts.
+/// ```no_run
+/// use std::time::Duration;
+/// use stream_consumer::{Consumer, FileVersionStore, Message, StartPosition};
+///
+/// # fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let pod = std::env::var("HOSTNAME")?;
+/// let consumer = Consumer::builder("orders", "billing")
+///     .coordinators(["http://coordinator-0:7400", "http://coordinator-1:7400"])
+///     .coordinator_token(std::env::var("COORD_TOKEN")?)
+///     .redis("redis://redis:6379/0")
+///     // Stable across restarts: the new process takes the old one's shards once its lease ended.
+///     .member_id(pod)
+///     .start_from(StartPosition::End)
+///     .max_deliveries(5)
+///     .batch_size(128)
+///     .drain_timeout(Duration::from_secs(10))
+///     .version_store(FileVersionStore::new("state/versions")?)
+///     .handler(|_msg: Message| async { Ok::<_, std::io::Error>(()) })
+///     // Checks every setting and the timing rules; connects to nothing.
+///     .build()?;
+/// # let _ = consumer;
+/// # Ok(())
+/// # }
+/// ```
 pub struct ConsumerBuilder {
     stream: String,
     group: String,

@@ -27,6 +27,32 @@ use client_core::{PersistPolicy, VersionPersister};
 ///
 /// Build it with [`Consumer::builder`], then either [`run`](Consumer::run) it in the current task until a
 /// cancellation token fires, or [`spawn`](Consumer::spawn) it and keep the [`ConsumerHandle`].
+///
+/// # Example
+/// Started in the background (the crate root shows [`run`](Consumer::run) in the current task):
+/// ```no_run
+/// use stream_consumer::{Consumer, Message};
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let consumer = Consumer::builder("orders", "billing")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .handler(|msg: Message| async move {
+///         println!("shard {} entry {}", msg.shard(), msg.id());
+///         Ok::<_, std::io::Error>(())
+///     })
+///     .build()?;
+/// // Fails here, before joining the group, when Redis is unreachable, older than 6.2 or lacks a command.
+/// let handle = consumer.start().await?;
+///
+/// tokio::signal::ctrl_c().await?;
+/// println!("reading shards {:?} at shutdown", handle.status().reading);
+/// // Graceful: in-flight entries finish, shards are reported revoked, the group is left.
+/// let report = handle.close().await?;
+/// assert!(report.killed_shards.is_empty());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Consumer {
     config: Arc<ConsumerConfig>,
     handler: Arc<dyn DynHandler>,

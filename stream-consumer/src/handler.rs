@@ -32,6 +32,48 @@ use crate::message::Message;
 ///
 /// What a handler already did to the outside world before the deadline is not undone: a side effect that must not
 /// be applied by a stalled owner needs a fencing token checked by its target, not only the lease.
+///
+/// # Example
+/// A handler with state and a typed error, called directly as a unit test would (with [`Message::new`]). Pass it
+/// to the consumer with `.handler(Totals::default())`.
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use stream_consumer::{EntryId, Handler, Message, ShardId, StreamName};
+///
+/// /// Cents per customer (in memory for the example; a real target fences its writes, see `Message`).
+/// #[derive(Default)]
+/// struct Totals(Mutex<HashMap<String, u64>>);
+///
+/// /// Retried, then dead-lettered after `max_deliveries`: a poison entry never blocks its shard for good.
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("entry {0} lacks a `customer` or a numeric `cents` field")]
+/// struct Malformed(EntryId);
+///
+/// impl Handler for Totals {
+///     type Error = Malformed;
+///
+///     async fn handle(&self, msg: Message) -> Result<(), Malformed> {
+///         let customer = msg.get_str("customer").ok_or(Malformed(msg.id()))?;
+///         let cents: u64 = msg.get_str("cents").and_then(|c| c.parse().ok()).ok_or(Malformed(msg.id()))?;
+///         let mut totals = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+///         *totals.entry(customer.to_owned()).or_default() += cents;
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let totals = Totals::default();
+/// let fields = vec![(b"customer".to_vec(), b"c-42".to_vec()), (b"cents".to_vec(), b"1250".to_vec())];
+/// let orders = StreamName::new("orders")?;
+/// totals.handle(Message::new(orders.clone(), ShardId(3), "1700000000000-0".parse()?, fields, 1)).await?;
+/// assert_eq!(totals.0.lock().unwrap()["c-42"], 1250);
+/// let empty = Message::new(orders, ShardId(3), "1700000000000-1".parse()?, Vec::new(), 1);
+/// assert!(totals.handle(empty).await.is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub trait Handler: Send + Sync + 'static {
     /// The handler's error.
     type Error: Into<HandlerError>;
@@ -63,6 +105,57 @@ where
 /// `on_assigned` and `on_revoked` also run under the shard's assignment lease, like the handler: polled only
 /// while it is valid, and dropped at their first poll past its end (the shard may have another owner by then).
 /// `on_lost` runs after the lease is gone, so the timeout is its only bound.
+///
+/// # Example
+/// Shares the fencing token of every shard this member reads with side effects made outside the handler (a
+/// periodic flush of per-shard aggregates, say), and withdraws a shard's token once the shard is gone.
+/// ```no_run
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex, MutexGuard};
+/// use stream_consumer::{Consumer, FencingToken, Message, RebalanceListener, ShardId};
+///
+/// #[derive(Clone, Default)]
+/// struct Tokens(Arc<Mutex<HashMap<ShardId, FencingToken>>>);
+///
+/// impl Tokens {
+///     fn set(&self) -> MutexGuard<'_, HashMap<ShardId, FencingToken>> {
+///         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+///     }
+/// }
+///
+/// impl RebalanceListener for Tokens {
+///     async fn on_assigned(&self, shard: ShardId, token: FencingToken) {
+///         self.set().insert(shard, token);
+///     }
+///
+///     async fn on_revoked(&self, shard: ShardId) {
+///         // The last moment to flush this shard's state: the next owner starts after this returns.
+///         self.set().remove(&shard);
+///     }
+///
+///     async fn on_lost(&self, shards: Vec<ShardId>) {
+///         // Another member may own them already: forget, don't flush.
+///         let mut set = self.set();
+///         for shard in shards {
+///             set.remove(&shard);
+///         }
+///     }
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let tokens = Tokens::default();
+/// let consumer = Consumer::builder("orders", "billing")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .handler(|_msg: Message| async { Ok::<_, std::io::Error>(()) })
+///     .rebalance_listener(tokens.clone())
+///     .build()?;
+/// let handle = consumer.start().await?;
+/// // Later, in the flush task: write shard 0's aggregate with `tokens.set().get(&ShardId(0))`, or skip it.
+/// # let _ = handle;
+/// # Ok(())
+/// # }
+/// ```
 pub trait RebalanceListener: Send + Sync + 'static {
     /// `shard` was assigned with fencing `token` (the one every [`Message`] of this assignment carries): called
     /// on the shard's reader task before its first read. A good place to load per-shard state, and to record the

@@ -137,6 +137,24 @@ thread_local! {
 /// It can move later while the handler runs (each successful heartbeat extends the lease): read it again rather
 /// than keeping it. Holding the lease until this instant does not make a side effect safe on its own; fence it
 /// (see the fencing token on [`Message`](crate::Message)).
+///
+/// # Example
+/// A handler that skips a slow side call it could not finish under the lease, instead of being dropped in it:
+/// ```no_run
+/// use std::time::{Duration, Instant};
+/// use stream_consumer::{lease_deadline, Message};
+///
+/// # async fn enrich(_msg: &Message) {}
+/// async fn handle(msg: Message) -> Result<(), std::io::Error> {
+///     let time_left = lease_deadline().map_or(Duration::ZERO, |end| end.saturating_duration_since(Instant::now()));
+///     if time_left < Duration::from_secs(1) {
+///         // Left pending: delivered again once the lease is renewed (or to the shard's next owner).
+///         return Err(std::io::Error::other("too close to the lease end"));
+///     }
+///     enrich(&msg).await;
+///     Ok(())
+/// }
+/// ```
 pub fn lease_deadline() -> Option<Instant> {
     POLLED_UNDER.with(Cell::get)
 }

@@ -43,6 +43,51 @@ impl FromStr for EntryId {
 ///
 /// Delivery is at-least-once: the same entry can be handed over again (after a handler error, a crash, or a
 /// rebalance that interrupted it), with a higher [`delivery_count`](Message::delivery_count).
+///
+/// # Example
+/// A handler that credits an account in another Redis, fenced by the shard's token so that an owner which lost
+/// the shard during a pause cannot overwrite the next owner's write (`docs/fencing.md`; the full script, with
+/// input checks, is `examples/src/fenced_hset.lua`).
+/// ```no_run
+/// use redis::aio::ConnectionManager;
+/// use stream_consumer::{Consumer, Message};
+///
+/// // Applies the HSET only if this shard's token is not below the highest one the hash has accepted.
+/// const FENCED_HSET: &str = r"
+///     local fence = 'fence:' .. ARGV[1]
+///     if tonumber(ARGV[2]) < tonumber(redis.call('HGET', KEYS[1], fence) or '0') then return 0 end
+///     redis.call('HSET', KEYS[1], fence, ARGV[2], 'balance', ARGV[3])
+///     return 1";
+///
+/// async fn handle(mut ledger: ConnectionManager, msg: Message) -> Result<(), redis::RedisError> {
+///     let (Some(account), Some(balance)) = (msg.get_str("account"), msg.get_str("balance")) else {
+///         return Ok(()); // malformed: retrying cannot help (or return an error to dead-letter it)
+///     };
+///     let applied: i64 = redis::Script::new(FENCED_HSET)
+///         .key(format!("account:{account}"))
+///         .arg(msg.shard().0)
+///         .arg(msg.fencing_token().0)
+///         .arg(balance)
+///         .invoke_async(&mut ledger)
+///         .await?;
+///     if applied == 0 {
+///         // The shard has a newer owner, which handles this entry itself: drop the work, don't retry it.
+///         println!("entry {} refused: shard {} moved", msg.id(), msg.shard());
+///     }
+///     Ok(())
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = redis::Client::open("redis://ledger:6379")?.get_connection_manager().await?;
+/// let consumer = Consumer::builder("payments", "ledger")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .handler(move |msg: Message| handle(ledger.clone(), msg))
+///     .build()?;
+/// # let _ = consumer;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     // Shared, not copied: the reader keeps the message for retries and the dead letter while the handler owns its

@@ -62,6 +62,41 @@ impl Shared {
 /// `Arc`. Close it with [`close`](Self::close), which loses nothing already accepted. Dropping it without
 /// `close` only cancels its tasks (a destructor cannot wait): queued records fail as not written and the
 /// outcome of records in flight becomes unknown.
+///
+/// # Example
+/// Shared by request handlers; a failed publish says whether retrying it is safe:
+/// ```no_run
+/// use std::sync::Arc;
+/// use stream_producer::{Producer, PublishError, WriteState};
+///
+/// async fn order_created(producer: &Producer, customer: &str, cents: u64) -> Result<(), PublishError> {
+///     let fields = [("type", "order-created".to_owned()), ("cents", cents.to_string())];
+///     match producer.send(customer, &fields).await {
+///         // Not in Redis: sending it again cannot duplicate it.
+///         Err(e) if e.write_state() == WriteState::NotWritten => producer.send(customer, &fields).await.map(drop),
+///         // Written, or maybe written (a retry could duplicate it): let the caller decide.
+///         other => other.map(drop),
+///     }
+/// }
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let producer = Arc::new(
+///     Producer::builder("orders")
+///         .coordinator("http://coordinator:7400")
+///         .redis("redis://redis:6379")
+///         .build()?,
+/// );
+/// let shared = Arc::clone(&producer);
+/// tokio::spawn(async move { order_created(&shared, "customer-42", 1250).await.ok() }).await?;
+///
+/// // Once the other tasks dropped their clones: wait for every accepted record's outcome.
+/// if let Ok(producer) = Arc::try_unwrap(producer) {
+///     let stats = producer.close().await?;
+///     println!("{} records written", stats.records_written);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Producer {
     config: ProducerConfig,
