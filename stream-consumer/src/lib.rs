@@ -111,6 +111,7 @@
 //!   [`ConsumerStatus`].
 //! * `handler`: the [`Handler`] and [`RebalanceListener`] traits.
 //! * `message`: [`Message`] and [`EntryId`].
+//! * `pull`: [`MessageStream`] of [`PulledMessage`]s with explicit acks ([`ConsumerBuilder::build_stream`]).
 //! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
 //!   report).
 //! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time, and the combinator that
@@ -147,6 +148,7 @@ mod lease;
 mod membership;
 mod message;
 pub mod metrics;
+mod pull;
 mod shard_reader;
 mod stream_reply;
 pub mod version_store;
@@ -157,6 +159,7 @@ pub use error::{ConfigError, ConsumerError, HandlerError};
 pub use handler::{Handler, RebalanceListener};
 pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
+pub use pull::{AckError, MessageStream, PulledMessage};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
 pub use protocol::names::{GroupName, MemberId, StreamName};
