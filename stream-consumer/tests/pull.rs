@@ -1,0 +1,108 @@
+//! The pull-style API ([`stream_consumer::MessageStream`]) against a real redis-server and the real coordinator:
+//! acks reach Redis, unsettled entries come back, and an ack after the lease ran out is refused.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use stream_consumer::{AckError, MessageStream, PulledMessage};
+
+async fn next(messages: &mut MessageStream) -> PulledMessage {
+    tokio::time::timeout(Duration::from_secs(15), messages.next())
+        .await
+        .expect("a message within 15 s")
+        .expect("the stream is open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pulled_messages_are_acked_in_redis_and_a_nacked_one_comes_back() {
+    let env = Env::start("pull-ack").await;
+    let (consumer, mut messages) = env.builder("a").build_stream().unwrap();
+    let a = consumer.spawn();
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+
+    let mut produced = BTreeSet::new();
+    for shard in 0..SHARDS {
+        produced.insert(env.produce_one(shard, u64::from(shard)).await);
+    }
+    let mut pulled = BTreeSet::new();
+    let mut nacked = None;
+    while pulled.len() < produced.len() {
+        let msg = next(&mut messages).await;
+        let key = (msg.shard().0, msg.id());
+        if nacked.is_none() {
+            assert_eq!(msg.delivery_count(), 1);
+            nacked = Some(key);
+            msg.nack().await.expect("nack within the lease");
+            continue;
+        }
+        if Some(key) == nacked {
+            assert_eq!(msg.delivery_count(), 2, "a nacked entry is delivered again");
+        }
+        pulled.insert(key);
+        msg.ack().await.expect("ack within the lease");
+    }
+    assert_eq!(pulled, produced);
+    test_support::wait_until(Duration::from_secs(10), "every ack to reach Redis", || async {
+        env.pending_total().await == 0
+    })
+    .await;
+    let report = a.close().await.unwrap();
+    assert!(report.left);
+    let end = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
+    assert!(matches!(end, Ok(None)), "the stream ends when the consumer stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unacked_message_is_delivered_again_after_the_consumer_restarts() {
+    let env = Env::start("pull-redeliver").await;
+    let (consumer, mut messages) = env.builder("a").build_stream().unwrap();
+    let a = consumer.spawn();
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+    let (shard, id) = env.produce_one(3, 1).await;
+    let held = next(&mut messages).await;
+    assert_eq!((held.shard().0, held.id()), (shard, id));
+
+    // A crash with the message in hand: nothing was acknowledged.
+    a.abort().await;
+    assert_eq!(held.ack().await, Err(AckError::LeaseExpired));
+    assert!(messages.next().await.is_none(), "the stream ends with the consumer");
+    assert_eq!(env.pending_total().await, 1);
+
+    let (consumer, mut messages) = env.builder("b").build_stream().unwrap();
+    let b = consumer.spawn();
+    let again = next(&mut messages).await;
+    assert_eq!((again.shard().0, again.id()), (shard, id));
+    assert_eq!(again.delivery_count(), 2);
+    again.ack().await.expect("ack within the lease");
+    test_support::wait_until(Duration::from_secs(10), "the ack to reach Redis", || async {
+        env.pending_total().await == 0
+    })
+    .await;
+    b.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ack_after_the_lease_ran_out_is_refused_and_the_entry_stays_pending() {
+    let mut env = Env::start("pull-expired").await;
+    let (consumer, mut messages) = env.builder("a").build_stream().unwrap();
+    let a = consumer.spawn();
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+    env.produce_one(5, 1).await;
+    let held = next(&mut messages).await;
+    assert!(!held.is_expired());
+
+    // No heartbeat can succeed any more: the lease runs out while the message is in hand.
+    env.abort_coordinator();
+    wait_status(&a, LEASE * 3, "the lease to run out", |s| {
+        s.heartbeats.lease_expiries >= 1 && s.reading.is_empty()
+    })
+    .await;
+    assert!(held.is_expired());
+    assert_eq!(held.ack().await, Err(AckError::LeaseExpired));
+    // Once every task has stopped, no XACK can be on its way any more.
+    a.abort().await;
+    assert_eq!(env.pending_total().await, 1, "nothing was acknowledged");
+}
