@@ -111,6 +111,7 @@
 //!   [`ConsumerStatus`].
 //! * `handler`: the [`Handler`] and [`RebalanceListener`] traits.
 //! * `message`: [`Message`] and [`EntryId`].
+//! * `outcome`: [`Outcome`], handler outcomes beyond `Ok` and `Err` (retry after a delay, dead-letter now).
 //! * `pull`: [`MessageStream`] of [`PulledMessage`]s with explicit acks ([`ConsumerBuilder::build_stream`]).
 //! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
 //!   report).
@@ -148,6 +149,7 @@ mod lease;
 mod membership;
 mod message;
 pub mod metrics;
+mod outcome;
 mod pull;
 mod shard_reader;
 mod stream_reply;
@@ -159,6 +161,7 @@ pub use error::{ConfigError, ConsumerError, HandlerError};
 pub use handler::{Handler, RebalanceListener};
 pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
+pub use outcome::{Outcome, MAX_RETRY_DELAY};
 pub use pull::{AckError, MessageStream, PulledMessage};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 

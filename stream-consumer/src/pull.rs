@@ -10,21 +10,24 @@ use futures::Stream;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::ConsumerBuilder;
 use crate::consumer::Consumer;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, HandlerError};
 use crate::handler::Handler;
 use crate::message::Message;
+use crate::outcome::Outcome;
 
 /// What the application decided for a pulled message, and where the reader confirms it saw the decision.
-type Verdict = (Outcome, oneshot::Sender<()>);
+type Verdict = (Decision, oneshot::Sender<()>);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
     Ack,
     Nack,
+    Outcome(Outcome),
 }
 
 /// An acknowledgement that did not count: nothing was sent to Redis for it and the entry stays pending (it is
@@ -67,7 +70,7 @@ impl PulledMessage {
     /// [`AckError::LeaseExpired`] when the delivery had already ended: nothing is acknowledged and the entry
     /// stays pending.
     pub async fn ack(self) -> Result<(), AckError> {
-        self.settle(Outcome::Ack).await
+        self.settle(Decision::Ack).await
     }
 
     /// Refuses the message, like a handler error: it stays pending and is delivered again after the retry
@@ -76,7 +79,25 @@ impl PulledMessage {
     /// # Errors
     /// [`AckError::LeaseExpired`] when the delivery had already ended (the entry is pending either way).
     pub async fn nack(self) -> Result<(), AckError> {
-        self.settle(Outcome::Nack).await
+        self.settle(Decision::Nack).await
+    }
+
+    /// Refuses the message and has it delivered again after `delay` instead of the retry backoff (see
+    /// [`Outcome::RetryAfter`]).
+    ///
+    /// # Errors
+    /// [`AckError::LeaseExpired`] when the delivery had already ended (the entry is pending either way).
+    pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
+        self.settle(Decision::Outcome(Outcome::RetryAfter(delay))).await
+    }
+
+    /// Moves the message to its shard's dead-letter stream now, with `reason` (see [`Outcome::DeadLetter`]).
+    ///
+    /// # Errors
+    /// [`AckError::LeaseExpired`] when the delivery had already ended: nothing is dead-lettered and the entry
+    /// stays pending.
+    pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
+        self.settle(Decision::Outcome(Outcome::DeadLetter(reason.into()))).await
     }
 
     /// Whether the delivery already ended (lease ran out, shard taken away, consumer stopped): an `ack` would
@@ -90,10 +111,10 @@ impl PulledMessage {
         self.message
     }
 
-    async fn settle(self, outcome: Outcome) -> Result<(), AckError> {
+    async fn settle(self, decision: Decision) -> Result<(), AckError> {
         let (confirm, confirmed) = oneshot::channel();
         self.verdict
-            .send((outcome, confirm))
+            .send((decision, confirm))
             .map_err(|_| AckError::LeaseExpired)?;
         // The reader drops its side unpolled once the lease has run out; confirming means it saw the verdict
         // in a poll made within the lease.
@@ -167,20 +188,21 @@ enum PullError {
 }
 
 impl Handler for PullHandler {
-    type Error = PullError;
+    type Error = HandlerError;
 
-    async fn handle(&self, message: Message) -> Result<(), PullError> {
+    async fn handle(&self, message: Message) -> Result<(), HandlerError> {
         let (verdict, decided) = oneshot::channel();
         if self.tx.send(PulledMessage { message, verdict }).await.is_err() {
             // The stream was dropped. Failing would count a delivery per retry and end in the dead letter;
             // waiting keeps the entry pending until the consumer stops (or the lease drops this future).
             std::future::pending::<()>().await;
         }
-        let (outcome, confirm) = decided.await.map_err(|_| PullError::Refused)?;
+        let (decision, confirm) = decided.await.map_err(|_| PullError::Refused)?;
         let _ = confirm.send(());
-        match outcome {
-            Outcome::Ack => Ok(()),
-            Outcome::Nack => Err(PullError::Refused),
+        match decision {
+            Decision::Ack => Ok(()),
+            Decision::Nack => Err(PullError::Refused.into()),
+            Decision::Outcome(outcome) => Err(outcome.into()),
         }
     }
 }

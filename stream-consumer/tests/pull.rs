@@ -106,3 +106,68 @@ async fn an_ack_after_the_lease_ran_out_is_refused_and_the_entry_stays_pending()
     a.abort().await;
     assert_eq!(env.pending_total().await, 1, "nothing was acknowledged");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_can_be_dead_lettered_now_or_retried_after_a_chosen_delay() {
+    let env = Env::start("pull-outcomes").await;
+    let (consumer, mut messages) = env.builder("a").build_stream().unwrap();
+    let a = consumer.spawn();
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+    let bad = env.produce_one(0, 1).await;
+    let later = env.produce_one(1, 2).await;
+    let delay = Duration::from_millis(600);
+
+    let mut retried_at = None;
+    loop {
+        let msg = next(&mut messages).await;
+        let key = (msg.shard().0, msg.id());
+        if key == bad {
+            assert_eq!(msg.delivery_count(), 1, "a dead-lettered entry is not delivered again");
+            msg.dead_letter("bad payload")
+                .await
+                .expect("dead-letter within the lease");
+        } else if key == later && retried_at.is_none() {
+            msg.retry_after(delay).await.expect("retry within the lease");
+            retried_at = Some(std::time::Instant::now());
+        } else {
+            assert_eq!(key, later);
+            assert_eq!(msg.delivery_count(), 2);
+            let waited = retried_at.expect("retried before").elapsed();
+            // The backoff alone (20 ms to 200 ms in these tests) would deliver it sooner.
+            assert!(
+                waited >= delay,
+                "delivered again after {waited:?}, before the {delay:?} asked for"
+            );
+            msg.ack().await.expect("ack within the lease");
+            break;
+        }
+    }
+    let dead_key = protocol::keys::dead_letter_stream(&env.stream, stream_consumer::ShardId(0));
+    let con = env.redis.connection().await;
+    let env = &env;
+    test_support::wait_until(
+        Duration::from_secs(10),
+        "the dead letter and the acks to reach Redis",
+        || {
+            let mut con = con.clone();
+            let dead_key = dead_key.clone();
+            async move {
+                let dead: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                    .arg(&dead_key)
+                    .arg("-")
+                    .arg("+")
+                    .query_async(&mut con)
+                    .await
+                    .expect("XRANGE");
+                let reason_ok = dead.ids.len() == 1
+                    && dead.ids[0]
+                        .get::<String>(stream_consumer::dead_letter::FIELD_ERROR)
+                        .as_deref()
+                        == Some("bad payload");
+                reason_ok && env.pending_total().await == 0
+            }
+        },
+    )
+    .await;
+    a.close().await.unwrap();
+}
