@@ -68,7 +68,8 @@ async fn an_unacked_message_is_delivered_again_after_the_consumer_restarts() {
     // A crash with the message in hand: nothing was acknowledged.
     a.abort().await;
     assert_eq!(held.ack().await, Err(AckError::LeaseExpired));
-    assert!(messages.next().await.is_none(), "the stream ends with the consumer");
+    let end = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
+    assert!(matches!(end, Ok(None)), "the stream ends with the consumer");
     assert_eq!(env.pending_total().await, 1);
 
     let (consumer, mut messages) = env.builder("b").build_stream().unwrap();
@@ -100,7 +101,12 @@ async fn an_ack_after_the_lease_ran_out_is_refused_and_the_entry_stays_pending()
         s.heartbeats.lease_expiries >= 1 && s.reading.is_empty()
     })
     .await;
-    assert!(held.is_expired());
+    // The reader drops the delivery at its first poll past the lease end.
+    test_support::wait_until(Duration::from_secs(5), "the delivery to end", || {
+        let expired = held.is_expired();
+        async move { expired }
+    })
+    .await;
     assert_eq!(held.ack().await, Err(AckError::LeaseExpired));
     // Once every task has stopped, no XACK can be on its way any more.
     a.abort().await;
@@ -170,4 +176,35 @@ async fn a_message_can_be_dead_lettered_now_or_retried_after_a_chosen_delay() {
     )
     .await;
     a.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_whose_delivery_ended_before_they_were_pulled_are_skipped() {
+    let mut env = Env::start("pull-skip").await;
+    let (consumer, mut messages) = env.builder("a").build_stream().unwrap();
+    let a = consumer.spawn();
+    wait_status(&a, Duration::from_secs(10), "a reads all 8", |s| s.reading.len() == 8).await;
+    for shard in 0..SHARDS {
+        env.produce_one(shard, u64::from(shard)).await;
+    }
+    let held = next(&mut messages).await;
+    // Every shard has its entry under way: one pulled, one waiting in the stream, the rest waiting to enter it.
+    wait_status(&a, Duration::from_secs(10), "an entry of every shard in flight", |s| {
+        s.in_flight.len() == 8
+    })
+    .await;
+
+    env.abort_coordinator();
+    wait_status(&a, LEASE * 3, "the lease to run out", |s| {
+        s.heartbeats.lease_expiries >= 1 && s.reading.is_empty()
+    })
+    .await;
+    a.abort().await;
+    assert_eq!(held.ack().await, Err(AckError::LeaseExpired));
+    let end = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
+    assert!(
+        matches!(end, Ok(None)),
+        "a message that can no longer be settled is not handed out"
+    );
+    assert_eq!(env.pending_total().await, u64::from(SHARDS), "nothing was acknowledged");
 }
