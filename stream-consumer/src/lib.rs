@@ -111,6 +111,8 @@
 //!   [`ConsumerStatus`].
 //! * `handler`: the [`Handler`] and [`RebalanceListener`] traits.
 //! * `message`: [`Message`] and [`EntryId`].
+//! * `outcome`: [`Outcome`], handler outcomes beyond `Ok` and `Err` (retry after a delay, dead-letter now).
+//! * `pull`: [`MessageStream`] of [`PulledMessage`]s with explicit acks ([`ConsumerBuilder::build_stream`]).
 //! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
 //!   report).
 //! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time, and the combinator that
@@ -147,6 +149,8 @@ mod lease;
 mod membership;
 mod message;
 pub mod metrics;
+mod outcome;
+mod pull;
 mod shard_reader;
 mod stream_reply;
 pub mod version_store;
@@ -157,6 +161,8 @@ pub use error::{ConfigError, ConsumerError, HandlerError};
 pub use handler::{Handler, RebalanceListener};
 pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
+pub use outcome::{Outcome, MAX_RETRY_DELAY};
+pub use pull::{AckError, MessageStream, PulledMessage};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
 pub use protocol::names::{GroupName, MemberId, StreamName};

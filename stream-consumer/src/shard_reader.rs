@@ -63,6 +63,7 @@ use crate::in_flight::{InFlight, InFlightGuard};
 use crate::lease::{LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
+use crate::outcome::{Outcome, MAX_RETRY_DELAY};
 use crate::stream_reply::{self, RawEntry};
 
 /// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
@@ -665,6 +666,7 @@ impl Reader {
             fencing_token: self.fencing_token,
         };
         let mut backoff: Option<ExponentialBackoff> = None;
+        let mut requested_delay = None;
         loop {
             if message.delivery_count > self.shared.max_deliveries {
                 let why = format!(
@@ -692,7 +694,17 @@ impl Reader {
                     self.acknowledge(message.id, in_flight).await;
                     return;
                 }
-                Ok(Err(e)) => e.to_string(),
+                Ok(Err(e)) => match e.downcast_ref::<Outcome>() {
+                    Some(Outcome::DeadLetter(why)) => {
+                        self.dead_letter(&message, why).await;
+                        return;
+                    }
+                    Some(Outcome::RetryAfter(d)) => {
+                        requested_delay = Some((*d).min(MAX_RETRY_DELAY));
+                        e.to_string()
+                    }
+                    None => e.to_string(),
+                },
                 Err(panic) => panic_message(panic),
             };
             self.shared.metrics.handler_failed();
@@ -702,10 +714,13 @@ impl Reader {
                 self.dead_letter(&message, &error).await;
                 return;
             }
-            let delay = backoff
-                .get_or_insert_with(|| jittered(self.shared.retry_min, self.shared.retry_max))
-                .next()
-                .unwrap_or(self.shared.retry_max);
+            let delay = match requested_delay.take() {
+                Some(d) => d,
+                None => backoff
+                    .get_or_insert_with(|| jittered(self.shared.retry_min, self.shared.retry_max))
+                    .next()
+                    .unwrap_or(self.shared.retry_max),
+            };
             // The entries handled before this one are not held back by its retries.
             self.flush_acks().await;
             if !self.pause(delay).await || !self.may_handle() {
