@@ -14,6 +14,14 @@ use crate::message::Message;
 /// * `Err(_)` (or a panic): the entry stays pending and is retried with backoff, in place (the shard waits: order
 ///   is kept), until it succeeds, the shard is revoked (its next owner retries it), or its delivery count exceeds
 ///   `max_deliveries` (it is dead-lettered, see [`crate::dead_letter`]).
+/// * `Err(`[`Outcome`](crate::Outcome)`)`: the handler chooses: `RetryAfter(delay)` retries after that delay instead
+///   of the backoff, `DeadLetter(reason)` dead-letters the entry at once.
+///
+/// A long entry needs no keep-alive: the member's heartbeats extend the assignment lease while the handler runs,
+/// and the entry's idle time in Redis never matters (a next owner claims pending entries with min-idle 0, and only
+/// after this member stopped).
+///
+/// For a pull-style loop instead of a handler, see [`ConsumerBuilder::build_stream`](crate::ConsumerBuilder::build_stream).
 ///
 /// # Cancellation
 /// A rebalance (DRAIN) or a graceful close lets a running handler finish. When the member is fenced or forgotten,
