@@ -81,6 +81,9 @@ echo "== OpenAPI conformance (schemathesis against the debug coord-server)"
 cargo build -p redis-stream-coord-server --bin coord-server
 scripts/schemathesis.sh
 done_steps+=(schemathesis)
+echo "== status page in headless Chromium"
+scripts/check-status-page.sh
+done_steps+=(status-page)
 echo "== fresh machine: no redis-server on PATH"
 scripts/check-no-redis.sh
 done_steps+=("no-redis check")

@@ -651,6 +651,44 @@ struct LagSamples {
     groups: Vec<GroupSample>,
 }
 
+/// Pending and lag of one Redis consumer group on one shard stream, for the status page.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardBacklog {
+    /// Entries delivered but not acknowledged.
+    pub pending: u64,
+    /// Entries not yet delivered (absent when Redis cannot tell).
+    pub lag: Option<u64>,
+}
+
+/// The backlog of every indexed group, keyed by (stream, group, shard): the scrape of the lag metrics, bounded by
+/// [`LAG_SCRAPE_TIMEOUT`]. `None` when the scrape failed or timed out (the page then shows no backlog).
+pub async fn shard_backlog(coordinator: &Coordinator) -> Option<BTreeMap<(String, String, u32), ShardBacklog>> {
+    let samples = match tokio::time::timeout(LAG_SCRAPE_TIMEOUT, scrape_lag(coordinator)).await {
+        Ok(Ok(samples)) => samples,
+        Ok(Err(e)) => {
+            debug!(error = %e, "backlog scrape for the status page failed");
+            return None;
+        }
+        Err(_) => {
+            debug!("backlog scrape for the status page timed out");
+            return None;
+        }
+    };
+    Some(
+        samples
+            .groups
+            .into_iter()
+            .map(|g| {
+                let backlog = ShardBacklog {
+                    pending: g.pending,
+                    lag: g.lag,
+                };
+                ((g.stream, g.group, g.shard.0), backlog)
+            })
+            .collect(),
+    )
+}
+
 /// Reads the lag of every indexed group on every shard of its stream.
 async fn scrape_lag(coordinator: &Coordinator) -> Result<LagSamples, Error> {
     let list = coordinator.list_groups(false).await?;

@@ -88,3 +88,69 @@ fn the_rollout_and_the_termination_grace_fit_the_shutdown_gate() {
         .expect("seconds");
     assert!(worker_grace > drain, "the worker's grace must exceed its drain timeout");
 }
+
+/// The metric names docs/metrics.md documents (a test in metrics.rs ties that page to the code and the SDKs), with
+/// whether each is a histogram.
+fn documented_metrics() -> std::collections::BTreeMap<String, bool> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let page = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    page.lines()
+        .filter_map(|l| {
+            let name = l.strip_prefix("| `")?.split('`').next()?;
+            name.starts_with("redis_stream_")
+                .then(|| (name.to_owned(), l.contains("| histogram |")))
+        })
+        .collect()
+}
+
+/// The `redis_stream_…` tokens of a PromQL expression.
+fn metric_tokens(expr: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("redis_stream_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(&tail[..end]);
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn every_grafana_query_names_a_real_metric() {
+    let documented = documented_metrics();
+    assert!(documented.len() >= 40, "{documented:?}");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/redis-stream-coord.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut checked = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            let tokens = metric_tokens(expr);
+            assert!(!tokens.is_empty(), "{expr}: no metric");
+            for token in tokens {
+                let known = documented.contains_key(token)
+                    || ["_bucket", "_sum", "_count"].iter().any(|s| {
+                        token
+                            .strip_suffix(s)
+                            .is_some_and(|base| documented.get(base) == Some(&true))
+                    });
+                assert!(known, "{expr}: {token} is not a documented metric");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 20, "{checked}");
+}
+
+#[test]
+fn metric_tokens_are_cut_at_the_name() {
+    assert_eq!(
+        metric_tokens("sum(rate(redis_stream_coord_x_bucket[5m])) / redis_stream_y"),
+        ["redis_stream_coord_x_bucket", "redis_stream_y"]
+    );
+}

@@ -7,6 +7,7 @@
 //! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
+//! * `status`: `/status`, the operators' HTML page.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
@@ -27,6 +28,7 @@ mod health;
 mod heartbeat;
 mod metrics;
 mod routing;
+mod status;
 
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -66,6 +68,8 @@ pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 /// `GET`: Prometheus metrics (text format).
 pub const METRICS: &str = "/metrics";
+/// `GET`: the operators' HTML status page.
+pub const STATUS: &str = "/status";
 
 /// Every route as (method, path template), in the order of the OpenAPI document.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -82,6 +86,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", HEALTHZ),
     ("GET", READYZ),
     ("GET", METRICS),
+    ("GET", STATUS),
 ];
 
 /// Every route as (method, path template); the router serves exactly these.
@@ -105,6 +110,7 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
         ("GET", HEALTHZ) => get(health::healthz),
         ("GET", READYZ) => get(health::readyz),
         ("GET", METRICS) => get(metrics::metrics),
+        ("GET", STATUS) => get(status::status),
         _ => return None,
     })
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The status page in a real headless Chromium: starts its own redis-server and the debug coord-server (admin token
+# set) on free ports, creates a group, joins two members with curl heartbeats, then loads GET /status?token= in
+# Chromium (Debian's `chromium` package) and checks that the DOM Chromium built shows the group, both members and
+# an owner. With --screenshot, also writes docs/status-page.png (1200x800).
+#
+# Uses target/debug/coord-server unless COORD_SERVER_BIN says otherwise; CHROMIUM_BIN names the browser.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+COORD_BIN=${COORD_SERVER_BIN:-target/debug/coord-server}
+REDIS_BIN=${REDIS_SERVER_BIN:-redis-server}
+CHROMIUM=${CHROMIUM_BIN:-chromium}
+TOKEN=status-page-token
+STREAM=orders
+GROUP=billing
+SCREENSHOT=no
+[ "${1:-}" = "--screenshot" ] && SCREENSHOT=yes
+
+missing() {
+  echo "check-status-page.sh: $*" >&2
+  exit 1
+}
+for tool in curl python3 "$REDIS_BIN"; do
+  command -v "$tool" >/dev/null 2>&1 || missing "$tool is not on PATH"
+done
+command -v "$CHROMIUM" >/dev/null 2>&1 || missing "$CHROMIUM is not on PATH (Debian: apt-get install -y chromium)"
+[ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p redis-stream-coord-server' first"
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+REDIS_PORT=$(free_port)
+"$REDIS_BIN" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >"$WORK/redis.log" 2>&1 &
+PIDS+=($!)
+COORD_PORT=$(free_port)
+BASE="http://127.0.0.1:$COORD_PORT"
+RUST_LOG=${RUST_LOG:-warn} "$COORD_BIN" --redis-url "redis://127.0.0.1:$REDIS_PORT" --listen "127.0.0.1:$COORD_PORT" \
+  --admin-token "$TOKEN" --client-token "$TOKEN" >"$WORK/coordinator.log" 2>&1 &
+PIDS+=($!)
+
+deadline=$((SECONDS + 30))
+until curl -fsS "$BASE/readyz" >/dev/null 2>&1; do
+  [ "$SECONDS" -lt "$deadline" ] || { cat "$WORK/coordinator.log" >&2; missing "the coordinator was not ready within 30 s"; }
+  sleep 0.2
+done
+
+call() {
+  curl -fsS -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d "$2" "$BASE$1"
+}
+call "/v1/streams/$STREAM/groups/$GROUP" '{"shardCount": 8}' >/dev/null
+for member in worker-1 worker-2; do
+  call "/v1/streams/$STREAM/groups/$GROUP/heartbeat" \
+    "{\"memberId\": \"$member\", \"instanceId\": \"$member-i\", \"memberEpoch\": 0, \"metadataVersion\": 0, \"maxObservedVersion\": 0, \"owned\": [], \"revoking\": []}" \
+    >/dev/null
+done
+
+browse() {
+  "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+    --disable-component-update --disable-sync --user-data-dir="$WORK/profile" "$@" "$BASE/status?token=$TOKEN"
+}
+browse --dump-dom >"$WORK/dom.html" 2>"$WORK/chromium.log" || { cat "$WORK/chromium.log" >&2; missing "chromium failed"; }
+for needle in "$STREAM / $GROUP" '<td>worker-1</td>' '<td>worker-2</td>' '<tr class="shard'; do
+  grep -qF -- "$needle" "$WORK/dom.html" || { cat "$WORK/dom.html" >&2; missing "the page lacks $needle"; }
+done
+if grep -q '<script' "$WORK/dom.html"; then missing "the page carries a script"; fi
+if [ "$SCREENSHOT" = yes ]; then
+  browse --screenshot="$PWD/docs/status-page.png" --window-size=1200,800 >/dev/null 2>>"$WORK/chromium.log" ||
+    { cat "$WORK/chromium.log" >&2; missing "chromium could not take the screenshot"; }
+  echo "check-status-page.sh: wrote docs/status-page.png"
+fi
+echo "check-status-page.sh: PASS (group, members and shard grid rendered by $("$CHROMIUM" --version 2>/dev/null | head -1))"
