@@ -26,6 +26,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::config::Config;
 use crate::error::{Error, StoreError};
 use crate::memory_policy::{self, PolicyCheck};
+use crate::recent::{RecentEvent, RecentRebalances};
 use crate::shutdown::ShutdownGate;
 use crate::spans::{self, Boundary};
 use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
@@ -74,6 +75,8 @@ struct Inner {
     index_rebuilt_at: StdMutex<Option<Instant>>,
     /// The Redis `maxmemory-policy` precondition.
     eviction_policy: PolicyCheck,
+    /// The last rebalance events this instance decided, for the status page.
+    recent: RecentRebalances,
 }
 
 #[derive(Default)]
@@ -153,6 +156,7 @@ impl Coordinator {
                 global_grace_until_ms: AtomicU64::new(0),
                 run_id: StdMutex::new(Some(run_id)),
                 index_rebuilt_at: StdMutex::new(None),
+                recent: RecentRebalances::default(),
                 eviction_policy,
             }),
         };
@@ -1187,9 +1191,16 @@ impl Coordinator {
         Ok(n == 1)
     }
 
+    /// The last rebalance events this instance decided (membership, ownership, correction rounds), newest first.
+    /// Memory only, per instance: see [`crate::recent`].
+    pub fn recent_rebalances(&self) -> Vec<RecentEvent> {
+        self.inner.recent.newest_first()
+    }
+
     fn log_events(&self, stream: &StreamName, group: &GroupName, events: &[Event]) {
         for e in events {
             self.inner.stats.event(e);
+            self.inner.recent.record(stream, group, e);
             self.inner.stats.metrics().group_event(stream, group, e);
             match e {
                 Event::ShardGranted { .. } | Event::ShardReleased { .. } => {

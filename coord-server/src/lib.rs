@@ -11,7 +11,7 @@
 //! * [`shutdown`]: the terminating gate.
 //! * [`startup`]: Redis version and command checks; [`memory_policy`]: the `maxmemory-policy` precondition.
 //! * [`traces`]: "never created" or "lost" for a group or stream without metadata.
-//! * [`log_limit`]: rate limiting of repeated log lines.
+//! * [`log_limit`]: rate limiting of repeated log lines; [`recent`]: the last rebalance events, for the status page.
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
 //! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
@@ -29,6 +29,7 @@ pub mod http;
 pub mod log_limit;
 pub mod memory_policy;
 pub mod metrics;
+pub mod recent;
 pub mod server;
 pub mod shutdown;
 pub mod spans;

@@ -106,6 +106,12 @@ async fn the_page_shows_groups_members_owners_and_backlog_behind_the_admin_token
     let row = shard_row(&html, 1);
     assert!(row.ends_with("<td>1</td><td>2</td>"), "pending 1, lag 2: {row}");
     assert!(!html.contains("<script"), "{html}");
+    let recent = &html[html.find("Recent rebalances").expect("a recent-rebalances section")..];
+    assert!(
+        recent.contains("member alpha joined") && recent.contains("member beta joined"),
+        "{recent}"
+    );
+    assert!(recent.contains("granted to alpha"), "{recent}");
 
     // The header works too, as on every admin route.
     let resp = reqwest::Client::new()

@@ -18,6 +18,7 @@ use super::extract::QueryParams;
 use super::AppState;
 use crate::auth::{self, Role};
 use crate::metrics::{shard_backlog, ShardBacklog};
+use crate::recent::RecentEvent;
 
 /// Groups shown at most: the page reads each one from Redis.
 pub const MAX_GROUPS: usize = 50;
@@ -98,6 +99,9 @@ pub(super) async fn status(
     if refs.is_empty() {
         body.push_str("<p>No groups.</p>");
     }
+    render_recent(&mut body, &state.coordinator.recent_rebalances(), |stream| {
+        access.covers(stream)
+    });
     Ok(Html(page(&body)).into_response())
 }
 
@@ -109,6 +113,32 @@ fn page(body: &str) -> String {
          .moving{{background:#ffd}}.unowned{{background:#fdd}}</style></head>\
          <body><h1>redis-stream-coord status</h1>{body}</body></html>\n"
     )
+}
+
+/// The last rebalance events of this instance (newest first), limited to the streams the token reaches.
+fn render_recent(body: &mut String, events: &[RecentEvent], covers: impl Fn(&str) -> bool) {
+    body.push_str("<section><h2>Recent rebalances (this instance)</h2>");
+    let shown: Vec<&RecentEvent> = events.iter().filter(|e| covers(e.stream.as_str())).collect();
+    if shown.is_empty() {
+        body.push_str("<p>None since this instance started.</p></section>");
+        return;
+    }
+    body.push_str("<table><tr><th>time (UTC)</th><th>group</th><th>event</th></tr>");
+    for e in shown {
+        let secs = e.at_unix_ms / 1000;
+        let _ = write!(
+            body,
+            "<tr><td>{:02}:{:02}:{:02}.{:03}</td><td>{} / {}</td><td>{}</td></tr>",
+            secs / 3600 % 24,
+            secs / 60 % 60,
+            secs % 60,
+            e.at_unix_ms % 1000,
+            escape(e.stream.as_str()),
+            escape(e.group.as_str()),
+            escape(&e.what)
+        );
+    }
+    body.push_str("</table></section>");
 }
 
 fn opt(v: Option<impl std::fmt::Display>) -> String {
