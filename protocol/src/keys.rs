@@ -12,6 +12,7 @@
 //! | `redis-stream:coord:groups` / `redis-stream:coord:streams` | none | rebuildable indexes (sets) |
 //! | `redis-stream:shard:{<stream>:<n>}` | shard | the Redis stream of shard `n` |
 //! | `redis-stream:dead-letter:{<stream>:<n>}` | shard | entries of shard `n` that exceeded the delivery limit |
+//! | `redis-stream:shard-fence:{<stream>:<n>}` | shard | the data-plane fence of shard `n` (hash: `routingVersion`, the lowest routing version a producer must hold to write into the shard; written only by the coordinator's seal) |
 //!
 //! Every shard gets its own tag so the shards of one stream spread over a Cluster; a shard's dead-letter stream
 //! shares its tag so one pipeline can move an entry between them.
@@ -98,6 +99,19 @@ pub fn dead_letter_stream(stream: &StreamName, shard: ShardId) -> String {
     format!("{KEY_PREFIX}:dead-letter:{{{stream}:{shard}}}")
 }
 
+/// The data-plane fence of one shard (same hash slot as the shard, so the publish script can check it atomically
+/// with the write). A hash with field [`shard_fence_fields::ROUTING_VERSION`]; an absent key or field means no
+/// fence (version 0).
+pub fn shard_fence(stream: &StreamName, shard: ShardId) -> String {
+    format!("{KEY_PREFIX}:shard-fence:{{{stream}:{shard}}}")
+}
+
+/// Hash fields of a [`shard_fence`] key.
+pub mod shard_fence_fields {
+    /// The lowest routing version a producer must present to write into the shard (decimal).
+    pub const ROUTING_VERSION: &str = "routingVersion";
+}
+
 /// The hash tag of a key (the part Redis Cluster hashes), as Redis computes it: the text between the first `{`
 /// and the next `}`, if non-empty; else the whole key.
 pub fn hash_tag(key: &str) -> &str {
@@ -143,6 +157,8 @@ mod tests {
         assert_eq!(k3, "redis-stream:shard:{orders:3}");
         assert_ne!(hash_tag(&k3), hash_tag(&shard_stream(&s, ShardId(4))));
         assert_eq!(hash_tag(&k3), hash_tag(&dead_letter_stream(&s, ShardId(3))));
+        assert_eq!(shard_fence(&s, ShardId(3)), "redis-stream:shard-fence:{orders:3}");
+        assert_eq!(hash_tag(&k3), hash_tag(&shard_fence(&s, ShardId(3))));
     }
 
     #[test]
