@@ -219,3 +219,36 @@ async fn a_fenced_member_rejoins_with_epoch_zero_promptly() {
     );
     c.abort().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_in_flight_past_the_lease_end_does_not_hold_the_readers_and_its_late_answer_resumes_nothing() {
+    let fake = FakeCoord::new();
+    let mut n = 0;
+    fake.on_heartbeat(move |_| {
+        n += 1;
+        if n == 1 {
+            Reply::answer(ok(1, &[0], 1000, 200))
+        } else {
+            // A coordinator too slow to answer within the lease: the answer comes 3 s after the send.
+            Reply::answer(ok(1, &[0], 1000, 200)).after(3000 * MS)
+        }
+    });
+    let t0 = Instant::now();
+    let c = spawn(&fake);
+    wait_for(&c, "shard 0 read", |s| s.reading == vec![ShardId(0)]).await;
+    let expired = wait_for(&c, "the lease to run out", |s| s.heartbeats.lease_expiries >= 1).await;
+    assert_eq!(
+        t0.elapsed(),
+        900 * MS,
+        "at the lease end, while the heartbeat sent at 200 ms is in flight"
+    );
+    assert_eq!(heartbeat_times(&fake, t0), [0, 200].map(|ms| ms * MS));
+    assert_eq!((expired.reading.len(), expired.revoking.clone()), (0, vec![ShardId(0)]));
+    // The late answer (sent at 200 ms, its lease ended at 1100 ms) arrives at 3200 ms: nothing resumes.
+    let late = wait_for(&c, "the late answer", |s| s.heartbeats.ok >= 2).await;
+    assert_eq!(t0.elapsed(), 3200 * MS);
+    assert!(late.reading.is_empty(), "{late:?}");
+    tokio::time::sleep(5000 * MS).await;
+    assert!(c.status().reading.is_empty(), "{:?}", c.status());
+    c.abort().await;
+}
