@@ -43,11 +43,14 @@
 //! stream (see [`crate::dead_letter`]).
 //!
 //! # Layout
-//! This file is the task and its Redis commands; what can be decided without I/O is in the submodules:
-//! [`ack_batch`] (which entries the next `XACK` carries, and when it must go out), [`retry`] (acknowledge,
-//! dead-letter, or retry after which delay) and [`health`] (how long the reader has failed to reach Redis).
+//! This file is the task: what it waits for, sends and retries. What can be decided without I/O is in the
+//! submodules: [`ack_batch`] (which entries the next `XACK` carries, and when it must go out), [`retry`]
+//! (acknowledge, dead-letter, or retry after which delay), [`commands`] (every Redis command the reader sends,
+//! and the pairing of a claim batch with its delivery counts) and [`health`] (how long the reader has failed to
+//! reach Redis).
 
 mod ack_batch;
+mod commands;
 mod health;
 mod retry;
 
@@ -73,7 +76,8 @@ use crate::lease::{now, LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
 use crate::stream_reply::{self, RawEntry};
-use ack_batch::{entry_id_arg, AckBatch, ENTRY_ID_MAX_LEN};
+use ack_batch::AckBatch;
+use commands::{with_delivery_counts, ShardCommands};
 pub(crate) use health::ReadHealth;
 use retry::{jittered, Decision, Retries};
 
@@ -149,8 +153,12 @@ pub(crate) async fn run(
 ) -> ReaderExit {
     let mut reader = Reader {
         stream: Arc::new(shared.stream.clone()),
-        key: keys::shard_stream(&shared.stream, shard),
-        dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
+        cmds: ShardCommands::new(
+            keys::shard_stream(&shared.stream, shard),
+            keys::dead_letter_stream(&shared.stream, shard),
+            shared.group.clone(),
+            shared.member_id.clone(),
+        ),
         shared,
         shard,
         fencing_token,
@@ -192,8 +200,8 @@ struct Reader {
     shard: ShardId,
     /// The token of this assignment, carried by every message.
     fencing_token: FencingToken,
-    key: String,
-    dead_letter_key: String,
+    /// The keys and names of this shard's commands.
+    cmds: ShardCommands,
     stop: CancellationToken,
     in_flight: Arc<InFlight>,
     health: Arc<ReadHealth>,
@@ -306,17 +314,14 @@ impl Reader {
                 return false;
             }
             let mut conn = self.shared.conn.clone();
-            let r: Result<Value, RedisError> = redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(&self.key)
-                .arg(self.shared.group.as_str())
-                .arg(self.shared.start_from.group_create_id())
-                .arg("MKSTREAM")
+            let r: Result<Value, RedisError> = self
+                .cmds
+                .create_group(self.shared.start_from.group_create_id())
                 .query_async(&mut conn)
                 .await;
             match r {
                 Ok(_) => {
-                    debug!(shard = %self.shard, key = %self.key, "created the consumer group");
+                    debug!(shard = %self.shard, key = %self.cmds.key, "created the consumer group");
                     self.redis_ok();
                     return true;
                 }
@@ -383,14 +388,9 @@ impl Reader {
     /// One `XAUTOCLAIM` batch, with the delivery count of each claimed entry (from `XPENDING`).
     async fn claim_batch(&mut self, cursor: &str) -> Result<(String, Vec<(RawEntry, u32)>), RedisError> {
         let mut conn = self.shared.conn.clone();
-        let reply: Value = redis::cmd("XAUTOCLAIM")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg(0)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(self.shared.batch_size)
+        let reply: Value = self
+            .cmds
+            .auto_claim(cursor, self.shared.batch_size)
             .query_async(&mut conn)
             .await?;
         let claim = stream_reply::auto_claim(reply).map_err(reply_error)?;
@@ -402,15 +402,7 @@ impl Reader {
             (Some(first), Some(last)) => self.delivery_counts(first.id, last.id, entries.len()).await?,
             _ => HashMap::new(),
         };
-        let with_counts = entries
-            .into_iter()
-            .map(|e| {
-                // XAUTOCLAIM counted this delivery; 2 is the least a re-delivered entry can have.
-                let count = counts.get(&e.id).copied().unwrap_or(2);
-                (e, count)
-            })
-            .collect();
-        Ok((claim.next, with_counts))
+        Ok((claim.next, with_delivery_counts(entries, &counts)))
     }
 
     async fn delivery_counts(
@@ -420,15 +412,7 @@ impl Reader {
         n: usize,
     ) -> Result<HashMap<EntryId, u32>, RedisError> {
         let mut conn = self.shared.conn.clone();
-        let reply: Value = redis::cmd("XPENDING")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(first.to_string())
-            .arg(last.to_string())
-            .arg(n)
-            .arg(self.shared.member_id.as_str())
-            .query_async(&mut conn)
-            .await?;
+        let reply: Value = self.cmds.delivery_counts(first, last, n).query_async(&mut conn).await?;
         let rows = stream_reply::pending_rows(&reply).map_err(reply_error)?;
         Ok(rows.into_iter().map(|r| (r.id, r.delivery_count)).collect())
     }
@@ -544,23 +528,10 @@ impl Reader {
             // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
             return Ok(Vec::new());
         }
-        let block_ms = u64::try_from(self.shared.read_block.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg("COUNT")
-            .arg(self.shared.batch_size)
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(">");
+        let cmd = self.cmds.read_new(self.shared.batch_size, self.shared.read_block);
         let ack = (!self.acks.is_empty()).then(|| {
             let mut ack_conn = conn.clone();
-            let xack = self.xack_cmd();
+            let xack = self.cmds.ack(self.acks.ids());
             async move { xack.query_async::<i64>(&mut ack_conn).await }
         });
         let mut ack_done = ack.is_none();
@@ -687,14 +658,7 @@ impl Reader {
             return Some(false);
         }
         let mut conn = self.shared.conn.clone();
-        let r: Result<Value, RedisError> = redis::cmd("XCLAIM")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg(0)
-            .arg(id.to_string())
-            .query_async(&mut conn)
-            .await;
+        let r: Result<Value, RedisError> = self.cmds.count_retry(id).query_async(&mut conn).await;
         match r.map(|v| stream_reply::entries("XCLAIM", v)) {
             Ok(Ok(entries)) => Some(entries.iter().any(|e| e.id == id && e.fields.is_some())),
             Ok(Err(e)) => {
@@ -765,19 +729,8 @@ impl Reader {
     /// `XACK <shard> <group> <every queued id>`, once.
     async fn send_acks(&self) -> Result<(), RedisError> {
         let mut conn = self.shared.conn.clone();
-        let _acked: i64 = self.xack_cmd().query_async(&mut conn).await?;
+        let _acked: i64 = self.cmds.ack(self.acks.ids()).query_async(&mut conn).await?;
         Ok(())
-    }
-
-    /// `XACK <shard> <group> <every queued id>`.
-    fn xack_cmd(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.key).arg(self.shared.group.as_str());
-        let mut buf = [0u8; ENTRY_ID_MAX_LEN];
-        for id in self.acks.ids() {
-            cmd.arg(entry_id_arg(id, &mut buf));
-        }
-        cmd
     }
 
     /// Appends the entry to the shard's dead-letter stream and acknowledges it, atomically.
@@ -791,23 +744,13 @@ impl Reader {
                 return;
             }
             let mut conn = self.shared.conn.clone();
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            let xadd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
-            for (k, v) in &fields {
-                xadd.arg(k.as_slice()).arg(v.as_slice());
-            }
-            pipe.cmd("XACK")
-                .arg(&self.key)
-                .arg(self.shared.group.as_str())
-                .arg(message.id.to_string())
-                .ignore();
-            let r: Result<(String,), RedisError> = pipe.query_async(&mut conn).await;
+            let r: Result<(String,), RedisError> =
+                self.cmds.dead_letter(message.id, &fields).query_async(&mut conn).await;
             match r {
                 Ok((dead_letter_id,)) => {
                     self.redis_ok();
                     self.shared.metrics.dead_lettered();
-                    warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.dead_letter_key,
+                    warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.cmds.dead_letter_key,
                         "entry dead-lettered");
                     return;
                 }
