@@ -456,6 +456,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn concurrent_publishes_share_one_refresh() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::answer(answer(1, 60_000, 30_000)).after(500 * MS));
+        let r = refresher(&fake);
+        let publishes: Vec<_> = (0..50)
+            .map(|_| {
+                let r = Arc::clone(&r);
+                tokio::spawn(async move { r.routing_for_publish().await })
+            })
+            .collect();
+        for p in publishes {
+            assert_eq!(p.await.unwrap().unwrap().version, RoutingVersion(1));
+        }
+        assert_eq!(
+            fake.routing_queries().len(),
+            1,
+            "one request for 50 publishes (single flight)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_hint_of_a_newer_version_refreshes_at_once() {
         let fake = FakeCoord::new();
         let mut n = 0;
