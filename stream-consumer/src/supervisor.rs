@@ -9,6 +9,10 @@
 //! * [`readers`]: the bookkeeping of the running shard readers (start, exit, kill within a grace period, read
 //!   health).
 //!
+//! The submodules add methods to the loop's `State` and import only from this file, never the other way round.
+//! Every time is read from Tokio's clock ([`now`]), so `tests` (under `supervisor/`) drive the loop under paused
+//! time against an in-memory coordinator.
+//!
 //! # Ordering contract
 //! 1. Capture the monotonic send time, then send the heartbeat (join while the epoch is 0).
 //! 2. On an answer: grant the lease from that send time, apply the answer ([`Membership::apply`]), stop reads of
@@ -43,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -52,15 +57,43 @@ use crate::config::ConsumerConfig;
 use crate::consumer::{check_redis, CloseReport, ConsumerStatus, HeartbeatCounters};
 use crate::error::ConsumerError;
 use crate::handler::DynListener;
+use crate::in_flight::InFlight;
 use crate::lease::{now, Lease};
 use crate::membership::{Membership, ShardState};
-use crate::shard_reader::ReaderShared;
-
-use heartbeat::{prompt, Flow};
-use readers::{ReaderExitEvent, ReaderHandle};
+use crate::shard_reader::{ReadHealth, ReaderControl, ReaderExit, ReaderShared};
 
 /// Leave attempts on close (the member expires by TTL anyway if all fail).
 const LEAVE_ATTEMPTS: u32 = 3;
+/// Delay of a "prompt" heartbeat (after SYNC_METADATA, a drained shard, a rejoin): short, but a coordinator that
+/// kept asking for one could not spin the loop.
+const PROMPT_DELAY: Duration = Duration::from_millis(5);
+
+/// A running reader, as the loop sees it.
+struct ReaderHandle {
+    /// Distinguishes this reader from an earlier one of the same shard whose exit arrives late.
+    generation: u64,
+    ctl: ReaderControl,
+    task: JoinHandle<ReaderExit>,
+    in_flight: Arc<InFlight>,
+    health: Arc<ReadHealth>,
+}
+
+/// A reader's exit, sent by its task.
+struct ReaderExitEvent {
+    shard: ShardId,
+    generation: u64,
+    exit: ReaderExit,
+}
+
+/// What to do after one heartbeat.
+enum Flow {
+    /// Next heartbeat at this time.
+    Next(Instant),
+    /// The consumer was aborted.
+    Aborted,
+    /// Stop with this error.
+    Fatal(ConsumerError),
+}
 
 /// Everything the loop needs; built by [`crate::Consumer`].
 pub(crate) struct Driver {
@@ -438,6 +471,11 @@ impl State {
             s.max_observed_version.0,
         );
     }
+}
+
+/// When a prompt heartbeat goes out: at once, but never in a tight loop.
+fn prompt() -> Instant {
+    now() + PROMPT_DELAY
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -9,24 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
-use super::{sleep_until_opt, State};
+use super::{prompt, sleep_until_opt, Flow, State};
 use crate::error::ConsumerError;
 use crate::lease::{effective_lease, now};
 use crate::metrics::failure_status;
-
-/// Delay of a "prompt" heartbeat (after SYNC_METADATA, a drained shard, a rejoin): short, but a coordinator that
-/// kept asking for one could not spin the loop.
-const PROMPT_DELAY: Duration = Duration::from_millis(5);
-
-/// What to do after one heartbeat.
-pub(super) enum Flow {
-    /// Next heartbeat at this time.
-    Next(Instant),
-    /// The consumer was aborted.
-    Aborted,
-    /// Stop with this error.
-    Fatal(ConsumerError),
-}
 
 impl State {
     /// One heartbeat, watching the lease and reader exits while it is in flight.
@@ -166,9 +152,4 @@ impl State {
         self.publish();
         Flow::Next(now + delay)
     }
-}
-
-/// When a prompt heartbeat goes out: at once, but never in a tight loop.
-pub(super) fn prompt() -> Instant {
-    now() + PROMPT_DELAY
 }

@@ -7,34 +7,16 @@ use protocol::ShardId;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::{sleep_until_opt, State};
+use super::{sleep_until_opt, ReaderExitEvent, ReaderHandle, State};
 use crate::in_flight::InFlight;
 use crate::lease::now;
 use crate::shard_reader::{self, ReadHealth, ReaderControl, ReaderExit};
 
 /// How long a killed reader may take to stop before its task is aborted.
 const KILL_GRACE: Duration = Duration::from_secs(3);
-
-/// A running reader, as the loop sees it.
-pub(super) struct ReaderHandle {
-    /// Distinguishes this reader from an earlier one of the same shard whose exit arrives late.
-    pub(super) generation: u64,
-    pub(super) ctl: ReaderControl,
-    pub(super) task: JoinHandle<ReaderExit>,
-    pub(super) in_flight: Arc<InFlight>,
-    pub(super) health: Arc<ReadHealth>,
-}
-
-/// A reader's exit, sent by its task.
-pub(super) struct ReaderExitEvent {
-    pub(super) shard: ShardId,
-    generation: u64,
-    pub(super) exit: ReaderExit,
-}
 
 impl State {
     /// The shard whose reader has failed to reach Redis the longest, if that is longer than
