@@ -252,3 +252,28 @@ async fn a_heartbeat_in_flight_past_the_lease_end_does_not_hold_the_readers_and_
     assert!(c.status().reading.is_empty(), "{:?}", c.status());
     c.abort().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn close_leaves_with_epoch_minus_one_retrying_a_failed_leave_after_100_then_200_ms() {
+    let fake = FakeCoord::new();
+    let mut failed_leaves = 0;
+    fake.on_heartbeat(move |req| {
+        if req.member_epoch.is_leave() && failed_leaves < 2 {
+            failed_leaves += 1;
+            return Reply::unreachable();
+        }
+        Reply::answer(ok(1, &[], 1500, 200))
+    });
+    let c = spawn(&fake);
+    wait_for(&c, "joined", |s| s.joined).await;
+    let closing_at = Instant::now();
+    let report = c.close().await.unwrap();
+    assert!(report.left, "the third attempt was answered");
+    let leaves: Vec<Duration> = fake
+        .heartbeats()
+        .iter()
+        .filter(|(_, r)| r.member_epoch.is_leave())
+        .map(|(at, _)| *at - closing_at)
+        .collect();
+    assert_eq!(leaves, [0, 100, 300].map(|ms| ms * MS));
+}
