@@ -7,7 +7,8 @@
 //!   for what a client does while its store fails.
 //! * [`redis_check`]: the Redis version and command check a client runs on its own Redis connection.
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
-//!   `COORDINATOR_TERMINATING`, typed errors.
+//!   `COORDINATOR_TERMINATING`, typed errors; and [`CoordTransport`], the calls the SDKs' drivers make, with the
+//!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
 #![warn(missing_docs)]
 
 pub mod coord_client;
@@ -17,7 +18,7 @@ pub mod redis_check;
 pub mod testing;
 pub mod version_store;
 
-pub use coord_client::{CoordClient, CoordError};
+pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
 pub use redis_check::{check_redis, redact_url, RedisCapabilities, RedisCheckError, RedisRequirements};
 pub use version_store::{

@@ -1,6 +1,6 @@
 //! The consumer's membership state, built only from coordinator answers and from what its readers report.
 //!
-//! Pure: no I/O and no clock. The heartbeat loop ([`crate::heartbeat`]) feeds it answers and reader exits, and
+//! Pure: no I/O and no clock. The member supervisor ([`crate::supervisor`]) feeds it answers and reader exits, and
 //! carries out the [`Actions`] it returns (start a reader, stop new reads of a shard).
 //!
 //! # Shard states
