@@ -274,8 +274,14 @@ impl GroupMetadata {
         for r in &self.reshards {
             r.check(self.shard_count).map_err(DecodeError::Inconsistent)?;
         }
-        if self.reshards.windows(2).any(|w| w[0].routing_version >= w[1].routing_version) {
-            return Err(DecodeError::Inconsistent("reshards are not in routing-version order".into()));
+        if self
+            .reshards
+            .windows(2)
+            .any(|w| w[0].routing_version >= w[1].routing_version)
+        {
+            return Err(DecodeError::Inconsistent(
+                "reshards are not in routing-version order".into(),
+            ));
         }
         Ok(())
     }
@@ -359,8 +365,13 @@ impl StreamRouting {
                 )));
             }
         }
-        if r.growths.windows(2).any(|w| w[0].routing_version >= w[1].routing_version) {
-            return Err(DecodeError::Inconsistent("growths are not in routing-version order".into()));
+        if r.growths
+            .windows(2)
+            .any(|w| w[0].routing_version >= w[1].routing_version)
+        {
+            return Err(DecodeError::Inconsistent(
+                "growths are not in routing-version order".into(),
+            ));
         }
         Ok(r)
     }

@@ -178,7 +178,12 @@ impl GroupReshard {
                 self.parents, self.shard_count
             ));
         }
-        if let Some(p) = self.seals.keys().chain(self.drained.iter()).find(|p| p.0 >= self.parents) {
+        if let Some(p) = self
+            .seals
+            .keys()
+            .chain(self.drained.iter())
+            .find(|p| p.0 >= self.parents)
+        {
             return Err(format!("reshard {v} records shard {p}, not a parent"));
         }
         if let Some(p) = self.drained.iter().find(|p| !self.seals.contains_key(p)) {
@@ -195,11 +200,28 @@ mod tests {
     #[test]
     fn entry_ids_parse_strictly_and_order_as_redis() {
         let a: EntryId = "1700000000000-3".parse().unwrap();
-        assert_eq!(a, EntryId { ms: 1_700_000_000_000, seq: 3 });
+        assert_eq!(
+            a,
+            EntryId {
+                ms: 1_700_000_000_000,
+                seq: 3
+            }
+        );
         assert_eq!(a.to_string(), "1700000000000-3");
         assert!(EntryId::ZERO < a);
         assert!("1-10".parse::<EntryId>().unwrap() > "1-9".parse().unwrap());
-        for bad in ["", "1", "-1", "1-", "01-1", "1-01", "+1-1", "1-1-1", "a-1", "99999999999999999999-0"] {
+        for bad in [
+            "",
+            "1",
+            "-1",
+            "1-",
+            "01-1",
+            "1-01",
+            "+1-1",
+            "1-1-1",
+            "a-1",
+            "99999999999999999999-0",
+        ] {
             assert!(bad.parse::<EntryId>().is_err(), "{bad}");
         }
         assert_eq!(serde_json::to_string(&a).unwrap(), "\"1700000000000-3\"");
