@@ -465,11 +465,17 @@ async fn a_coordinator_killed_while_recording_drains_releases_nothing_early() {
     hang.fired().await;
     // Dead in the middle: the drain it decided is not recorded, its mutex is left to expire.
     g.s.coords[0].abort();
+    let mut adopted = 0;
     for m in &g.groups {
+        // A group not ticked yet before the crash is still at 4 shards; one that adopted holds its children.
         let meta = g.metadata(m).await;
-        assert_eq!(meta.shard_count, 8, "{m} adopted the growth before the crash");
-        assert!(!meta.reshards.is_empty(), "{m}: nothing released by the dead coordinator");
+        assert!(
+            meta.shard_count == 4 || !meta.reshards.is_empty(),
+            "{m}: released by the dead coordinator"
+        );
+        adopted += usize::from(meta.shard_count == 8);
     }
+    assert!(adopted >= 1, "the crash came after an adoption");
     tokio::time::sleep(Duration::from_millis(300)).await;
     g.s.coords[0].restart().await;
     g.wait_released(8, DEADLINE).await;
@@ -528,13 +534,17 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // The primary dies with its coordinator; clients and a new coordinator move to the promoted replica.
+    let mut undrained = 0;
     for m in &g.groups {
+        // Not adopted yet, or adopted with its children held: never released on the replica.
         let meta = metadata_on(&replica, &g.s.stream, m).await;
         assert!(
-            meta.reshards.len() == 1 && meta.reshards[0].drained.is_empty(),
-            "{m}: the replica never saw a drain"
+            meta.shard_count == 4 || !meta.reshards.is_empty(),
+            "{m}: the replica never saw a release"
         );
+        undrained += reshard_parents_not_drained(&meta);
     }
+    assert!(undrained > 0, "the replica lost drains the old primary recorded");
     g.s.redis.kill();
     g.s.coords[0].abort();
     let _old = std::mem::replace(&mut g.s.redis, replica);
@@ -570,6 +580,10 @@ async fn wait_replicated(primary: &RedisServer) {
         .unwrap();
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut con).await.unwrap();
     assert!(acked >= 1, "the replica did not acknowledge");
+}
+
+fn reshard_parents_not_drained(m: &GroupMetadata) -> usize {
+    m.reshards.iter().map(|r| r.parents as usize - r.drained.len()).sum()
 }
 
 async fn metadata_on(
