@@ -32,8 +32,8 @@ use protocol::names::GroupName;
 use protocol::{RoutingVersion, ShardId};
 use scenario_tests::History;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stream_consumer::{ConsumerHandle, EntryId};
@@ -358,7 +358,10 @@ impl Load {
         for t in self.tasks {
             t.await.expect("publisher task");
         }
-        (self.written.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
+        (
+            self.written.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -383,10 +386,25 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
     let producers = vec![g.producer().await, g.producer().await];
     let mut load = Load::new();
     for (i, p) in producers.iter().enumerate() {
-        load.spawn(Arc::clone(p), &format!("p{i}"), &g.histories, Duration::from_millis(1), true);
+        load.spawn(
+            Arc::clone(p),
+            &format!("p{i}"),
+            &g.histories,
+            Duration::from_millis(1),
+            true,
+        );
     }
     let stale_producer = if stale {
-        let p = g.producer().await;
+        // Its own version store: the producers of one process share what they observed, and this one must not
+        // learn of a growth from the hinted ones.
+        let p =
+            g.s.producer()
+                .redis(g.client_redis.clone())
+                .version_store(client_core::MemoryVersionStore::new())
+                .build()
+                .expect("producer configuration");
+        p.ready().await.expect("producer ready");
+        let p = Arc::new(p);
         load.spawn(Arc::clone(&p), "stale", &g.histories, Duration::from_millis(1), false);
         Some(p)
     } else {
@@ -411,11 +429,31 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
                 a.0 - b.0
             })
             .collect();
-        println!("children wait {}->{shards} per group (s): {per_group:?}", shards - count);
+        println!(
+            "children wait {}->{shards} per group (s): {per_group:?}",
+            shards - count
+        );
         waits.push(per_group);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
+    if let Some(p) = &stale_producer {
+        // Without a fence it would still route with 4 shards: its keys would never move and their order would
+        // hold trivially. Its lease runs out at last: it refreshes, its keys move to children that are already
+        // read, while what it wrote into the parents after their seals is still unread there. The fence must
+        // have refused those writes long before.
+        let v =
+            g.s.coordinator()
+                .describe_routing(&g.s.stream)
+                .await
+                .expect("routing")
+                .routing_version;
+        hint(std::slice::from_ref(p), v).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
     let (written, refused) = load.stop().await;
+    println!("written {written}, not written (retried) {refused}, waits {waits:?}");
+    let figures = g.check(Duration::from_secs(30)).await;
+    println!("figures {figures:?}");
     if let Some(p) = stale_producer {
         assert_eq!(
             p.routing().map(|r| r.shard_count),
@@ -423,8 +461,6 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
             "the stale producer was refused into refreshing"
         );
     }
-    let figures = g.check(Duration::from_secs(30)).await;
-    println!("written {written}, not written (retried) {refused}, waits {waits:?}, figures {figures:?}");
     assert!(figures.iter().all(|f| f.keys_moved > 0), "keys moved to children");
     for m in 0..GROUPS {
         let meta = g.metadata(&g.groups[m]).await;
@@ -452,7 +488,13 @@ async fn a_coordinator_killed_while_recording_drains_releases_nothing_early() {
     let mut g = Grow::start("killed", 4).await;
     let producers = vec![g.producer().await];
     let mut load = Load::new();
-    load.spawn(Arc::clone(&producers[0]), "p0", &g.histories, Duration::from_millis(2), true);
+    load.spawn(
+        Arc::clone(&producers[0]),
+        "p0",
+        &g.histories,
+        Duration::from_millis(2),
+        true,
+    );
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     let hang = Trigger::once(g.s.coordinator(), Point::BeforeWrite, Action::Hang, |t| {
@@ -500,7 +542,13 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     let mut g = Grow::on(primary, "failover", 4, front.url()).await;
     let producers = vec![g.producer().await];
     let mut load = Load::new();
-    load.spawn(Arc::clone(&producers[0]), "p0", &g.histories, Duration::from_millis(2), true);
+    load.spawn(
+        Arc::clone(&producers[0]),
+        "p0",
+        &g.histories,
+        Duration::from_millis(2),
+        true,
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
 
     // The growth; the coordinator dies in the first section that would record a drain, so the children stay
@@ -586,11 +634,7 @@ fn reshard_parents_not_drained(m: &GroupMetadata) -> usize {
     m.reshards.iter().map(|r| r.parents as usize - r.drained.len()).sum()
 }
 
-async fn metadata_on(
-    redis: &RedisServer,
-    stream: &protocol::names::StreamName,
-    group: &GroupName,
-) -> GroupMetadata {
+async fn metadata_on(redis: &RedisServer, stream: &protocol::names::StreamName, group: &GroupName) -> GroupMetadata {
     let mut con = redis.connection().await;
     let json: Vec<u8> = redis::cmd("HGET")
         .arg(keys::group_metadata(stream, group))
