@@ -357,7 +357,10 @@ impl Coordinator {
         })
         .instrument(spans::section("tick", stream, Some(group)))
         .await?;
-        self.observe_reshards(stream, group, needs).await?;
+        // The tick's own work is recorded; what the reshard observation could not read is looked at next tick.
+        if let Err(e) = self.observe_reshards(stream, group, needs).await {
+            warn!(stream = %stream, group = %group, error = %e, "reshard observation failed; retried next tick");
+        }
         Ok(())
     }
 

@@ -211,3 +211,61 @@ async fn add_shards_seals_every_parent_and_records_the_positions() {
     assert_eq!(g.seals[&ShardId(0)], EntryId::ZERO);
     assert_eq!(g.seals[&ShardId(1)], EntryId { ms: 9, seq: 9 });
 }
+
+#[tokio::test]
+async fn a_tick_finishes_the_seals_an_add_shards_could_not_take() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    let group = GroupName::new("g").unwrap();
+    coordinator
+        .create_group(
+            &stream(),
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    // A fence the seal script refuses: add-shards commits the growth, then cannot seal (as if it had died there).
+    let fence = keys::shard_fence(&stream(), ShardId(0));
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "x")
+        .await
+        .unwrap();
+    coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    let routing = || async {
+        let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+        protocol::metadata::StreamRouting::decode(&json).unwrap()
+    };
+    assert!(routing().await.growths[0].seals.is_empty(), "nothing recorded");
+    coordinator.tick_group(&stream(), &group).await.unwrap();
+    let d = coordinator.describe_group(&stream(), &group).await.unwrap();
+    assert_eq!(d.shard_count, 4, "adopted: the children are held, not hidden");
+    assert!(routing().await.growths[0].seals.is_empty(), "still refused");
+
+    // Repaired: the next tick seals both parents, records them, and (both empty) releases the children.
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "1")
+        .await
+        .unwrap();
+    coordinator.tick_group(&stream(), &group).await.unwrap();
+    let g = &routing().await.growths[0];
+    assert!(g.sealed(), "{g:?}");
+    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
+    let mut con = redis.connection().await;
+    let json: Vec<u8> = redis::cmd("HGET")
+        .arg(keys::group_metadata(&stream(), &group))
+        .arg(keys::fields::AGGREGATE)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let meta = protocol::metadata::GroupMetadata::decode(&json).unwrap();
+    assert!(
+        meta.reshards.is_empty(),
+        "empty parents are drained at once: {:?}",
+        meta.reshards
+    );
+}
