@@ -288,3 +288,208 @@ fn too_many_open_reshards_refuse_the_routing() {
     }));
     assert_eq!(h.meta.shard_count, r.shard_count, "not adopted without holding");
 }
+
+mod property {
+    //! Random writes, reads, growths, seals, ticks, observations, lost fences and Redis rollbacks of the group
+    //! metadata, against a model of the shards: no child is ever readable before the group consumed every parent
+    //! of its growth up to the parent's first seal (the instant its fence was first set).
+
+    use super::*;
+    use crate::state_machine::harness::member;
+    use crate::state_machine::view;
+    use proptest::prelude::*;
+    use protocol::metadata::GroupMetadata;
+    use std::collections::BTreeMap;
+
+    const MAX_SHARDS: u32 = 12;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(u32),
+        Consume(u32),
+        Grow(u32),
+        SealRouting,
+        Tick,
+        Observe,
+        LoseFence(u32),
+        Snapshot,
+        Rollback,
+        Advance(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..MAX_SHARDS).prop_map(Op::Write),
+            6 => (0..MAX_SHARDS).prop_map(Op::Consume),
+            1 => (1u32..5).prop_map(Op::Grow),
+            2 => Just(Op::SealRouting),
+            4 => Just(Op::Tick),
+            4 => Just(Op::Observe),
+            1 => (0..MAX_SHARDS).prop_map(Op::LoseFence),
+            1 => Just(Op::Snapshot),
+            1 => Just(Op::Rollback),
+            2 => (1u16..2000).prop_map(Op::Advance),
+        ]
+    }
+
+    struct Model {
+        h: Harness,
+        routing: StreamRouting,
+        /// Every growth ever made (the routing keeps only the last ones).
+        growths: Vec<(RoutingVersion, u32, u32)>,
+        /// Last entry id (ms part) per shard; the group's consumed position per shard.
+        written: Vec<u64>,
+        consumed: Vec<u64>,
+        /// Per shard: the fence, lost or not.
+        fence: Vec<u64>,
+        /// The position when the fence of (growth, parent) was first set.
+        first_seal: BTreeMap<(RoutingVersion, u32), u64>,
+        snapshot: Option<GroupMetadata>,
+        /// The member's last answer (it heartbeats after every clock step, so it never expires).
+        last: protocol::messages::HeartbeatResponse,
+    }
+
+    impl Model {
+        fn keep_alive(&mut self) {
+            self.last = match self.h.send(&follow_up(&self.last, &[])) {
+                Ok(r) => r,
+                Err(_) => self.h.join("a"),
+            };
+        }
+
+        fn seal(&mut self, v: RoutingVersion, p: u32) -> Seal {
+            self.fence[p as usize] = self.fence[p as usize].max(v.0);
+            let pos = self.written[p as usize];
+            self.first_seal.entry((v, p)).or_insert(pos);
+            seal(v.0, p, pos)
+        }
+
+        fn step(&mut self, op: &Op) {
+            match *op {
+                Op::Write(s) if s < self.routing.shard_count => self.written[s as usize] += 1,
+                Op::Consume(s) => {
+                    // The consumer reads only what the group's answer lets it read.
+                    if view(&self.h.meta, &member("a"), self.h.now)
+                        .assigned
+                        .contains(&ShardId(s))
+                    {
+                        self.consumed[s as usize] = self.written[s as usize];
+                    }
+                }
+                Op::Grow(k) if self.routing.shard_count + k <= MAX_SHARDS => {
+                    self.routing = reshard::grow(&self.routing, k);
+                    let g = self.routing.growths.last().unwrap();
+                    self.growths.push((g.routing_version, g.parents, g.shard_count));
+                }
+                Op::SealRouting => {
+                    let seals: Vec<Seal> = reshard::unsealed(&self.routing)
+                        .into_iter()
+                        .map(|(v, p)| self.seal(v, p.0))
+                        .collect();
+                    if let Some(r) = reshard::record_seals(&self.routing, &seals) {
+                        self.routing = r;
+                    }
+                }
+                Op::Tick => {
+                    self.h.apply(Input::Tick {
+                        routing: Some(&self.routing),
+                    });
+                }
+                Op::Observe => {
+                    let mut observed = Vec::new();
+                    for need in reshard::needs(&self.h.meta) {
+                        match need {
+                            Need::Seal { routing_version, shard } => {
+                                observed.push(Observation::Sealed(self.seal(routing_version, shard.0)))
+                            }
+                            Need::Drain {
+                                routing_version,
+                                shard,
+                                seal: at,
+                            } => {
+                                if self.fence[shard.index()] < routing_version.0 {
+                                    observed.push(Observation::Resealed(self.seal(routing_version, shard.0)));
+                                } else if self.consumed[shard.index()] >= at.ms {
+                                    observed.push(drained(routing_version.0, shard.0, at.ms));
+                                }
+                            }
+                        }
+                    }
+                    self.h.apply(Input::Reshard(&observed));
+                }
+                Op::LoseFence(s) => self.fence[s as usize] = 0,
+                Op::Snapshot => self.snapshot = Some(self.h.meta.clone()),
+                Op::Rollback => {
+                    if let Some(m) = self.snapshot.take() {
+                        self.h.meta = m;
+                    }
+                }
+                Op::Advance(ms) => {
+                    self.h.advance(u64::from(ms));
+                    self.keep_alive();
+                }
+                _ => {}
+            }
+        }
+
+        fn check(&self, ops: &[Op]) {
+            let readable = view(&self.h.meta, &member("a"), self.h.now).assigned;
+            for s in readable {
+                for &(v, parents, count) in &self.growths {
+                    if s.0 < parents || s.0 >= count {
+                        continue;
+                    }
+                    for p in 0..parents {
+                        let sealed_at = self.first_seal.get(&(v, p));
+                        assert!(
+                            sealed_at.is_some_and(|&at| self.consumed[p as usize] >= at),
+                            "child {s} of growth {v} readable before parent {p} was consumed to its seal \
+                             ({sealed_at:?}, consumed {}); ops {ops:#?}",
+                            self.consumed[p as usize]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_child_is_read_before_its_parents_drained(ops in prop::collection::vec(op(), 1..120)) {
+            let mut h = Harness::new(2);
+            let last = h.join("a");
+            let mut m = Model {
+                last,
+                h,
+                routing: routing(2),
+                growths: Vec::new(),
+                written: vec![0; MAX_SHARDS as usize],
+                consumed: vec![0; MAX_SHARDS as usize],
+                fence: vec![0; MAX_SHARDS as usize],
+                first_seal: BTreeMap::new(),
+                snapshot: None,
+            };
+            let mut done = Vec::new();
+            for op in &ops {
+                done.push(op.clone());
+                m.step(op);
+                m.check(&done);
+            }
+            // Liveness: with every parent consumed and observed, every child becomes readable (one level of a chain
+            // of growths per round at least).
+            for _ in 0..MAX_SHARDS + 2 {
+                m.step(&Op::SealRouting);
+                m.step(&Op::Tick);
+                for s in 0..m.routing.shard_count {
+                    m.step(&Op::Consume(s));
+                }
+                m.step(&Op::Observe);
+                m.check(&done);
+            }
+            let readable = view(&m.h.meta, &member("a"), m.h.now).assigned.len() as u32;
+            prop_assert_eq!(readable, m.routing.shard_count, "meta {:#?}", m.h.meta);
+        }
+    }
+}
