@@ -350,6 +350,12 @@ mod property {
     }
 
     impl Model {
+        fn readable(&self, s: u32) -> bool {
+            view(&self.h.meta, &member("a"), self.h.now)
+                .assigned
+                .contains(&ShardId(s))
+        }
+
         fn keep_alive(&mut self) {
             self.last = match self.h.send(&follow_up(&self.last, &[])) {
                 Ok(r) => r,
@@ -367,15 +373,8 @@ mod property {
         fn step(&mut self, op: &Op) {
             match *op {
                 Op::Write(s) if s < self.routing.shard_count => self.written[s as usize] += 1,
-                Op::Consume(s) => {
-                    // The consumer reads only what the group's answer lets it read.
-                    if view(&self.h.meta, &member("a"), self.h.now)
-                        .assigned
-                        .contains(&ShardId(s))
-                    {
-                        self.consumed[s as usize] = self.written[s as usize];
-                    }
-                }
+                // The consumer reads only what the group's answer lets it read.
+                Op::Consume(s) if self.readable(s) => self.consumed[s as usize] = self.written[s as usize],
                 Op::Grow(k) if self.routing.shard_count + k <= MAX_SHARDS => {
                     self.routing = reshard::grow(&self.routing, k);
                     let g = self.routing.growths.last().unwrap();
