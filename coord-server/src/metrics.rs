@@ -199,10 +199,10 @@ pub const LAG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const LAG_MAX_SHARDS_PER_STREAM: u32 = 1024;
 /// Commands per pipeline of the lag scrape.
 const LAG_PIPELINE: usize = 256;
-/// Buckets of [`names::MUTEX_WAIT`]: from an uncontended round trip to the critical-section deadline.
 /// Buckets of [`names::RESHARD_CHILDREN_WAIT`], in seconds: a drain takes from one tick to as long as consumers
 /// lag.
 const RESHARD_WAIT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
+/// Buckets of [`names::MUTEX_WAIT`]: from an uncontended round trip to the critical-section deadline.
 const MUTEX_WAIT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
