@@ -17,14 +17,19 @@
 //! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * `heartbeat`, `tick`, `admin`: the inputs.
+//! * [`grace`]: the expiry grace and suspected loss of a load; [`recreate`]: what recreating a lost group
+//!   writes; [`routing`]: a producer's routing answer (`SYNC_METADATA`).
 
 pub mod assignor;
 pub mod bounds;
 mod correction;
 mod fencing;
+pub mod grace;
 mod heartbeat;
 mod lease;
 mod reconcile;
+pub mod recreate;
+pub mod routing;
 mod target;
 mod tick;
 

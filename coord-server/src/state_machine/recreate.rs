@@ -1,0 +1,96 @@
+//! What recreating a lost group writes: a new group that must not hand out shards the lost group's members may
+//! still hold, and whose versions are above any version of the lost group.
+
+use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, StreamRouting};
+use protocol::names::{GroupName, StreamName};
+use protocol::MetadataVersion;
+
+use super::create_group;
+
+/// The metadata of a group recreated at Redis time `now_ms` after its metadata was lost.
+///
+/// * Its metadata version is `now_ms`: the lost group counted up from 1 by at most one per write, and never
+///   wrote more than once per millisecond since it was created, so this is above any version it had (clients
+///   that report a higher one are corrected, see the correction round).
+/// * It starts with an open correction round: clients of the lost group may still hold leases, so members are
+///   answered `REVOKE_PENDING` (read nothing) until the round closes (one member TTL).
+pub fn recreated_group(
+    stream: StreamName,
+    group: GroupName,
+    routing: &StreamRouting,
+    timings: GroupTimings,
+    now_ms: u64,
+) -> GroupMetadata {
+    let mut meta = create_group(stream, group, routing, timings, now_ms);
+    meta.metadata_version = MetadataVersion(now_ms);
+    meta.correction = Some(CorrectionRound {
+        started_at_ms: now_ms,
+        reported_max_version: meta.metadata_version,
+        synced: Default::default(),
+        claims: Default::default(),
+    });
+    meta
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn recreated() -> GroupMetadata {
+        let routing = StreamRouting::new(StreamName::new("s").unwrap(), 4, 0);
+        recreated_group(
+            StreamName::new("s").unwrap(),
+            GroupName::new("g").unwrap(),
+            &routing,
+            GroupTimings::default(),
+            NOW,
+        )
+    }
+
+    #[test]
+    fn the_version_is_the_redis_time() {
+        let meta = recreated();
+        assert_eq!(meta.metadata_version, MetadataVersion(NOW));
+        // A created group starts at 1: the recreated one is above every version a lost group can have reached.
+        let routing = StreamRouting::new(StreamName::new("s").unwrap(), 4, 0);
+        let created = create_group(meta.stream.clone(), meta.group.clone(), &routing, meta.timings, NOW);
+        assert!(created.metadata_version < meta.metadata_version);
+    }
+
+    #[test]
+    fn a_correction_round_is_open_from_the_start() {
+        let meta = recreated();
+        let round = meta.correction.expect("an open round");
+        assert_eq!(round.started_at_ms, NOW);
+        assert_eq!(round.reported_max_version, MetadataVersion(NOW));
+        assert!(round.synced.is_empty() && round.claims.is_empty());
+    }
+
+    #[test]
+    fn members_are_held_while_the_round_is_open() {
+        use crate::state_machine::{apply, Clock, Input, Liveness, Outcome};
+        use protocol::messages::HeartbeatRequest;
+        use protocol::names::MemberId;
+        use protocol::MemberEpoch;
+
+        let meta = recreated();
+        let join = HeartbeatRequest {
+            member_id: MemberId::new("m").unwrap(),
+            instance_id: "i".into(),
+            member_epoch: MemberEpoch::JOIN,
+            metadata_version: MetadataVersion(0),
+            max_observed_version: MetadataVersion(0),
+            owned: Vec::new(),
+            revoking: Vec::new(),
+        };
+        let t = apply(&meta, &Liveness::new(), Input::Heartbeat(&join), Clock::at(NOW + 1));
+        let Outcome::Heartbeat(r) = t.outcome else {
+            panic!("{:?}", t.outcome)
+        };
+        // REVOKE_PENDING: the member may not read its assignment until the round closes (one member TTL).
+        assert_eq!(r.status, protocol::Status::RevokePending, "{r:?}");
+        assert_eq!(r.metadata_version, MetadataVersion(NOW), "the round holds the version");
+    }
+}
