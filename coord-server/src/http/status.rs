@@ -77,7 +77,7 @@ pub(super) async fn status(
         .into_iter()
         .filter(|g| access.covers(g.stream.as_str()))
         .collect();
-    let backlog = shard_backlog(&state.coordinator).await;
+    let backlog = shard_backlog(state.coordinator.store()).await;
     let mut body = String::new();
     for g in refs.iter().take(MAX_GROUPS) {
         match state.coordinator.describe_group(&g.stream, &g.group).await {
