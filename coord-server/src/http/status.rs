@@ -66,7 +66,8 @@ pub(super) async fn status(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .or(from_query);
-    let access = auth::authorize(config, header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
+    let access =
+        auth::authorize(config.credentials(), header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
     let list = state
         .coordinator
         .list_groups(false)
