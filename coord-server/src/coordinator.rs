@@ -370,12 +370,7 @@ impl Coordinator {
         group: &GroupName,
         req: &CreateGroupRequest,
     ) -> Result<GroupDescription, Error> {
-        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        self.inner
-            .config
-            .check_timings(&timings)
-            .map_err(Error::InvalidRequest)?;
-        self.require_safe_eviction_policy()?;
+        let timings = self.creatable_timings(req.timings)?;
         let indexed = self.inner.store.indexed_groups().await?;
         if indexed.contains(&protocol::keys::groups_index_member(stream, group)) {
             let exists = self.group_exists(stream, group).await?;
@@ -386,14 +381,7 @@ impl Coordinator {
             };
             return Err(Error::AlreadyExists(msg));
         }
-        let span = spans::section("create", stream, Some(group));
-        let routing = self
-            .ensure_routing(stream, req.shard_count)
-            .instrument(span.clone())
-            .await?;
-        self.insert_group(stream, group, &routing, timings, false)
-            .instrument(span)
-            .await
+        self.insert_group(stream, group, req.shard_count, timings, false).await
     }
 
     /// Recreates a group whose metadata was lost (explicit operator action). The new group starts with an open
@@ -412,24 +400,13 @@ impl Coordinator {
         if !req.confirm {
             return Err(Error::InvalidRequest("recreate requires \"confirm\": true".into()));
         }
-        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        self.inner
-            .config
-            .check_timings(&timings)
-            .map_err(Error::InvalidRequest)?;
-        self.require_safe_eviction_policy()?;
+        let timings = self.creatable_timings(req.timings)?;
         if self.group_exists(stream, group).await? {
             return Err(Error::AlreadyExists(format!(
                 "group {group} of stream {stream} has metadata; not recreating"
             )));
         }
-        let span = spans::section("recreate", stream, Some(group));
-        let routing = self
-            .ensure_routing(stream, Some(req.shard_count))
-            .instrument(span.clone())
-            .await?;
-        self.insert_group(stream, group, &routing, timings, true)
-            .instrument(span)
+        self.insert_group(stream, group, Some(req.shard_count), timings, true)
             .await
     }
 
@@ -644,9 +621,16 @@ impl Coordinator {
             recent: &inner.recent,
             global_grace_until_ms: &inner.global_grace_until_ms,
         };
-        let mut section = GroupSection::new(env, stream, group, slot, scope, f);
-        let keys = section.keys();
-        section::run(self.env(), &keys, &mut section).await
+        let mut section = GroupSection {
+            env,
+            stream,
+            group,
+            slot,
+            scope,
+            f,
+            attempt: Default::default(),
+        };
+        section::run(self.env(), &SectionKeys::group(stream, group), &mut section).await
     }
 
     /// A critical section over a stream's routing. `f` returns the routing to write, or `None` to write nothing.
@@ -717,7 +701,38 @@ impl Coordinator {
         Ok(created.or(existing).expect("either created or read"))
     }
 
+    /// The timings a new group gets, checked, once Redis may not evict what creation writes.
+    fn creatable_timings(&self, timings: Option<GroupTimings>) -> Result<GroupTimings, Error> {
+        let timings = timings.unwrap_or(self.inner.config.default_timings);
+        self.inner
+            .config
+            .check_timings(&timings)
+            .map_err(Error::InvalidRequest)?;
+        self.require_safe_eviction_policy()?;
+        Ok(timings)
+    }
+
+    /// Creates (or recreates) a group, and its stream's routing when the stream has none.
     async fn insert_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        shard_count: Option<u32>,
+        timings: GroupTimings,
+        recreate: bool,
+    ) -> Result<GroupDescription, Error> {
+        let span = spans::section(if recreate { "recreate" } else { "create" }, stream, Some(group));
+        let routing = self
+            .ensure_routing(stream, shard_count)
+            .instrument(span.clone())
+            .await?;
+        self.write_group(stream, group, &routing, timings, recreate)
+            .instrument(span)
+            .await
+    }
+
+    /// Writes a new group's metadata hash (never over one that exists in any form) and indexes it.
+    async fn write_group(
         &self,
         stream: &StreamName,
         group: &GroupName,
@@ -726,15 +741,16 @@ impl Coordinator {
         recreate: bool,
     ) -> Result<GroupDescription, Error> {
         let make = |now_ms| {
-            let (stream, group) = (stream.clone(), group.clone());
+            let meta = state_machine::create_group(stream.clone(), group.clone(), routing, timings, now_ms);
             if recreate {
-                state_machine::recreate::recreated_group(stream, group, routing, timings, now_ms)
+                state_machine::recreate::recreated(meta, now_ms)
             } else {
-                state_machine::create_group(stream, group, routing, timings, now_ms)
+                meta
             }
         };
         let keys = SectionKeys::group(stream, group);
-        section::run(self.env(), &keys, &mut CreateSection::new(stream, group, make)).await?;
+        let mut section = CreateSection::new(stream, group, make);
+        section::run(self.env(), &keys, &mut section).await?;
         self.inner.store.index_group(stream, group).await?;
         info!(stream = %stream, group = %group, recreate, "group created");
         self.describe_group(stream, group).await

@@ -34,13 +34,20 @@ pub(crate) struct GroupEnv<'a> {
 /// One section of one group. `f` decides; it may refuse with an error after seeing the loaded revision (admin
 /// `If-Match`): nothing is written then.
 pub(crate) struct GroupSection<'a, F> {
-    env: GroupEnv<'a>,
-    stream: &'a StreamName,
-    group: &'a GroupName,
-    slot: &'a GroupSlot,
-    scope: LivenessScope<'a>,
-    f: F,
-    /// What this process remembered when the current attempt loaded.
+    pub env: GroupEnv<'a>,
+    pub stream: &'a StreamName,
+    pub group: &'a GroupName,
+    pub slot: &'a GroupSlot,
+    pub scope: LivenessScope<'a>,
+    pub f: F,
+    /// The state of the current attempt.
+    pub attempt: Attempt,
+}
+
+/// What one attempt of a group section loaded and decided.
+#[derive(Default)]
+pub(crate) struct Attempt {
+    /// What this process remembered when the attempt loaded.
     memory: GroupMemory,
     decided: Option<Decided>,
 }
@@ -55,31 +62,6 @@ impl<'a, F> GroupSection<'a, F>
 where
     F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
 {
-    pub fn new(
-        env: GroupEnv<'a>,
-        stream: &'a StreamName,
-        group: &'a GroupName,
-        slot: &'a GroupSlot,
-        scope: LivenessScope<'a>,
-        f: F,
-    ) -> Self {
-        GroupSection {
-            env,
-            stream,
-            group,
-            slot,
-            scope,
-            f,
-            memory: GroupMemory::default(),
-            decided: None,
-        }
-    }
-
-    /// The keys of the group.
-    pub fn keys(&self) -> SectionKeys {
-        SectionKeys::group(self.stream, self.group)
-    }
-
     fn corrupt(&self, message: String) -> Error {
         self.env.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
         unavailable(self.env.stats, message)
@@ -95,7 +77,7 @@ where
         };
         // Every load is checked, cached or not: the cache only saves the JSON parse.
         store::check_versions(loaded, store::schema_of_group()).map_err(|e| self.corrupt(e))?;
-        let meta = match (&loaded.aggregate, &self.memory.aggregate) {
+        let meta = match (&loaded.aggregate, &self.attempt.memory.aggregate) {
             (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
                 // The cached aggregate is not the stored one any more.
                 slot.drop_aggregate();
@@ -107,8 +89,8 @@ where
             }
         };
         let remembered = grace::Remembered {
-            highest: self.memory.highest,
-            grace_until_ms: self.memory.grace_until_ms,
+            highest: self.attempt.memory.highest,
+            grace_until_ms: self.attempt.memory.grace_until_ms,
         };
         let facts = grace::Loaded {
             now_ms: loaded.now_ms,
@@ -161,7 +143,7 @@ where
 
     #[cfg(feature = "fault-injection")]
     async fn fault(&self, point: crate::fault::Point) -> Result<(), Error> {
-        let Some(d) = &self.decided else { return Ok(()) };
+        let Some(d) = &self.attempt.decided else { return Ok(()) };
         crate::fault::reached(self.env.stats, point, self.stream, self.group, &d.transition).await
     }
 }
@@ -173,15 +155,15 @@ where
     type Output = (Transition, StoreRevision);
 
     fn prepare(&mut self) {
-        self.memory = self.slot.memory();
-        self.decided = None;
+        self.attempt.memory = self.slot.memory();
+        self.attempt.decided = None;
     }
 
     fn cached(&self) -> Option<Cached<'_>> {
-        self.memory.aggregate.as_ref().map(|(revision, _)| Cached {
+        self.attempt.memory.aggregate.as_ref().map(|(revision, _)| Cached {
             revision: *revision,
-            digest: &self.memory.digest,
-            len: self.memory.len,
+            digest: &self.attempt.memory.digest,
+            len: self.attempt.memory.len,
         })
     }
 
@@ -198,7 +180,7 @@ where
             return Ok(Verdict::Answer((transition, rev)));
         }
         let json = transition.next.as_ref().map(GroupMetadata::encode);
-        self.decided = Some(Decided { transition, json });
+        self.attempt.decided = Some(Decided { transition, json });
         Ok(Verdict::Write)
     }
 
@@ -218,7 +200,7 @@ where
     }
 
     fn write<'a>(&'a self, loaded: &'a Loaded) -> Write<'a> {
-        let d = self.decided.as_ref().expect("decided before the write");
+        let d = self.attempt.decided.as_ref().expect("decided before the write");
         Write {
             aggregate: d.json.as_deref(),
             replaces: &loaded.aggregate_digest,
@@ -239,7 +221,7 @@ where
         if let Some(Decided {
             transition: t,
             json: Some(json),
-        }) = &self.decided
+        }) = &self.attempt.decided
         {
             if let Some(next) = &t.next {
                 let mut memory = self.slot.cache.lock().expect("cache lock");
@@ -249,11 +231,11 @@ where
                 memory.len = json.len();
             }
         }
-        let d = self.decided.as_ref().expect("decided before the write");
+        let d = self.attempt.decided.as_ref().expect("decided before the write");
         self.log_events(&d.transition.events);
         #[cfg(feature = "fault-injection")]
         self.fault(crate::fault::Point::AfterWrite).await?;
-        let d = self.decided.take().expect("decided before the write");
+        let d = self.attempt.decided.take().expect("decided before the write");
         Ok((d.transition, revision))
     }
 

@@ -1,27 +1,21 @@
 //! What recreating a lost group writes: a new group that must not hand out shards the lost group's members may
 //! still hold, and whose versions are above any version of the lost group.
 
-use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, StreamRouting};
-use protocol::names::{GroupName, StreamName};
+use protocol::metadata::{CorrectionRound, GroupMetadata};
 use protocol::MetadataVersion;
 
+#[cfg(doc)]
 use super::create_group;
 
-/// The metadata of a group recreated at Redis time `now_ms` after its metadata was lost.
+/// Turns `meta`, a new group's metadata made at Redis time `now_ms` ([`create_group`]), into the metadata of a
+/// group recreated after its metadata was lost.
 ///
 /// * Its metadata version is `now_ms`: the lost group counted up from 1 by at most one per write, and never
 ///   wrote more than once per millisecond since it was created, so this is above any version it had (clients
 ///   that report a higher one are corrected, see the correction round).
 /// * It starts with an open correction round: clients of the lost group may still hold leases, so members are
 ///   answered `REVOKE_PENDING` (read nothing) until the round closes (one member TTL).
-pub fn recreated_group(
-    stream: StreamName,
-    group: GroupName,
-    routing: &StreamRouting,
-    timings: GroupTimings,
-    now_ms: u64,
-) -> GroupMetadata {
-    let mut meta = create_group(stream, group, routing, timings, now_ms);
+pub fn recreated(mut meta: GroupMetadata, now_ms: u64) -> GroupMetadata {
     meta.metadata_version = MetadataVersion(now_ms);
     meta.correction = Some(CorrectionRound {
         started_at_ms: now_ms,
@@ -35,13 +29,17 @@ pub fn recreated_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state_machine::create_group;
+    use protocol::metadata::{GroupTimings, StreamRouting};
+    use protocol::names::{GroupName, StreamName};
 
     const NOW: u64 = 1_700_000_000_000;
 
-    fn recreated() -> GroupMetadata {
-        let routing = StreamRouting::new(StreamName::new("s").unwrap(), 4, 0);
-        recreated_group(
-            StreamName::new("s").unwrap(),
+    fn created() -> GroupMetadata {
+        let stream = StreamName::new("s").unwrap();
+        let routing = StreamRouting::new(stream.clone(), 4, 0);
+        create_group(
+            stream,
             GroupName::new("g").unwrap(),
             &routing,
             GroupTimings::default(),
@@ -49,14 +47,17 @@ mod tests {
         )
     }
 
+    fn recreated() -> GroupMetadata {
+        super::recreated(created(), NOW)
+    }
+
     #[test]
     fn the_version_is_the_redis_time() {
         let meta = recreated();
         assert_eq!(meta.metadata_version, MetadataVersion(NOW));
         // A created group starts at 1: the recreated one is above every version a lost group can have reached.
-        let routing = StreamRouting::new(StreamName::new("s").unwrap(), 4, 0);
-        let created = create_group(meta.stream.clone(), meta.group.clone(), &routing, meta.timings, NOW);
-        assert!(created.metadata_version < meta.metadata_version);
+        assert!(created().metadata_version < meta.metadata_version);
+        assert_eq!(created().correction, None, "a created group has no round");
     }
 
     #[test]
