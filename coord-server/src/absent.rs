@@ -1,5 +1,5 @@
 //! The answer to a request for a group or stream without metadata: never created (`NOT_FOUND`) or lost
-//! (`METADATA_UNAVAILABLE`), from the traces Redis still holds (see [`crate::traces`]) and the groups this
+//! (`METADATA_UNAVAILABLE`), from the traces Redis still holds (see [`crate::store::traces`]) and the groups this
 //! process found recently.
 
 use protocol::names::{GroupName, StreamName};
@@ -9,8 +9,8 @@ use crate::error::Error;
 use crate::section::unavailable;
 use crate::slots::Slots;
 use crate::stats::Stats;
+use crate::store::traces::{self, Absence};
 use crate::store::Store;
-use crate::traces::{self, Absence};
 
 /// A group without metadata, when its traces were not looked up (or the lookup failed).
 pub(crate) fn missing_group(stream: &StreamName, group: &GroupName) -> Error {

@@ -84,11 +84,7 @@ impl Coordinator {
     /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
-        let client = redis::Client::open(config.redis_url.as_str()).map_err(StoreError::from)?;
-        let conn = redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(StoreError::from)?;
-        let store = Store::new(conn);
+        let store = Store::connect(&config.redis_url).await?;
         crate::startup::check_redis(&store)
             .await
             .inspect_err(crate::metrics::count_startup_failure)?;

@@ -46,7 +46,8 @@ pub mod state_machine;
 pub mod stats;
 pub mod store;
 pub mod tick;
-pub mod traces;
+
+pub use store::traces;
 
 pub use config::Config;
 pub use coordinator::Coordinator;

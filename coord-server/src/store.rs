@@ -33,6 +33,7 @@ use tracing::warn;
 use crate::error::StoreError;
 
 pub mod lag;
+pub mod traces;
 
 /// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
 /// decimal (no sign, no leading zero, no spaces) short enough to be exact as a Lua number and as a Redis integer;
@@ -365,6 +366,40 @@ impl Store {
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
         }
+    }
+
+    /// Connects to the Redis server at `url` (the connection reconnects by itself afterwards).
+    ///
+    /// # Errors
+    /// A malformed URL; Redis unreachable.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        Ok(Store::new(ConnectionManager::new(client).await?))
+    }
+
+    /// The text of `INFO section`.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn info(&self, section: &str) -> Result<String, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("INFO").arg(section).query_async(&mut conn).await?)
+    }
+
+    /// Which of `names` the server offers (`COMMAND INFO`: a renamed or disabled command is missing).
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn commands_present(&self, names: &[&str]) -> Result<Vec<bool>, StoreError> {
+        let mut conn = self.conn.clone();
+        let infos: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(names)
+            .query_async(&mut conn)
+            .await?;
+        let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
+        present.resize(names.len(), false);
+        Ok(present)
     }
 
     /// A clone of the underlying connection, for plain commands.
@@ -708,8 +743,7 @@ impl Store {
     /// # Errors
     /// Redis errors, or a reply without `run_id`.
     pub async fn run_id(&self) -> Result<String, StoreError> {
-        let mut conn = self.conn.clone();
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+        let info = self.info("server").await?;
         info.lines()
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|s| s.trim().to_owned())
