@@ -18,7 +18,6 @@ use protocol::{Status, StoreRevision};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tracing::{info, warn, Instrument};
 
 use crate::absent;
@@ -27,7 +26,7 @@ use crate::error::{Error, StoreError};
 use crate::group_section::{GroupEnv, GroupSection};
 use crate::memory_policy::{self, PolicyCheck};
 use crate::recent::{RecentEvent, RecentRebalances};
-use crate::routing_section::{CreateSection, RoutingSection};
+use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
 use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
 use crate::slots::{GroupSlot, Queued, Slots};
@@ -73,9 +72,6 @@ struct Inner {
     /// The last rebalance events this instance decided, for the status page.
     recent: RecentRebalances,
 }
-
-/// Most heartbeats run in one critical section: bounds the section's time and the COMMIT script's size.
-const MAX_HEARTBEAT_BATCH: usize = 256;
 
 impl Coordinator {
     /// Connects to Redis, checks its version and commands, and returns a coordinator.
@@ -172,59 +168,16 @@ impl Coordinator {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Error> {
-        // Group commit: heartbeats of one group that arrive while a critical section runs wait in the group's
-        // queue; whoever takes the local lock next runs all of them in one section (one LOAD, one COMMIT), so a
-        // large group costs two round trips per batch rather than per member.
+        // Group commit: queued heartbeats of the group run as one section (see `GroupSlot::group_commit`).
         let slot = self.inner.slots.slot(stream, group);
-        let result = self.heartbeat_in(stream, group, &slot, req).await;
+        let span = || spans::heartbeat(stream, group, &req.member_id, req.member_epoch);
+        let result = slot
+            .group_commit(req, |batch| {
+                self.heartbeat_batch(stream, group, &slot, batch).instrument(span())
+            })
+            .await;
         self.inner.slots.forget_if_absent(stream, group, slot);
         result
-    }
-
-    /// [`Self::heartbeat`] through the group's queue.
-    async fn heartbeat_in(
-        &self,
-        stream: &StreamName,
-        group: &GroupName,
-        slot: &GroupSlot,
-        req: &HeartbeatRequest,
-    ) -> Result<HeartbeatResponse, Error> {
-        let (reply, mut answer) = oneshot::channel();
-        slot.queue.lock().expect("queue lock").push(Queued {
-            req: req.clone(),
-            reply,
-        });
-        loop {
-            let local = slot.lock.lock().await;
-            match answer.try_recv() {
-                Ok(result) => return result,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    // The section that took our request was cancelled before answering. A heartbeat is
-                    // idempotent: queue it again.
-                    let (reply, again) = oneshot::channel();
-                    slot.queue.lock().expect("queue lock").push(Queued {
-                        req: req.clone(),
-                        reply,
-                    });
-                    answer = again;
-                }
-                Err(oneshot::error::TryRecvError::Empty) => {}
-            }
-            let batch: Vec<Queued> = {
-                let mut queue = slot.queue.lock().expect("queue lock");
-                let n = queue.len().min(MAX_HEARTBEAT_BATCH);
-                queue.drain(..n).collect()
-            };
-            if !batch.is_empty() {
-                self.heartbeat_batch(stream, group, slot, batch)
-                    .instrument(spans::heartbeat(stream, group, &req.member_id, req.member_epoch))
-                    .await;
-            }
-            drop(local);
-            if let Ok(result) = answer.try_recv() {
-                return result;
-            }
-        }
     }
 
     /// Runs queued heartbeats as one critical section and answers each.
@@ -421,23 +374,13 @@ impl Coordinator {
         if count == 0 || count >= MAX_SHARDS {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
         }
+        let stats = &self.inner.stats;
         let (routing, rev) = self
             .routing_section(stream, |loaded| {
-                let Some(rev) = loaded.revision else {
-                    return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
-                };
-                check_if_match(if_match, rev)?;
-                let current = self.decode_loaded_routing(loaded)?;
-                if current.shard_count.saturating_add(count) > MAX_SHARDS {
-                    return Err(Error::InvalidRequest(format!(
-                        "a stream has at most {MAX_SHARDS} shards"
-                    )));
-                }
-                Ok(Some(state_machine::add_shards(&current, count)))
+                routing_section::grow(stats, loaded, stream, count, if_match)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await?;
-        let routing = routing.expect("add_shards always writes");
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
         Ok(routing_description(&routing, rev))
     }
@@ -629,23 +572,12 @@ impl Coordinator {
         section::run(self.env(), &SectionKeys::group(stream, group), &mut section).await
     }
 
-    /// A critical section over a stream's routing. `f` returns the routing to write, or `None` to write nothing.
-    async fn routing_section<F>(
-        &self,
-        stream: &StreamName,
-        f: F,
-    ) -> Result<(Option<StreamRouting>, StoreRevision), Error>
+    /// A critical section over a stream's routing, deciding with `f`.
+    async fn routing_section<F>(&self, stream: &StreamName, f: F) -> Result<(StreamRouting, StoreRevision), Error>
     where
-        F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
+        F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
     {
         section::run(self.env(), &SectionKeys::routing(stream), &mut RoutingSection::new(f)).await
-    }
-
-    fn decode_loaded_routing(&self, loaded: &Loaded) -> Result<StreamRouting, Error> {
-        let stats = &self.inner.stats;
-        store::check_versions(loaded, store::schema_of_routing()).map_err(|e| unavailable(stats, e))?;
-        let json = loaded.aggregate.as_deref().unwrap_or_default();
-        store::decode_routing(json).map_err(|e| unavailable(stats, e))
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {
@@ -670,31 +602,13 @@ impl Coordinator {
             }
         }
         let lease_ms = self.inner.config.routing_lease.as_millis() as u64;
-        let mut existing = None;
-        let (created, _) = self
+        let stats = &self.inner.stats;
+        let (routing, _) = self
             .routing_section(stream, |loaded| {
-                if loaded.revision.is_some() {
-                    let current = self.decode_loaded_routing(loaded)?;
-                    if shard_count.is_some_and(|n| n != current.shard_count) {
-                        return Err(Error::InvalidRequest(format!(
-                            "stream {stream} has {} shards; use the add-shards endpoint to grow it",
-                            current.shard_count
-                        )));
-                    }
-                    existing = Some(current);
-                    return Ok(None);
-                }
-                let Some(n) = shard_count else {
-                    return Err(Error::InvalidRequest(format!(
-                        "stream {stream} is new: shardCount is required"
-                    )));
-                };
-                let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
-                r.routing_lease_ms = lease_ms;
-                Ok(Some(r))
+                routing_section::ensure(stats, loaded, stream, shard_count, lease_ms)
             })
             .await?;
-        Ok(created.or(existing).expect("either created or read"))
+        Ok(routing)
     }
 
     /// The timings a new group gets, checked, once Redis may not evict what creation writes.
@@ -761,16 +675,6 @@ impl Coordinator {
 impl crate::fault::Target for Coordinator {
     fn instance_stats(&self) -> &Stats {
         &self.inner.stats
-    }
-}
-
-fn check_if_match(if_match: Option<StoreRevision>, stored: StoreRevision) -> Result<(), Error> {
-    match if_match {
-        Some(expected) if expected != stored => Err(Error::RevisionConflict {
-            expected,
-            found: stored,
-        }),
-        _ => Ok(()),
     }
 }
 

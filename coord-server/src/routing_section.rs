@@ -1,16 +1,94 @@
 //! The critical sections without liveness: a stream's routing (created with a group, grown by add-shards) and
 //! the creation of a group's metadata hash.
 
-use protocol::metadata::{GroupMetadata, StreamRouting};
+use protocol::metadata::{GroupMetadata, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
 use protocol::StoreRevision;
 
 use crate::error::Error;
-use crate::section::{Section, Verdict};
-use crate::store::{Loaded, SectionKeys, Store, Write};
+use crate::section::{unavailable, Section, Verdict};
+use crate::state_machine;
+use crate::stats::Stats;
+use crate::store::{self, Loaded, SectionKeys, Store, Write};
 
-/// A section over a stream's routing hash. `f` returns the routing to write, or `None` to write nothing; the
-/// answer is what was written (`None` when nothing was) and the revision.
+/// What a routing decision asks for.
+pub(crate) enum RoutingStep {
+    /// Keep the stored routing (write nothing).
+    Keep(StreamRouting),
+    /// Write this routing.
+    Write(StreamRouting),
+}
+
+/// The decision that ensures a stream's routing: an existing one must have `shard_count` shards (when given), a
+/// missing one is created with them (and `lease_ms`) at Redis time.
+pub(crate) fn ensure(
+    stats: &Stats,
+    loaded: &Loaded,
+    stream: &StreamName,
+    shard_count: Option<u32>,
+    lease_ms: u64,
+) -> Result<RoutingStep, Error> {
+    if loaded.revision.is_some() {
+        let current = decode(stats, loaded)?;
+        if shard_count.is_some_and(|n| n != current.shard_count) {
+            return Err(Error::InvalidRequest(format!(
+                "stream {stream} has {} shards; use the add-shards endpoint to grow it",
+                current.shard_count
+            )));
+        }
+        return Ok(RoutingStep::Keep(current));
+    }
+    let Some(n) = shard_count else {
+        return Err(Error::InvalidRequest(format!(
+            "stream {stream} is new: shardCount is required"
+        )));
+    };
+    let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
+    r.routing_lease_ms = lease_ms;
+    Ok(RoutingStep::Write(r))
+}
+
+/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given.
+pub(crate) fn grow(
+    stats: &Stats,
+    loaded: &Loaded,
+    stream: &StreamName,
+    count: u32,
+    if_match: Option<StoreRevision>,
+) -> Result<RoutingStep, Error> {
+    let Some(rev) = loaded.revision else {
+        return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
+    };
+    check_if_match(if_match, rev)?;
+    let current = decode(stats, loaded)?;
+    if current.shard_count.saturating_add(count) > MAX_SHARDS {
+        return Err(Error::InvalidRequest(format!(
+            "a stream has at most {MAX_SHARDS} shards"
+        )));
+    }
+    Ok(RoutingStep::Write(state_machine::add_shards(&current, count)))
+}
+
+/// An admin `If-Match` against the stored revision.
+pub(crate) fn check_if_match(if_match: Option<StoreRevision>, stored: StoreRevision) -> Result<(), Error> {
+    match if_match {
+        Some(expected) if expected != stored => Err(Error::RevisionConflict {
+            expected,
+            found: stored,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The loaded routing document.
+fn decode(stats: &Stats, loaded: &Loaded) -> Result<StreamRouting, Error> {
+    store::check_versions(loaded, store::schema_of_routing()).map_err(|e| unavailable(stats, e))?;
+    let json = loaded.aggregate.as_deref().unwrap_or_default();
+    store::decode_routing(json).map_err(|e| unavailable(stats, e))
+}
+
+/// A section over a stream's routing hash, deciding with `f` ([`ensure`], [`grow`]); the answer is the routing
+/// kept or written, and the revision.
 pub(crate) struct RoutingSection<F> {
     f: F,
     next: Option<(StreamRouting, String)>,
@@ -18,7 +96,7 @@ pub(crate) struct RoutingSection<F> {
 
 impl<F> RoutingSection<F>
 where
-    F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
+    F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
 {
     pub fn new(f: F) -> Self {
         RoutingSection { f, next: None }
@@ -27,14 +105,14 @@ where
 
 impl<F> Section for RoutingSection<F>
 where
-    F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
+    F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
 {
-    type Output = (Option<StreamRouting>, StoreRevision);
+    type Output = (StreamRouting, StoreRevision);
 
     fn decide(&mut self, loaded: &Loaded) -> Result<Verdict<Self::Output>, Error> {
         match (self.f)(loaded)? {
-            None => Ok(Verdict::Answer((None, loaded.revision.unwrap_or_default()))),
-            Some(next) => {
+            RoutingStep::Keep(current) => Ok(Verdict::Answer((current, loaded.revision.unwrap_or_default()))),
+            RoutingStep::Write(next) => {
                 let json = next.encode();
                 self.next = Some((next, json));
                 Ok(Verdict::Write)
@@ -55,7 +133,7 @@ where
 
     async fn committed(&mut self, revision: StoreRevision) -> Result<Self::Output, Error> {
         let (next, _) = self.next.take().expect("decided before the write");
-        Ok((Some(next), revision))
+        Ok((next, revision))
     }
 }
 

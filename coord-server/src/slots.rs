@@ -9,6 +9,7 @@ use protocol::metadata::GroupMetadata;
 use protocol::names::{GroupName, StreamName};
 use protocol::{MetadataVersion, StoreRevision};
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -54,6 +55,56 @@ impl GroupSlot {
     /// grace) stays.
     pub fn drop_aggregate(&self) {
         self.cache.lock().expect("cache lock").aggregate = None;
+    }
+}
+
+/// Most heartbeats run in one critical section: bounds the section's time and the COMMIT script's size.
+const MAX_HEARTBEAT_BATCH: usize = 256;
+
+impl GroupSlot {
+    /// Queues `req` and waits for its answer. Heartbeats of one group that arrive while a critical section runs
+    /// wait in the group's queue; whoever takes the local lock next passes all of them (up to a bound) to `run`,
+    /// which runs them as one section (one LOAD, one COMMIT) and answers each: a large group costs two round
+    /// trips per batch rather than per member.
+    pub async fn group_commit<R, Fut>(&self, req: &HeartbeatRequest, mut run: R) -> Result<HeartbeatResponse, Error>
+    where
+        R: FnMut(Vec<Queued>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let (reply, mut answer) = oneshot::channel();
+        self.queue.lock().expect("queue lock").push(Queued {
+            req: req.clone(),
+            reply,
+        });
+        loop {
+            let local = self.lock.lock().await;
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    // The section that took our request was cancelled before answering. A heartbeat is
+                    // idempotent: queue it again.
+                    let (reply, again) = oneshot::channel();
+                    self.queue.lock().expect("queue lock").push(Queued {
+                        req: req.clone(),
+                        reply,
+                    });
+                    answer = again;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let batch: Vec<Queued> = {
+                let mut queue = self.queue.lock().expect("queue lock");
+                let n = queue.len().min(MAX_HEARTBEAT_BATCH);
+                queue.drain(..n).collect()
+            };
+            if !batch.is_empty() {
+                run(batch).await;
+            }
+            drop(local);
+            if let Ok(result) = answer.try_recv() {
+                return result;
+            }
+        }
     }
 }
 
