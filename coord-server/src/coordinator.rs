@@ -12,7 +12,7 @@ use protocol::messages::{
     CreateGroupRequest, GroupDescription, GroupList, GroupRef, HeartbeatRequest, HeartbeatResponse,
     RecreateGroupRequest, RoutingDescription, RoutingQuery, RoutingResponse,
 };
-use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting, MAX_SHARDS};
+use protocol::metadata::{GroupTimings, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{Status, StoreRevision};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +23,7 @@ use tracing::{info, warn, Instrument};
 use crate::absent;
 use crate::config::Config;
 use crate::error::{Error, StoreError};
-use crate::group_section::{GroupEnv, GroupSection};
+use crate::group_section::{Decide, GroupEnv, GroupSection};
 use crate::memory_policy::{self, PolicyCheck};
 use crate::recent::{RecentEvent, RecentRebalances};
 use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
@@ -31,7 +31,7 @@ use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
 use crate::slots::{GroupSlot, Queued, Slots};
 use crate::spans;
-use crate::state_machine::{self, Clock, Input, Liveness, Outcome, Transition};
+use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
@@ -522,16 +522,13 @@ impl Coordinator {
 
     /// The critical section of a group: `f` decides on the loaded metadata, and may refuse with an error after
     /// seeing the loaded revision (admin `If-Match`); nothing is written then.
-    async fn group_section<F>(
+    async fn group_section(
         &self,
         stream: &StreamName,
         group: &GroupName,
         scope: LivenessScope<'_>,
-        f: F,
-    ) -> Result<(Transition, StoreRevision), Error>
-    where
-        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-    {
+        f: impl Decide,
+    ) -> Result<(Transition, StoreRevision), Error> {
         let slot = self.inner.slots.slot(stream, group);
         let local = slot.lock.lock().await;
         let result = self.group_section_locked(stream, group, &slot, scope, f).await;
@@ -541,17 +538,14 @@ impl Coordinator {
     }
 
     /// [`Self::group_section`] for a caller that already holds the group's local lock.
-    async fn group_section_locked<F>(
+    async fn group_section_locked(
         &self,
         stream: &StreamName,
         group: &GroupName,
         slot: &GroupSlot,
         scope: LivenessScope<'_>,
-        f: F,
-    ) -> Result<(Transition, StoreRevision), Error>
-    where
-        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-    {
+        f: impl Decide,
+    ) -> Result<(Transition, StoreRevision), Error> {
         let inner = &self.inner;
         let env = GroupEnv {
             store: &inner.store,

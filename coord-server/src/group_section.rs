@@ -20,6 +20,14 @@ use crate::state_machine::{Clock, Event, Liveness, Transition};
 use crate::stats::Stats;
 use crate::store::{self, Cached, LivenessScope, Loaded, SectionKeys, Store, Write};
 
+/// A group decision: the loaded metadata, liveness, clock and revision to a transition; an error refuses.
+pub(crate) trait Decide:
+    FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>
+{
+}
+
+impl<F> Decide for F where F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error> {}
+
 /// What a group section needs of its coordinator besides the [`crate::section::Env`].
 #[derive(Clone, Copy)]
 pub(crate) struct GroupEnv<'a> {
@@ -58,10 +66,7 @@ struct Decided {
     json: Option<String>,
 }
 
-impl<'a, F> GroupSection<'a, F>
-where
-    F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-{
+impl<F: Decide> GroupSection<'_, F> {
     fn corrupt(&self, message: String) -> Error {
         self.env.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
         unavailable(self.env.stats, message)
@@ -148,10 +153,7 @@ where
     }
 }
 
-impl<F> Section for GroupSection<'_, F>
-where
-    F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-{
+impl<F: Decide> Section for GroupSection<'_, F> {
     type Output = (Transition, StoreRevision);
 
     fn prepare(&mut self) {
