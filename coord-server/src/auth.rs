@@ -2,8 +2,8 @@
 //!
 //! A [`Grant`] gives one token one [`Role`] on the streams whose name starts with a prefix (or on every stream).
 //! A token may appear in several grants (a client that consumes and produces, an operator of two tenants); its
-//! rights are their union. The single-token settings of older versions ([`Config::admin_token`],
-//! [`Config::client_token`]) are grants on every stream: admin, and consumer plus producer.
+//! rights are their union. The single-token settings of older versions ([`Credentials::admin_token`],
+//! [`Credentials::client_token`]) are grants on every stream: admin, and consumer plus producer.
 //!
 //! A route is open (no token needed) only while nothing could authorise it: no token table and no single token of
 //! its kind. Once a table is configured every route but the probes and `/metrics` needs a token.
@@ -12,8 +12,6 @@
 //! the timing of a refusal nor of a success tells which credential, or which prefix of one, a guess matched.
 
 use std::fmt;
-
-use crate::config::Config;
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -280,24 +278,48 @@ impl Access {
     }
 }
 
-/// Every credential of `config` as (role, scope, token): the table, then the single-token settings.
-fn credentials(config: &Config) -> impl Iterator<Item = (Role, &StreamScope, &str)> {
-    const ALL: &StreamScope = &StreamScope::All;
-    let table = config.tokens.iter().map(|g| (g.role, &g.scope, g.token.as_str()));
-    let admin = config.admin_token.iter().map(|t| (Role::Admin, ALL, t.as_str()));
-    let client = config
-        .client_token
-        .iter()
-        .flat_map(|t| [(Role::Consumer, ALL, t.as_str()), (Role::Producer, ALL, t.as_str())]);
-    table.chain(admin).chain(client)
+/// Every credential a coordinator accepts, borrowed from its configuration (`Config::credentials`).
+#[derive(Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// The token table.
+    pub tokens: &'a [Grant],
+    /// The single admin token: an admin grant on every stream.
+    pub admin_token: Option<&'a str>,
+    /// The single client token: consumer and producer grants on every stream.
+    pub client_token: Option<&'a str>,
+}
+
+impl fmt::Debug for Credentials<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hidden = |t: Option<&str>| t.map(|_| "<hidden>");
+        f.debug_struct("Credentials")
+            .field("tokens", &self.tokens)
+            .field("admin_token", &hidden(self.admin_token))
+            .field("client_token", &hidden(self.client_token))
+            .finish()
+    }
+}
+
+impl<'a> Credentials<'a> {
+    /// Every credential as (role, scope, token): the table, then the single-token settings.
+    fn each(self) -> impl Iterator<Item = (Role, &'a StreamScope, &'a str)> {
+        const ALL: &StreamScope = &StreamScope::All;
+        let table = self.tokens.iter().map(|g| (g.role, &g.scope, g.token.as_str()));
+        let admin = self.admin_token.into_iter().map(|t| (Role::Admin, ALL, t));
+        let client = self
+            .client_token
+            .into_iter()
+            .flat_map(|t| [(Role::Consumer, ALL, t), (Role::Producer, ALL, t)]);
+        table.chain(admin).chain(client)
+    }
 }
 
 /// Whether any credential can authorise `role`: the table is non-empty, or the single token of its kind is set.
-pub fn role_is_protected(config: &Config, role: Role) -> bool {
-    !config.tokens.is_empty()
+pub fn role_is_protected(credentials: Credentials<'_>, role: Role) -> bool {
+    !credentials.tokens.is_empty()
         || match role {
-            Role::Admin => config.admin_token.is_some(),
-            Role::Consumer | Role::Producer => config.client_token.is_some(),
+            Role::Admin => credentials.admin_token.is_some(),
+            Role::Consumer | Role::Producer => credentials.client_token.is_some(),
         }
 }
 
@@ -317,15 +339,15 @@ pub fn bearer_token(header: &str) -> Option<&str> {
 ///
 /// # Errors
 /// [`Denied`]: missing or invalid token, or a token without `role`.
-pub fn authorize(config: &Config, header: Option<&str>, role: Role) -> Result<Access, Denied> {
-    if !role_is_protected(config, role) {
+pub fn authorize(credentials: Credentials<'_>, header: Option<&str>, role: Role) -> Result<Access, Denied> {
+    if !role_is_protected(credentials, role) {
         return Ok(Access::Open);
     }
     let presented = header.and_then(bearer_token).ok_or(Denied::Missing { role })?;
     let mut known = false;
     let mut scopes = Vec::new();
     // Every credential is compared, whatever matched before.
-    for (grant_role, scope, token) in credentials(config) {
+    for (grant_role, scope, token) in credentials.each() {
         let equal = token_eq(presented.as_bytes(), token.as_bytes());
         known |= equal;
         if equal && grant_role == role {
@@ -345,11 +367,8 @@ pub fn authorize(config: &Config, header: Option<&str>, role: Role) -> Result<Ac
 mod tests {
     use super::*;
 
-    fn config_with(table: &str) -> Config {
-        Config {
-            tokens: Grant::parse_table(table).expect("table"),
-            ..Config::default()
-        }
+    fn table(table: &str) -> Vec<Grant> {
+        Grant::parse_table(table).expect("table")
     }
 
     #[test]
@@ -403,45 +422,48 @@ mod tests {
 
     #[test]
     fn grants_are_scoped_by_role_and_prefix() {
-        let config =
-            config_with("admin:tenant-a.:ta\nconsumer:tenant-a.:ca\nconsumer:tenant-b.:cb\nproducer:tenant-a.:ca");
-        let a = authorize(&config, Some("Bearer ca"), Role::Consumer).expect("consumer a");
+        let grants = table("admin:tenant-a.:ta\nconsumer:tenant-a.:ca\nconsumer:tenant-b.:cb\nproducer:tenant-a.:ca");
+        let config = Credentials {
+            tokens: &grants,
+            ..Credentials::default()
+        };
+        let a = authorize(config, Some("Bearer ca"), Role::Consumer).expect("consumer a");
         assert!(a.covers("tenant-a.orders"));
         assert!(!a.covers("tenant-b.orders"));
-        assert!(authorize(&config, Some("Bearer ca"), Role::Producer).is_ok());
+        assert!(authorize(config, Some("Bearer ca"), Role::Producer).is_ok());
         assert_eq!(
-            authorize(&config, Some("Bearer cb"), Role::Producer),
+            authorize(config, Some("Bearer cb"), Role::Producer),
             Err(Denied::WrongRole { role: Role::Producer })
         );
         assert_eq!(
-            authorize(&config, Some("Bearer cx"), Role::Consumer),
+            authorize(config, Some("Bearer cx"), Role::Consumer),
             Err(Denied::Invalid)
         );
         assert_eq!(
-            authorize(&config, None, Role::Admin),
+            authorize(config, None, Role::Admin),
             Err(Denied::Missing { role: Role::Admin })
         );
-        let admin = authorize(&config, Some("Bearer ta"), Role::Admin).expect("admin a");
+        let admin = authorize(config, Some("Bearer ta"), Role::Admin).expect("admin a");
         assert!(!admin.covers_all());
     }
 
     #[test]
     fn single_tokens_keep_their_old_meaning() {
-        let mut config = Config::default();
-        assert_eq!(authorize(&config, None, Role::Admin), Ok(Access::Open));
-        config.client_token = Some("c".into());
+        let mut config = Credentials::default();
+        assert_eq!(authorize(config, None, Role::Admin), Ok(Access::Open));
+        config.client_token = Some("c");
         assert_eq!(
-            authorize(&config, None, Role::Admin),
+            authorize(config, None, Role::Admin),
             Ok(Access::Open),
             "admin stays open"
         );
-        assert!(authorize(&config, Some("Bearer c"), Role::Consumer).is_ok_and(|a| a.covers_all()));
-        assert!(authorize(&config, Some("Bearer c"), Role::Producer).is_ok());
-        assert!(!role_is_protected(&config, Role::Admin));
-        config.admin_token = Some("a".into());
-        assert!(role_is_protected(&config, Role::Admin));
+        assert!(authorize(config, Some("Bearer c"), Role::Consumer).is_ok_and(|a| a.covers_all()));
+        assert!(authorize(config, Some("Bearer c"), Role::Producer).is_ok());
+        assert!(!role_is_protected(config, Role::Admin));
+        config.admin_token = Some("a");
+        assert!(role_is_protected(config, Role::Admin));
         assert_eq!(
-            authorize(&config, Some("Bearer a"), Role::Consumer),
+            authorize(config, Some("Bearer a"), Role::Consumer),
             Err(Denied::WrongRole { role: Role::Consumer })
         );
     }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::auth::{self, Grant, Role};
+use crate::auth::{self, Credentials, Grant, Role};
 
 /// Settings of one coordinator instance. `Debug` hides the tokens and the Redis URL's credentials.
 #[derive(Clone)]
@@ -165,6 +165,15 @@ impl Config {
         Ok(())
     }
 
+    /// Every credential this configuration accepts (see [`crate::auth`]).
+    pub fn credentials(&self) -> Credentials<'_> {
+        Credentials {
+            tokens: &self.tokens,
+            admin_token: self.admin_token.as_deref(),
+            client_token: self.client_token.as_deref(),
+        }
+    }
+
     /// The auth rules: well-formed single tokens, and no admin route open to the network by accident.
     fn validate_auth(&self) -> Result<(), String> {
         for (name, token) in [("admin_token", &self.admin_token), ("client_token", &self.client_token)] {
@@ -174,7 +183,7 @@ impl Config {
         }
         // Open means no token can authorise the admin routes; a token table without an admin line closes them.
         if !self.listen.ip().is_loopback()
-            && !auth::role_is_protected(self, Role::Admin)
+            && !auth::role_is_protected(self.credentials(), Role::Admin)
             && !self.insecure_no_admin_token
         {
             return Err(format!(

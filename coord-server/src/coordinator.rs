@@ -1,50 +1,46 @@
-//! The coordinator service: every operation as a critical section over Redis-recorded metadata.
+//! The coordinator service: the public operations, each one or more critical sections over Redis-recorded
+//! metadata (the crate's `section` module states their ordering contract).
 //!
-//! # Ordering contract
-//! For every mutation:
-//! 1. take the group's local lock (requests for one group queue here instead of spinning on Redis);
-//! 2. pass the shutdown gate (refused with `COORDINATOR_TERMINATING` once shutdown began);
-//! 3. take the group's Redis mutex and load (one script);
-//! 4. run the pure state machine with Redis `TIME`;
-//! 5. write with the revision compare-and-set (one script, which also releases the mutex);
-//! 6. answer from what was written. A conflict goes back to step 3; nothing is answered from an unwritten state.
+//! This module only wires: the critical section is written once (`section`), with one kind per hash
+//! (`group_section`; `routing_section` for routing and group creation); every Redis command is in [`crate::store`];
+//! the decisions are pure functions of [`crate::state_machine`] (the grace and suspected loss, recreate semantics,
+//! the producer routing answer among them); per-group memory is `slots`.
+//! What stays here: requests of one group queue on its local lock, and heartbeats that queue together run as one
+//! section (group commit).
 
 use protocol::messages::{
     CreateGroupRequest, GroupDescription, GroupList, GroupRef, HeartbeatRequest, HeartbeatResponse,
     RecreateGroupRequest, RoutingDescription, RoutingQuery, RoutingResponse,
 };
-use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting, MAX_SHARDS};
+use protocol::metadata::{GroupTimings, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{MetadataVersion, Status, StoreRevision};
-use std::collections::{BTreeMap, HashMap};
+use protocol::{Status, StoreRevision};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{info, warn, Instrument};
 
+use crate::absent;
 use crate::config::Config;
 use crate::error::{Error, StoreError};
+use crate::group_section::{Decide, GroupEnv, GroupSection};
 use crate::memory_policy::{self, PolicyCheck};
 use crate::recent::{RecentEvent, RecentRebalances};
+use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
+use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
-use crate::spans::{self, Boundary};
-use crate::state_machine::{self, Clock, Event, Input, Liveness, Outcome, Transition};
+use crate::slots::{GroupSlot, Queued, Slots};
+use crate::spans;
+use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
-use crate::store::{self, Cached, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
-use crate::traces::{self, Absence};
+use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
+
+pub use crate::slots::SLOT_RETENTION;
 
 mod reshard;
 
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
-
-/// How long a slot is kept after the last load that found its group: a group that stays deleted (and unindexed)
-/// is ticked that long, with this process's memory of its versions, then forgotten.
-pub const SLOT_RETENTION: Duration = Duration::from_secs(300);
-
-/// How many times a critical section reloads after losing a compare-and-set.
-const MAX_CAS_ATTEMPTS: usize = 5;
 
 /// A coordinator instance: cheap to clone, shared by the HTTP handlers and the tick loop.
 #[derive(Clone)]
@@ -65,10 +61,8 @@ struct Inner {
     store: Store,
     gate: ShutdownGate,
     stats: Stats,
-    /// Per-group local lock and cache of the last aggregate read or written (keyed by revision). A slot exists
-    /// while a request or tick uses it, and afterwards only for a group some load found (see [`SLOT_RETENTION`]):
-    /// requests naming groups that do not exist leave nothing here and add no tick work.
-    groups: StdMutex<HashMap<(StreamName, GroupName), Arc<GroupSlot>>>,
+    /// Per-group local lock, heartbeat queue and memory (see [`crate::slots`]).
+    slots: Slots,
     /// Redis time (ms) before which nobody is expired, after a Redis restart (run id change).
     global_grace_until_ms: AtomicU64,
     /// The last Redis run id seen.
@@ -81,56 +75,6 @@ struct Inner {
     recent: RecentRebalances,
 }
 
-#[derive(Default)]
-struct GroupSlot {
-    /// The "local monitor": one critical section per group at a time in this process.
-    lock: tokio::sync::Mutex<()>,
-    /// Heartbeats waiting for the next critical section of the group (group commit).
-    queue: StdMutex<Vec<Queued>>,
-    cache: StdMutex<GroupMemory>,
-    /// When a load last found the group's metadata hash; `None`: never (the group may not exist).
-    present_at: StdMutex<Option<Instant>>,
-}
-
-impl GroupSlot {
-    fn present_at(&self) -> Option<Instant> {
-        *self.present_at.lock().expect("slot lock")
-    }
-
-    fn mark_present(&self) {
-        *self.present_at.lock().expect("slot lock") = Some(Instant::now());
-    }
-
-    /// Whether this slot is worth keeping when nobody uses it: its group was found recently.
-    fn retained(&self) -> bool {
-        self.present_at().is_some_and(|t| t.elapsed() < SLOT_RETENTION)
-    }
-}
-
-/// A heartbeat waiting in a group's queue, with the channel its answer goes back on.
-struct Queued {
-    req: HeartbeatRequest,
-    reply: oneshot::Sender<Result<HeartbeatResponse, Error>>,
-}
-
-/// Most heartbeats run in one critical section: bounds the section's time and the COMMIT script's size.
-const MAX_HEARTBEAT_BATCH: usize = 256;
-
-/// What this process remembers about a group between critical sections.
-#[derive(Clone, Default)]
-struct GroupMemory {
-    /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
-    aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
-    /// [`store::digest`] and length of that aggregate's JSON: a load skips it only while the stored one matches.
-    digest: String,
-    len: usize,
-    /// Highest metadata version this process has seen for the group (to notice a regression itself).
-    highest: MetadataVersion,
-    /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
-    /// `None` until the first load.
-    grace_until_ms: Option<u64>,
-}
-
 impl Coordinator {
     /// Connects to Redis, checks its version and commands, and returns a coordinator.
     ///
@@ -138,11 +82,7 @@ impl Coordinator {
     /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
-        let client = redis::Client::open(config.redis_url.as_str()).map_err(StoreError::from)?;
-        let conn = redis::aio::ConnectionManager::new(client)
-            .await
-            .map_err(StoreError::from)?;
-        let store = Store::new(conn);
+        let store = Store::connect(&config.redis_url).await?;
         crate::startup::check_redis(&store)
             .await
             .inspect_err(crate::metrics::count_startup_failure)?;
@@ -154,7 +94,7 @@ impl Coordinator {
                 store,
                 gate: ShutdownGate::new(),
                 stats: Stats::default(),
-                groups: StdMutex::new(HashMap::new()),
+                slots: Slots::default(),
                 global_grace_until_ms: AtomicU64::new(0),
                 run_id: StdMutex::new(Some(run_id)),
                 index_rebuilt_at: StdMutex::new(None),
@@ -205,6 +145,21 @@ impl Coordinator {
         &self.inner.store
     }
 
+    /// Renders `GET /metrics`: the lag (scraped at most once per [`crate::metrics::LAG_MIN_REFRESH`]), the
+    /// counters and the instance state, in the Prometheus text format.
+    pub async fn render_metrics(&self) -> String {
+        let (stats, gate) = (&self.inner.stats, &self.inner.gate);
+        stats
+            .metrics()
+            .render(
+                &self.inner.store,
+                stats.totals(),
+                gate.is_terminating(),
+                gate.in_flight(),
+            )
+            .await
+    }
+
     /// Handles a consumer heartbeat (join, heartbeat or leave).
     ///
     /// # Errors
@@ -215,63 +170,20 @@ impl Coordinator {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Error> {
-        // Group commit: heartbeats of one group that arrive while a critical section runs wait in the group's
-        // queue; whoever takes the local lock next runs all of them in one section (one LOAD, one COMMIT), so a
-        // large group costs two round trips per batch rather than per member.
-        let slot = self.slot(stream, group);
-        let result = self.heartbeat_in(stream, group, &slot, req).await;
-        self.forget_if_absent(stream, group, slot);
+        // Group commit: queued heartbeats of the group run as one section (see `GroupSlot::group_commit`).
+        let slot = self.inner.slots.slot(stream, group);
+        let span = || spans::heartbeat(stream, group, &req.member_id, req.member_epoch);
+        let result = slot
+            .group_commit(req, |batch| {
+                self.heartbeat_batch(stream, group, &slot, batch).instrument(span())
+            })
+            .await;
+        self.inner.slots.forget_if_absent(stream, group, slot);
         result
     }
 
-    /// [`Self::heartbeat`] through the group's queue.
-    async fn heartbeat_in(
-        &self,
-        stream: &StreamName,
-        group: &GroupName,
-        slot: &GroupSlot,
-        req: &HeartbeatRequest,
-    ) -> Result<HeartbeatResponse, Error> {
-        let (reply, mut answer) = oneshot::channel();
-        slot.queue.lock().expect("queue lock").push(Queued {
-            req: req.clone(),
-            reply,
-        });
-        loop {
-            let local = slot.lock.lock().await;
-            match answer.try_recv() {
-                Ok(result) => return result,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    // The section that took our request was cancelled before answering. A heartbeat is
-                    // idempotent: queue it again.
-                    let (reply, again) = oneshot::channel();
-                    slot.queue.lock().expect("queue lock").push(Queued {
-                        req: req.clone(),
-                        reply,
-                    });
-                    answer = again;
-                }
-                Err(oneshot::error::TryRecvError::Empty) => {}
-            }
-            let batch: Vec<Queued> = {
-                let mut queue = slot.queue.lock().expect("queue lock");
-                let n = queue.len().min(MAX_HEARTBEAT_BATCH);
-                queue.drain(..n).collect()
-            };
-            if !batch.is_empty() {
-                self.heartbeat_batch(stream, group, batch)
-                    .instrument(spans::heartbeat(stream, group, &req.member_id, req.member_epoch))
-                    .await;
-            }
-            drop(local);
-            if let Ok(result) = answer.try_recv() {
-                return result;
-            }
-        }
-    }
-
     /// Runs queued heartbeats as one critical section and answers each.
-    async fn heartbeat_batch(&self, stream: &StreamName, group: &GroupName, batch: Vec<Queued>) {
+    async fn heartbeat_batch(&self, stream: &StreamName, group: &GroupName, slot: &GroupSlot, batch: Vec<Queued>) {
         let reqs: Vec<&HeartbeatRequest> = batch.iter().map(|q| &q.req).collect();
         let members: Vec<&MemberId> = reqs.iter().map(|r| &r.member_id).collect();
         let mut outcomes = Vec::new();
@@ -279,6 +191,7 @@ impl Coordinator {
             .group_section_locked(
                 stream,
                 group,
+                slot,
                 LivenessScope::Members(&members),
                 |meta, live, clock, _| {
                     let (t, o) = state_machine::apply_heartbeats(meta, live, &reqs, clock);
@@ -403,11 +316,11 @@ impl Coordinator {
             .store
             .read(&keys, true)
             .await
-            .map_err(|e| self.store_error(e))?;
+            .map_err(|e| section::store_error(&self.inner.stats, e))?;
         let (Some(rev), Some(agg)) = (loaded.revision, loaded.aggregate.as_deref()) else {
             return Err(self.absent_group(stream, group).await);
         };
-        let meta = store::decode_group(&loaded, agg).map_err(|e| self.unavailable(e))?;
+        let meta = store::decode_group(&loaded, agg).map_err(|e| unavailable(&self.inner.stats, e))?;
         let liveness: Liveness = loaded.liveness.iter().cloned().collect();
         Ok(state_machine::describe(&meta, &liveness, rev, loaded.now_ms))
     }
@@ -423,12 +336,7 @@ impl Coordinator {
         group: &GroupName,
         req: &CreateGroupRequest,
     ) -> Result<GroupDescription, Error> {
-        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        self.inner
-            .config
-            .check_timings(&timings)
-            .map_err(Error::InvalidRequest)?;
-        self.require_safe_eviction_policy()?;
+        let timings = self.creatable_timings(req.timings)?;
         let indexed = self.inner.store.indexed_groups().await?;
         if indexed.contains(&protocol::keys::groups_index_member(stream, group)) {
             let exists = self.group_exists(stream, group).await?;
@@ -439,19 +347,13 @@ impl Coordinator {
             };
             return Err(Error::AlreadyExists(msg));
         }
-        let span = spans::section("create", stream, Some(group));
-        let routing = self
-            .ensure_routing(stream, req.shard_count)
-            .instrument(span.clone())
-            .await?;
-        self.insert_group(stream, group, &routing, timings, false)
-            .instrument(span)
-            .await
+        self.insert_group(stream, group, req.shard_count, timings, false).await
     }
 
     /// Recreates a group whose metadata was lost (explicit operator action). The new group starts with an open
     /// correction round, so no shard is handed out before one member TTL has passed (clients of the lost group
-    /// may still hold leases), and at a metadata version (Redis time in ms) above any version of the lost group.
+    /// may still hold leases), and at a metadata version (Redis time in ms) above any version of the lost group
+    /// (see [`state_machine::recreate`]).
     ///
     /// # Errors
     /// [`Error::InvalidRequest`] without `confirm`; [`Error::AlreadyExists`] while metadata exists.
@@ -464,24 +366,13 @@ impl Coordinator {
         if !req.confirm {
             return Err(Error::InvalidRequest("recreate requires \"confirm\": true".into()));
         }
-        let timings = req.timings.unwrap_or(self.inner.config.default_timings);
-        self.inner
-            .config
-            .check_timings(&timings)
-            .map_err(Error::InvalidRequest)?;
-        self.require_safe_eviction_policy()?;
+        let timings = self.creatable_timings(req.timings)?;
         if self.group_exists(stream, group).await? {
             return Err(Error::AlreadyExists(format!(
                 "group {group} of stream {stream} has metadata; not recreating"
             )));
         }
-        let span = spans::section("recreate", stream, Some(group));
-        let routing = self
-            .ensure_routing(stream, Some(req.shard_count))
-            .instrument(span.clone())
-            .await?;
-        self.insert_group(stream, group, &routing, timings, true)
-            .instrument(span)
+        self.insert_group(stream, group, Some(req.shard_count), timings, true)
             .await
     }
 
@@ -501,24 +392,13 @@ impl Coordinator {
         if count == 0 || count >= MAX_SHARDS {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
         }
-        let keys = SectionKeys::routing(stream);
+        let stats = &self.inner.stats;
         let (routing, rev) = self
-            .plain_section(&keys, |loaded| {
-                let Some(rev) = loaded.revision else {
-                    return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
-                };
-                check_if_match(if_match, rev)?;
-                let current = self.decode_loaded_routing(loaded)?;
-                if current.shard_count.saturating_add(count) > MAX_SHARDS {
-                    return Err(Error::InvalidRequest(format!(
-                        "a stream has at most {MAX_SHARDS} shards"
-                    )));
-                }
-                Ok(Some(state_machine::add_shards(&current, count)))
+            .routing_section(stream, |loaded| {
+                routing_section::grow(stats, loaded, stream, count, if_match)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await?;
-        let routing = routing.expect("add_shards always writes");
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
         // Seal the parents now; what fails here the tick finishes (the growth is recorded as unsealed).
         if let Err(e) = self.seal_growths(stream, &routing).await {
@@ -528,26 +408,19 @@ impl Coordinator {
     }
 
     /// The routing a producer should use. `SYNC_METADATA` when the producer has seen a newer routing than Redis
-    /// stores (a lost write): it must adopt this older one.
+    /// stores (a lost write): it must adopt this older one (see [`state_machine::routing`]).
     ///
     /// # Errors
     /// [`Error::MetadataUnavailable`] when the stream has no routing or it is unreadable.
     pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, Error> {
         let (_, r) = self.read_routing(stream).await?;
-        let regressed = query.max_observed_version > r.routing_version || query.routing_version > r.routing_version;
-        if regressed {
+        let answer = state_machine::routing::answer(&r, &query);
+        if answer.status == Status::SyncMetadata {
             self.inner.stats.routing_regressions.fetch_add(1, Ordering::Relaxed);
             warn!(stream = %stream, reported = %query.max_observed_version, stored = %r.routing_version,
                 "producer reported a routing version above the stored one");
         }
-        Ok(RoutingResponse {
-            status: if regressed { Status::SyncMetadata } else { Status::Ok },
-            stream: stream.clone(),
-            routing_version: r.routing_version,
-            shard_count: r.shard_count,
-            routing_lease_ms: r.routing_lease_ms,
-            refresh_interval_ms: (r.routing_lease_ms / 3).max(1),
-        })
+        Ok(answer)
     }
 
     /// The admin view of a stream's routing.
@@ -569,18 +442,9 @@ impl Coordinator {
         } else {
             self.inner.store.indexed_groups().await?
         };
-        let mut groups: Vec<GroupRef> = raw
-            .iter()
-            .filter_map(|s| {
-                let (stream, group) = s.split_once(':')?;
-                Some(GroupRef {
-                    stream: StreamName::new(stream).ok()?,
-                    group: GroupName::new(group).ok()?,
-                })
-            })
-            .collect();
-        groups.sort();
-        Ok(GroupList { groups })
+        Ok(GroupList {
+            groups: store::group_refs(&raw),
+        })
     }
 
     /// The groups the tick loop visits: the index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost
@@ -600,18 +464,7 @@ impl Coordinator {
             due
         };
         let mut groups = self.list_groups(rebuild).await?.groups;
-        let known: Vec<GroupRef> = {
-            let slots = self.inner.groups.lock().expect("groups lock");
-            slots
-                .iter()
-                .filter(|(_, slot)| slot.retained())
-                .map(|((stream, group), _)| GroupRef {
-                    stream: stream.clone(),
-                    group: group.clone(),
-                })
-                .collect()
-        };
-        groups.extend(known);
+        groups.extend(self.inner.slots.retained());
         groups.sort();
         groups.dedup();
         Ok(groups)
@@ -630,12 +483,7 @@ impl Coordinator {
             changed
         };
         if changed {
-            let mut conn = self.inner.store.connection();
-            let (secs, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(&mut conn)
-                .await
-                .map_err(StoreError::from)?;
-            let now = secs * 1000 + micros / 1000;
+            let now = self.inner.store.time_ms().await?;
             let grace = now + self.max_ttl_ms();
             self.inner.global_grace_until_ms.fetch_max(grace, Ordering::AcqRel);
             self.inner.stats.redis_restarts.fetch_add(1, Ordering::Relaxed);
@@ -646,77 +494,28 @@ impl Coordinator {
 
     fn max_ttl_ms(&self) -> u64 {
         // Groups may have longer TTLs than the default; a global grace must cover the longest one we know.
-        let groups = self.inner.groups.lock().expect("groups lock");
-        groups
-            .values()
-            .filter_map(|s| {
-                s.cache
-                    .lock()
-                    .expect("cache lock")
-                    .aggregate
-                    .as_ref()
-                    .map(|(_, meta)| meta.timings.member_ttl_ms)
-            })
-            .max()
+        self.inner
+            .slots
+            .max_ttl_ms()
             .unwrap_or(0)
             .max(self.inner.config.default_timings.member_ttl_ms)
-    }
-
-    fn slot(&self, stream: &StreamName, group: &GroupName) -> Arc<GroupSlot> {
-        let mut groups = self.inner.groups.lock().expect("groups lock");
-        groups.entry((stream.clone(), group.clone())).or_default().clone()
-    }
-
-    /// A store error as answered: a corrupt hash counts as unreadable metadata.
-    fn store_error(&self, e: StoreError) -> Error {
-        match e {
-            StoreError::Corrupt(message) => {
-                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
-                self.unavailable(message)
-            }
-            other => Error::Store(other),
-        }
-    }
-
-    /// Drops `slot` and, when its group was never found and nobody else uses the slot, forgets it: a request
-    /// naming a group that does not exist leaves no state behind.
-    fn forget_if_absent(&self, stream: &StreamName, group: &GroupName, slot: Arc<GroupSlot>) {
-        if slot.present_at().is_some() {
-            return;
-        }
-        let key = (stream.clone(), group.clone());
-        let mut groups = self.inner.groups.lock().expect("groups lock");
-        // New users clone the slot only under this lock: two references (the map's and ours) mean no other user.
-        let unused = groups
-            .get(&key)
-            .is_some_and(|s| Arc::ptr_eq(s, &slot) && Arc::strong_count(&slot) == 2);
-        if unused && slot.queue.lock().expect("queue lock").is_empty() {
-            groups.remove(&key);
-        }
     }
 
     /// Forgets every slot nobody uses whose group no load found within [`SLOT_RETENTION`] (never found, deleted,
     /// or idle). Returns how many slots remain. Run by the tick loop.
     pub fn evict_idle_slots(&self) -> usize {
-        let mut groups = self.inner.groups.lock().expect("groups lock");
-        groups.retain(|_, slot| {
-            Arc::strong_count(slot) > 1 || !slot.queue.lock().expect("queue lock").is_empty() || slot.retained()
-        });
-        groups.len()
-    }
-
-    /// Whether a load of this process found the group (any group of the stream, for `None`) within
-    /// [`SLOT_RETENTION`]: a trace Redis cannot lose, though only this process has it.
-    fn seen_recently(&self, stream: &StreamName, group: Option<&GroupName>) -> bool {
-        let groups = self.inner.groups.lock().expect("groups lock");
-        groups
-            .iter()
-            .any(|((s, g), slot)| s == stream && group.is_none_or(|group| g == group) && slot.retained())
+        self.inner.slots.evict_idle()
     }
 
     /// How many per-group slots this process holds.
     pub fn slot_count(&self) -> usize {
-        self.inner.groups.lock().expect("groups lock").len()
+        self.inner.slots.len()
+    }
+
+    /// The last rebalance events this instance decided (membership, ownership, correction rounds), newest first.
+    /// Memory only, per instance: see [`crate::recent`].
+    pub fn recent_rebalances(&self) -> Vec<RecentEvent> {
+        self.inner.recent.newest_first()
     }
 
     /// Refuses group creation while Redis may evict the keys it would write (see [`crate::memory_policy`]).
@@ -727,379 +526,87 @@ impl Coordinator {
             .map_err(|e| StoreError::Unsupported(e).into())
     }
 
-    /// The answer to a request for a group without metadata: never created (`NOT_FOUND`) or lost
-    /// (`METADATA_UNAVAILABLE`), from the traces Redis still holds (see [`crate::traces`]).
     async fn absent_group(&self, stream: &StreamName, group: &GroupName) -> Error {
-        let absence = match traces::of_group(&self.inner.store, stream, group).await {
-            Ok(Absence::NeverCreated) if self.seen_recently(stream, Some(group)) => {
-                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
-            }
-            other => other,
-        };
-        if let Ok(Absence::NeverCreated) = absence {
-            return Error::NotFound(format!(
-                "group {group} of stream {stream} was never created (Redis holds no metadata, index entry, liveness or consumer group of it): create it with POST /v1/streams/{stream}/groups/{group}, or check the names"
-            ));
-        }
-        self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
-        match absence {
-            Ok(Absence::Lost(trace)) => Error::MetadataUnavailable(format!(
-                "no metadata for group {group} of stream {stream}, but {trace} remains: the group existed and its metadata is lost; the coordinator does not rebuild it from heartbeats: recreate it explicitly"
-            )),
-            _ => missing_group(stream, group),
+        let inner = &self.inner;
+        absent::group(&inner.store, &inner.stats, &inner.slots, stream, group).await
+    }
+
+    fn env(&self) -> Env<'_> {
+        let inner = &self.inner;
+        Env {
+            store: &inner.store,
+            gate: &inner.gate,
+            stats: &inner.stats,
+            mutex_ttl: inner.config.mutex_ttl,
+            deadline: inner.config.critical_section_timeout,
         }
     }
 
-    /// Like [`Self::absent_group`] for a stream without routing.
-    async fn absent_stream(&self, stream: &StreamName) -> Error {
-        let absence = match traces::of_stream(&self.inner.store, stream).await {
-            Ok(Absence::NeverCreated) if self.seen_recently(stream, None) => {
-                Ok(Absence::Lost(traces::Trace::SeenByThisCoordinator))
-            }
-            other => other,
-        };
-        if let Ok(Absence::NeverCreated) = absence {
-            return Error::NotFound(format!(
-                "stream {stream} was never created (Redis holds no routing, index entry or shard of it): create a group of it with a shardCount, or check the name"
-            ));
-        }
-        let trace = match absence {
-            Ok(Absence::Lost(trace)) => format!("{trace} remains"),
-            _ => "never created, or lost".to_owned(),
-        };
-        self.unavailable(format!("stream {stream} has no routing ({trace})"))
-    }
-
-    fn unavailable(&self, message: String) -> Error {
-        self.inner.stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
-        self.inner.stats.metrics().metadata_unreadable(&message);
-        Error::MetadataUnavailable(message)
-    }
-
-    /// Mutex + load, retrying while the mutex is busy, up to the critical-section deadline.
-    async fn acquire(
-        &self,
-        keys: &SectionKeys,
-        token: &str,
-        cached: Option<Cached<'_>>,
-        scope: LivenessScope<'_>,
-    ) -> Result<Loaded, Error> {
-        let started = Instant::now();
-        let deadline = started + self.inner.config.critical_section_timeout;
-        let mut backoff = Duration::from_millis(1);
-        loop {
-            let loaded = self
-                .inner
-                .store
-                .try_load(keys, token, self.inner.config.mutex_ttl, cached, scope)
-                .await
-                .map_err(|e| self.store_error(e))?;
-            if let Some(loaded) = loaded {
-                self.inner.stats.observe_mutex_wait(started.elapsed());
-                return Ok(loaded);
-            }
-            self.inner.stats.mutex_busy.fetch_add(1, Ordering::Relaxed);
-            if Instant::now() + backoff > deadline {
-                self.inner.stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
-                let waited_ms = started.elapsed().as_millis() as u64;
-                return Err(StoreError::MutexBusy {
-                    key: keys.mutex.clone(),
-                    waited_ms,
-                }
-                .into());
-            }
-            let jitter = Duration::from_micros(rand::random::<u64>() % 1000);
-            tokio::time::sleep(backoff + jitter).await;
-            backoff = (backoff * 2).min(Duration::from_millis(50));
-        }
-    }
-
-    /// The critical section of a group (see the module docs). `f` may refuse with an error after seeing the
-    /// loaded revision (admin `If-Match`); nothing is written then.
-    async fn group_section<F>(
+    /// The critical section of a group: `f` decides on the loaded metadata, and may refuse with an error after
+    /// seeing the loaded revision (admin `If-Match`); nothing is written then.
+    async fn group_section(
         &self,
         stream: &StreamName,
         group: &GroupName,
         scope: LivenessScope<'_>,
-        f: F,
-    ) -> Result<(Transition, StoreRevision), Error>
-    where
-        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-    {
-        let slot = self.slot(stream, group);
+        f: impl Decide,
+    ) -> Result<(Transition, StoreRevision), Error> {
+        let slot = self.inner.slots.slot(stream, group);
         let local = slot.lock.lock().await;
-        let result = self.group_section_locked(stream, group, scope, f).await;
+        let result = self.group_section_locked(stream, group, &slot, scope, f).await;
         drop(local);
-        self.forget_if_absent(stream, group, slot);
+        self.inner.slots.forget_if_absent(stream, group, slot);
         result
     }
 
     /// [`Self::group_section`] for a caller that already holds the group's local lock.
-    async fn group_section_locked<F>(
-        &self,
-        stream: &StreamName,
-        group: &GroupName,
-        scope: LivenessScope<'_>,
-        mut f: F,
-    ) -> Result<(Transition, StoreRevision), Error>
-    where
-        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
-    {
-        let slot = self.slot(stream, group);
-        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
-        let keys = SectionKeys::group(stream, group);
-        let token = self.inner.store.token();
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let memory = slot.cache.lock().expect("cache lock").clone();
-            let cached = memory.aggregate.as_ref().map(|(revision, _)| Cached {
-                revision: *revision,
-                digest: &memory.digest,
-                len: memory.len,
-            });
-            let loaded = self.acquire(&keys, &token, cached, scope).await?;
-            spans::reached(Boundary::Loaded, loaded.revision);
-            if loaded.revision.is_some() {
-                slot.mark_present();
-            }
-            let result = self.decide(stream, group, &slot, memory, &loaded, &mut f);
-            let (t, rev) = match result {
-                Ok(v) => v,
-                Err(e) => {
-                    self.release_quietly(&keys, &token).await;
-                    spans::reached(Boundary::Released, loaded.revision);
-                    if loaded.revision.is_none() {
-                        // Looked up after the mutex is released: the lookup needs no lock, and only requests
-                        // for groups without metadata pay for it.
-                        return Err(self.absent_group(stream, group).await);
-                    }
-                    return Err(e);
-                }
-            };
-            spans::reached(Boundary::Decided, Some(rev));
-            if !t.writes() {
-                self.inner.store.release(&keys, &token).await?;
-                spans::reached(Boundary::Released, Some(rev));
-                return Ok((t, rev));
-            }
-            #[cfg(feature = "fault-injection")]
-            crate::fault::reached(self, crate::fault::Point::BeforeWrite, stream, group, &t).await?;
-            let json = t.next.as_ref().map(GroupMetadata::encode);
-            let write = Write {
-                aggregate: json.as_deref(),
-                replaces: &loaded.aggregate_digest,
-                renew: &t.renew,
-                forget: &t.forget,
-                now_ms: loaded.now_ms,
-                run_id: &loaded.run_id,
-            };
-            match self
-                .inner
-                .store
-                .commit(&keys, &token, Some(rev), loaded.liveness_revision, &write)
-                .await
-                .map_err(|e| {
-                    // The stored aggregate is not the one decided on: never serve that one from memory again.
-                    slot.cache.lock().expect("cache lock").aggregate = None;
-                    self.store_error(e)
-                })? {
-                Committed::Ok(new_rev) => {
-                    if let (Some(next), Some(json)) = (&t.next, &json) {
-                        let mut memory = slot.cache.lock().expect("cache lock");
-                        memory.highest = memory.highest.max(next.metadata_version);
-                        memory.aggregate = Some((new_rev, Arc::new(next.clone())));
-                        memory.digest = store::digest(json.as_bytes());
-                        memory.len = json.len();
-                    }
-                    spans::reached(Boundary::Committed, Some(new_rev));
-                    self.log_events(stream, group, &t.events);
-                    #[cfg(feature = "fault-injection")]
-                    crate::fault::reached(self, crate::fault::Point::AfterWrite, stream, group, &t).await?;
-                    return Ok((t, new_rev));
-                }
-                Committed::Conflict => {
-                    self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
-                    debug!(group = %group, "revision conflict; reloading");
-                    // Only the cached aggregate is stale; what this process saw (highest version, grace) stays.
-                    slot.cache.lock().expect("cache lock").aggregate = None;
-                }
-            }
-        }
-        Err(StoreError::CasExhausted { key: keys.hash }.into())
-    }
-
-    /// Resolves the loaded metadata (cache or decode), the grace period, and runs `f`.
-    fn decide<F>(
+    async fn group_section_locked(
         &self,
         stream: &StreamName,
         group: &GroupName,
         slot: &GroupSlot,
-        memory: GroupMemory,
-        loaded: &Loaded,
-        f: &mut F,
-    ) -> Result<(Transition, StoreRevision), Error>
+        scope: LivenessScope<'_>,
+        f: impl Decide,
+    ) -> Result<(Transition, StoreRevision), Error> {
+        let inner = &self.inner;
+        let env = GroupEnv {
+            store: &inner.store,
+            stats: &inner.stats,
+            slots: &inner.slots,
+            recent: &inner.recent,
+            global_grace_until_ms: &inner.global_grace_until_ms,
+        };
+        let mut section = GroupSection {
+            env,
+            stream,
+            group,
+            slot,
+            scope,
+            f,
+            attempt: Default::default(),
+        };
+        section::run(self.env(), &SectionKeys::group(stream, group), &mut section).await
+    }
+
+    /// A critical section over a stream's routing, deciding with `f`.
+    async fn routing_section<F>(&self, stream: &StreamName, f: F) -> Result<(StreamRouting, StoreRevision), Error>
     where
-        F: FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>,
+        F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
     {
-        let Some(rev) = loaded.revision else {
-            slot.cache.lock().expect("cache lock").aggregate = None;
-            // Counted by `absent_group`, which tells a lost group (counted) from a never-created one.
-            return Err(missing_group(stream, group));
-        };
-        // Every load is checked, cached or not: the cache only saves the JSON parse.
-        store::check_versions(loaded, store::schema_of_group()).map_err(|e| {
-            self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
-            self.unavailable(e)
-        })?;
-        let meta = match (&loaded.aggregate, &memory.aggregate) {
-            (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
-                // The cached aggregate is not the stored one any more.
-                slot.cache.lock().expect("cache lock").aggregate = None;
-                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
-                self.unavailable(e)
-            })?,
-            (None, Some((cached_rev, meta))) if loaded.cache_hit && *cached_rev == rev => meta.clone(),
-            (None, _) => {
-                self.inner.stats.metadata_corrupt.fetch_add(1, Ordering::Relaxed);
-                return Err(self.unavailable(format!("group {group} metadata hash has a revision but no aggregate")));
-            }
-        };
-        let ttl = meta.timings.member_ttl_ms;
-        let now = loaded.now_ms;
-        // First sight of the group by this process: grace (liveness facts may predate this process).
-        let mut grace = memory.grace_until_ms.unwrap_or(now + ttl);
-        let highest = memory.highest;
-        let mut suspected_loss = None;
-        let round_covers = meta
-            .correction
-            .as_ref()
-            .is_some_and(|r| r.reported_max_version >= highest);
-        if meta.metadata_version < highest && !round_covers {
-            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
-            warn!(group = %group, stored = %meta.metadata_version, seen = %highest,
-                "metadata version regressed under this coordinator: correction round, no expiry for one member TTL");
-            grace = grace.max(now + ttl);
-            suspected_loss = Some(highest);
-        }
-        if loaded.run_id_changed() {
-            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
-            warn!(group = %group, stored_run_id = %loaded.stored_run_id, run_id = %loaded.run_id,
-                "group metadata outlived a Redis restart or failover: correction round, no expiry for one member TTL");
-            grace = grace.max(now + ttl);
-            suspected_loss = Some(
-                suspected_loss
-                    .unwrap_or(meta.metadata_version)
-                    .max(meta.metadata_version),
-            );
-        }
-        if loaded.liveness_missing && !meta.members.is_empty() {
-            // Every member's join wrote a liveness entry: a missing hash was deleted or evicted, not empty.
-            self.inner.stats.metadata_regressions.fetch_add(1, Ordering::Relaxed);
-            warn!(group = %group, "liveness hash missing while the group has members: no expiry for one member TTL");
-            grace = grace.max(now + ttl);
-            suspected_loss = Some(
-                suspected_loss
-                    .unwrap_or(meta.metadata_version)
-                    .max(meta.metadata_version),
-            );
-        }
-        {
-            let mut memory = slot.cache.lock().expect("cache lock");
-            if let Some(json) = &loaded.aggregate {
-                memory.digest.clone_from(&loaded.aggregate_digest);
-                memory.len = json.len();
-            }
-            memory.aggregate = Some((rev, meta.clone()));
-            memory.highest = highest.max(meta.metadata_version);
-            memory.grace_until_ms = Some(grace);
-        }
-        let clock = Clock {
-            now_ms: now,
-            expiry_allowed_from_ms: grace.max(self.inner.global_grace_until_ms.load(Ordering::Acquire)),
-            suspected_loss,
-        };
-        let liveness: Liveness = loaded.liveness.iter().cloned().collect::<BTreeMap<_, _>>();
-        let t = f(&meta, &liveness, clock, rev)?;
-        Ok((t, rev))
-    }
-
-    async fn release_quietly(&self, keys: &SectionKeys, token: &str) {
-        if let Err(e) = self.inner.store.release(keys, token).await {
-            warn!(mutex = %keys.mutex, error = %e, "mutex release failed; it expires by its TTL");
-        }
-    }
-
-    /// A critical section over a hash without liveness (stream routing, group creation). `f` returns the
-    /// routing to write, or `None` to write nothing.
-    async fn plain_section<F>(
-        &self,
-        keys: &SectionKeys,
-        mut f: F,
-    ) -> Result<(Option<StreamRouting>, StoreRevision), Error>
-    where
-        F: FnMut(&Loaded) -> Result<Option<StreamRouting>, Error>,
-    {
-        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
-        let token = self.inner.store.token();
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let loaded = self.acquire(keys, &token, None, LivenessScope::None).await?;
-            spans::reached(Boundary::Loaded, loaded.revision);
-            let next = match f(&loaded) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.release_quietly(keys, &token).await;
-                    spans::reached(Boundary::Released, loaded.revision);
-                    return Err(e);
-                }
-            };
-            spans::reached(Boundary::Decided, loaded.revision);
-            let Some(next) = next else {
-                self.inner.store.release(keys, &token).await?;
-                spans::reached(Boundary::Released, loaded.revision);
-                return Ok((None, loaded.revision.unwrap_or_default()));
-            };
-            let json = next.encode();
-            let write = Write {
-                aggregate: Some(&json),
-                replaces: &loaded.aggregate_digest,
-                now_ms: loaded.now_ms,
-                run_id: &loaded.run_id,
-                ..Write::default()
-            };
-            match self
-                .inner
-                .store
-                .commit(keys, &token, loaded.revision, loaded.liveness_revision, &write)
-                .await?
-            {
-                Committed::Ok(rev) => {
-                    spans::reached(Boundary::Committed, Some(rev));
-                    return Ok((Some(next), rev));
-                }
-                Committed::Conflict => {
-                    self.inner.stats.revision_conflicts.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        Err(StoreError::CasExhausted { key: keys.hash.clone() }.into())
-    }
-
-    fn decode_loaded_routing(&self, loaded: &Loaded) -> Result<StreamRouting, Error> {
-        store::check_versions(loaded, store::schema_of_routing()).map_err(|e| self.unavailable(e))?;
-        let json = loaded.aggregate.as_deref().unwrap_or_default();
-        store::decode_routing(json).map_err(|e| self.unavailable(e))
+        section::run(self.env(), &SectionKeys::routing(stream), &mut RoutingSection::new(f)).await
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {
-        let routing = self
-            .inner
+        let inner = &self.inner;
+        let routing = inner
             .store
             .read_routing(stream)
             .await
-            .map_err(|e| self.store_error(e))?;
+            .map_err(|e| section::store_error(&inner.stats, e))?;
         let Some((rev, json)) = routing else {
-            return Err(self.absent_stream(stream).await);
+            return Err(absent::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
         };
-        let r = store::decode_routing(&json).map_err(|e| self.unavailable(e))?;
+        let r = store::decode_routing(&json).map_err(|e| unavailable(&inner.stats, e))?;
         Ok((rev, r))
     }
 
@@ -1110,36 +617,48 @@ impl Coordinator {
                 return Err(Error::InvalidRequest(format!("shardCount must be 1 to {MAX_SHARDS}")));
             }
         }
-        let keys = SectionKeys::routing(stream);
         let lease_ms = self.inner.config.routing_lease.as_millis() as u64;
-        let mut existing = None;
-        let (created, _) = self
-            .plain_section(&keys, |loaded| {
-                if loaded.revision.is_some() {
-                    let current = self.decode_loaded_routing(loaded)?;
-                    if shard_count.is_some_and(|n| n != current.shard_count) {
-                        return Err(Error::InvalidRequest(format!(
-                            "stream {stream} has {} shards; use the add-shards endpoint to grow it",
-                            current.shard_count
-                        )));
-                    }
-                    existing = Some(current);
-                    return Ok(None);
-                }
-                let Some(n) = shard_count else {
-                    return Err(Error::InvalidRequest(format!(
-                        "stream {stream} is new: shardCount is required"
-                    )));
-                };
-                let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
-                r.routing_lease_ms = lease_ms;
-                Ok(Some(r))
+        let stats = &self.inner.stats;
+        let (routing, _) = self
+            .routing_section(stream, |loaded| {
+                routing_section::ensure(stats, loaded, stream, shard_count, lease_ms)
             })
             .await?;
-        Ok(created.or(existing).expect("either created or read"))
+        Ok(routing)
     }
 
+    /// The timings a new group gets, checked, once Redis may not evict what creation writes.
+    fn creatable_timings(&self, timings: Option<GroupTimings>) -> Result<GroupTimings, Error> {
+        let timings = timings.unwrap_or(self.inner.config.default_timings);
+        self.inner
+            .config
+            .check_timings(&timings)
+            .map_err(Error::InvalidRequest)?;
+        self.require_safe_eviction_policy()?;
+        Ok(timings)
+    }
+
+    /// Creates (or recreates) a group, and its stream's routing when the stream has none.
     async fn insert_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        shard_count: Option<u32>,
+        timings: GroupTimings,
+        recreate: bool,
+    ) -> Result<GroupDescription, Error> {
+        let span = spans::section(if recreate { "recreate" } else { "create" }, stream, Some(group));
+        let routing = self
+            .ensure_routing(stream, shard_count)
+            .instrument(span.clone())
+            .await?;
+        self.write_group(stream, group, &routing, timings, recreate)
+            .instrument(span)
+            .await
+    }
+
+    /// Writes a new group's metadata hash (never over one that exists in any form) and indexes it.
+    async fn write_group(
         &self,
         stream: &StreamName,
         group: &GroupName,
@@ -1147,107 +666,31 @@ impl Coordinator {
         timings: GroupTimings,
         recreate: bool,
     ) -> Result<GroupDescription, Error> {
-        let _entered = self.inner.gate.enter().ok_or(Error::Terminating)?;
-        let keys = SectionKeys::group(stream, group);
-        let token = self.inner.store.token();
-        let loaded = self.acquire(&keys, &token, None, LivenessScope::None).await?;
-        spans::reached(Boundary::Loaded, loaded.revision);
-        // A hash in any form (even without a revision: damaged) is never overwritten by a create.
-        if loaded.revision.is_some() || self.group_exists(stream, group).await? {
-            self.release_quietly(&keys, &token).await;
-            spans::reached(Boundary::Released, loaded.revision);
-            return Err(Error::AlreadyExists(format!(
-                "group {group} of stream {stream} has a metadata hash"
-            )));
-        }
-        let mut meta = state_machine::create_group(stream.clone(), group.clone(), routing, timings, loaded.now_ms);
-        if recreate {
-            meta.metadata_version = MetadataVersion(loaded.now_ms);
-            meta.correction = Some(protocol::metadata::CorrectionRound {
-                started_at_ms: loaded.now_ms,
-                reported_max_version: meta.metadata_version,
-                synced: Default::default(),
-                claims: Default::default(),
-            });
-        }
-        let json = meta.encode();
-        let write = Write {
-            aggregate: Some(&json),
-            now_ms: loaded.now_ms,
-            run_id: &loaded.run_id,
-            ..Write::default()
-        };
-        // The liveness hash of a lost group may survive it: its entries name members the new group does not have
-        // and are ignored; clear them so they cannot lengthen a future member's lease.
-        let mut conn = self.inner.store.connection();
-        let _: () = redis::cmd("DEL")
-            .arg(&keys.liveness)
-            .query_async(&mut conn)
-            .await
-            .map_err(StoreError::from)?;
-        match self
-            .inner
-            .store
-            .commit(&keys, &token, None, loaded.liveness_revision, &write)
-            .await?
-        {
-            Committed::Ok(rev) => spans::reached(Boundary::Committed, Some(rev)),
-            Committed::Conflict => {
-                return Err(Error::AlreadyExists(format!(
-                    "group {group} of stream {stream} was created concurrently"
-                )))
+        let make = |now_ms| {
+            let meta = state_machine::create_group(stream.clone(), group.clone(), routing, timings, now_ms);
+            if recreate {
+                state_machine::recreate::recreated(meta, now_ms)
+            } else {
+                meta
             }
-        }
+        };
+        let keys = SectionKeys::group(stream, group);
+        let mut section = CreateSection::new(stream, group, make);
+        section::run(self.env(), &keys, &mut section).await?;
         self.inner.store.index_group(stream, group).await?;
         info!(stream = %stream, group = %group, recreate, "group created");
         self.describe_group(stream, group).await
     }
 
     async fn group_exists(&self, stream: &StreamName, group: &GroupName) -> Result<bool, Error> {
-        let mut conn = self.inner.store.connection();
-        let n: i64 = redis::cmd("EXISTS")
-            .arg(protocol::keys::group_metadata(stream, group))
-            .query_async(&mut conn)
-            .await
-            .map_err(StoreError::from)?;
-        Ok(n == 1)
-    }
-
-    /// The last rebalance events this instance decided (membership, ownership, correction rounds), newest first.
-    /// Memory only, per instance: see [`crate::recent`].
-    pub fn recent_rebalances(&self) -> Vec<RecentEvent> {
-        self.inner.recent.newest_first()
-    }
-
-    fn log_events(&self, stream: &StreamName, group: &GroupName, events: &[Event]) {
-        for e in events {
-            self.inner.stats.event(e);
-            self.inner.recent.record(stream, group, e);
-            self.inner.stats.metrics().group_event(stream, group, e);
-            match e {
-                Event::ShardGranted { .. } | Event::ShardReleased { .. } => {
-                    debug!(stream = %stream, group = %group, event = ?e, "coordinator event")
-                }
-                _ => info!(stream = %stream, group = %group, event = ?e, "coordinator event"),
-            }
-        }
+        Ok(self.inner.store.hash_exists(&SectionKeys::group(stream, group)).await?)
     }
 }
 
-fn missing_group(stream: &StreamName, group: &GroupName) -> Error {
-    Error::MetadataUnavailable(format!(
-        "no metadata for group {group} of stream {stream}: never created, or lost; the coordinator does not rebuild \
-         it from heartbeats: recreate it explicitly"
-    ))
-}
-
-fn check_if_match(if_match: Option<StoreRevision>, stored: StoreRevision) -> Result<(), Error> {
-    match if_match {
-        Some(expected) if expected != stored => Err(Error::RevisionConflict {
-            expected,
-            found: stored,
-        }),
-        _ => Ok(()),
+#[cfg(feature = "fault-injection")]
+impl crate::fault::Target for Coordinator {
+    fn instance_stats(&self) -> &Stats {
+        &self.inner.stats
     }
 }
 

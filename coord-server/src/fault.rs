@@ -3,7 +3,7 @@
 //!
 //! Scenario tests need to stop a coordinator *just before* and *just after* it writes a decision to Redis, and to
 //! show that the client's retry converges (the failure-handling design: "before-write failure must always name the
-//! write boundary"). A [`FaultHook`] installed on a [`Coordinator`] with [`install`] is asked at two points of
+//! write boundary"). A [`FaultHook`] installed on a [`crate::Coordinator`] with [`install`] is asked at two points of
 //! every group critical section (heartbeats, ticks, admin fences) that has something to write:
 //!
 //! | [`Point`] | Where | What Redis holds if the process dies there |
@@ -35,9 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::coordinator::Coordinator;
 use crate::error::{Error, StoreError};
 use crate::state_machine::Transition;
+use crate::stats::Stats;
 
 /// Where in a critical section the hook is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,9 +104,16 @@ struct Installed {
 static HOOKS: Mutex<Vec<Installed>> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A coordinator's identity: the address of its shared state, stable for as long as any clone of it lives.
-fn identity(coordinator: &Coordinator) -> usize {
-    std::ptr::from_ref(coordinator.stats()) as usize
+/// What hooks are installed on: a coordinator instance, whose clones share its hooks. Implemented by
+/// [`crate::Coordinator`].
+pub trait Target {
+    /// The instance's counters: their address identifies the instance.
+    fn instance_stats(&self) -> &Stats;
+}
+
+/// An instance's identity: the address of its shared counters, stable for as long as any clone of it lives.
+fn identity(stats: &Stats) -> usize {
+    std::ptr::from_ref(stats) as usize
 }
 
 /// Installs `hook` on `coordinator` (and every clone of it). Hooks installed on one coordinator are asked in
@@ -115,10 +122,10 @@ fn identity(coordinator: &Coordinator) -> usize {
 /// Keep the returned guard alive for as long as the hook should act: dropping it uninstalls the hook. Uninstall
 /// before the coordinator is dropped, since a later coordinator could reuse its address.
 #[must_use = "dropping the guard uninstalls the hook"]
-pub fn install(coordinator: &Coordinator, hook: impl FaultHook) -> FaultGuard {
+pub fn install(coordinator: &impl Target, hook: impl FaultHook) -> FaultGuard {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     HOOKS.lock().expect("fault hooks lock").push(Installed {
-        coordinator: identity(coordinator),
+        coordinator: identity(coordinator.instance_stats()),
         id,
         hook: Arc::new(hook),
     });
@@ -141,13 +148,13 @@ impl Drop for FaultGuard {
 
 /// Called by the critical section at `point`: asks the installed hooks and acts.
 pub(crate) async fn reached(
-    coordinator: &Coordinator,
+    stats: &Stats,
     point: Point,
     stream: &StreamName,
     group: &GroupName,
     transition: &Transition,
 ) -> Result<(), Error> {
-    let me = identity(coordinator);
+    let me = identity(stats);
     let hooks: Vec<Arc<dyn FaultHook>> = HOOKS
         .lock()
         .expect("fault hooks lock")

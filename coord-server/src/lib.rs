@@ -5,7 +5,10 @@
 //! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
 //! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
 //! * [`store_reshard`]: the seal script of a parent shard and the drain observation of a group.
-//! * [`coordinator`]: critical sections (local lock, shutdown gate, mutex, load, decide, write, answer).
+//! * [`coordinator`]: the public operations, wired from the parts below.
+//! * `section`: the critical section, written once (shutdown gate, mutex, load, decide, write, answer);
+//!   `group_section` and `routing_section`: its kinds; `slots`: per-group local lock, queue and memory;
+//!   `absent`: "never created" or "lost" answers.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
 //! * [`tick`]: the loop that ticks every group.
@@ -20,19 +23,24 @@
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
 #![warn(missing_docs)]
 
+mod absent;
 pub mod auth;
 pub mod config;
 pub mod coordinator;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+mod group_section;
 pub mod http;
 pub mod log_limit;
 pub mod memory_policy;
 pub mod metrics;
 pub mod recent;
+mod routing_section;
+mod section;
 pub mod server;
 pub mod shutdown;
+mod slots;
 pub mod spans;
 pub mod startup;
 pub mod state_machine;
@@ -40,7 +48,8 @@ pub mod stats;
 pub mod store;
 pub mod store_reshard;
 pub mod tick;
-pub mod traces;
+
+pub use store::traces;
 
 pub use config::Config;
 pub use coordinator::Coordinator;

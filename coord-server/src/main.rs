@@ -268,14 +268,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    if !auth::role_is_protected(&config, Role::Admin) {
+    if !auth::role_is_protected(config.credentials(), Role::Admin) {
         warn!(
             "NO ADMIN TOKEN (--admin-token-file / COORD_ADMIN_TOKEN / --tokens-file): anyone who reaches {} can \
              fence members, recreate groups and add shards",
             config.listen
         );
     }
-    if !auth::role_is_protected(&config, Role::Consumer) && !config.listen.ip().is_loopback() {
+    if !auth::role_is_protected(config.credentials(), Role::Consumer) && !config.listen.ip().is_loopback() {
         warn!(
             "no client token: anyone who reaches {} can join any group and fetch any stream's routing",
             config.listen

@@ -108,8 +108,7 @@ impl PolicyCheck {
 /// # Errors
 /// Redis errors; [`StoreError::Protocol`] when the field is missing.
 pub async fn read(store: &Store) -> Result<String, StoreError> {
-    let mut conn = store.connection();
-    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut conn).await?;
+    let info = store.info("memory").await?;
     parse(&info)
         .map(str::to_owned)
         .ok_or_else(|| StoreError::Protocol("INFO memory reports no maxmemory_policy".into()))

@@ -3,13 +3,13 @@
 //! are in `deploy/prometheus/alerts.yaml`.
 //!
 //! # One recorder per coordinator, no global state
-//! Each [`Coordinator`] owns a `PrometheusRecorder` built with `PrometheusBuilder::build_recorder()` (inside its
-//! [`Stats`]) and records into it through `metrics::with_local_recorder`, never through the
+//! Each [`crate::Coordinator`] owns a `PrometheusRecorder` built with `PrometheusBuilder::build_recorder()` (inside its
+//! [`crate::stats::Stats`]) and records into it through `metrics::with_local_recorder`, never through the
 //! process-global recorder. Several coordinators in one process (the tests, the demo, an application that embeds a
 //! coordinator and installs its own global recorder) therefore keep separate series, and nothing is installed
 //! behind the embedding application's back.
 //!
-//! Where a counter already exists as an atomic in [`Stats`], the atomic stays the source of
+//! Where a counter already exists as an atomic in [`crate::stats::Stats`], the atomic stays the source of
 //! truth: it is copied into the recorder (`Counter::absolute`) when `/metrics` is rendered, so a critical section
 //! pays one relaxed atomic add per signal and nothing more. Labelled signals (heartbeat answers by status, events by
 //! group) and the mutex latency histogram are recorded directly.
@@ -36,19 +36,16 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, 
 use metrics_util::MetricKindMask;
 use protocol::metadata::GroupMetadata;
 use protocol::names::{GroupName, StreamName};
-use protocol::{ShardId, Status};
-use redis::Value;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use protocol::Status;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
-use crate::coordinator::Coordinator;
 use crate::error::{Error, StoreError};
 use crate::state_machine::{Event, Liveness};
-use crate::stats::Stats;
-use crate::store;
+use crate::store::{lag, Store};
 
 /// Every metric name the coordinator exports. Base units, `_total` for counters, `_seconds` for durations.
 pub mod names {
@@ -196,9 +193,7 @@ pub const LAG_MIN_REFRESH: Duration = Duration::from_secs(1);
 /// A lag scrape that takes longer is abandoned; the previous values are served and the failure counted.
 pub const LAG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Shards of one stream beyond this many are left out of the lag family (cardinality guard).
-pub const LAG_MAX_SHARDS_PER_STREAM: u32 = 1024;
-/// Commands per pipeline of the lag scrape.
-const LAG_PIPELINE: usize = 256;
+pub const LAG_MAX_SHARDS_PER_STREAM: u32 = lag::MAX_SHARDS_PER_STREAM;
 /// Buckets of [`names::RESHARD_CHILDREN_WAIT`], in seconds: a drain takes from one tick to as long as consumers
 /// lag.
 const RESHARD_WAIT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
@@ -234,6 +229,30 @@ pub fn is_compatibility_failure(e: &StoreError) -> bool {
         }
         _ => false,
     }
+}
+
+/// The atomic counters of one coordinator at one moment (see the module docs), copied into the recorder when
+/// `/metrics` is rendered.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Totals {
+    /// Mutex tries that found it held.
+    pub mutex_busy: u64,
+    /// Sections that ran a batch of heartbeats.
+    pub heartbeat_batches: u64,
+    /// Heartbeats run in those sections.
+    pub heartbeats_batched: u64,
+    /// Sections that gave up on a busy mutex.
+    pub mutex_timeouts: u64,
+    /// Lost compare-and-sets.
+    pub revision_conflicts: u64,
+    /// Suspected lost writes.
+    pub metadata_regressions: u64,
+    /// Producers that reported a routing version above the stored one.
+    pub routing_regressions: u64,
+    /// Requests answered `METADATA_UNAVAILABLE`.
+    pub metadata_unavailable: u64,
+    /// Redis restarts noticed.
+    pub redis_restarts: u64,
 }
 
 /// The recorder of one coordinator and the state of the lazy lag scrape.
@@ -557,9 +576,14 @@ impl Metrics {
         self.handle.run_upkeep();
     }
 
-    /// Copies the atomic counters and the instance state into the recorder, then renders it.
-    fn render_with(&self, stats: &Stats, terminating: bool, in_flight: usize) -> String {
-        let get = Stats::get;
+    /// Renders `/metrics`: refreshes the lag from `store` (see [`LAG_MIN_REFRESH`]), copies the atomic counters
+    /// (`totals`) and the instance state into the recorder, then renders the Prometheus text format.
+    pub async fn render(&self, store: &Store, totals: Totals, terminating: bool, in_flight: usize) -> String {
+        self.refresh_lag(store).await;
+        self.render_with(&totals, terminating, in_flight)
+    }
+
+    fn render_with(&self, totals: &Totals, terminating: bool, in_flight: usize) -> String {
         self.record(|| {
             gauge!(names::TERMINATING).set(if terminating { 1.0 } else { 0.0 });
             match self.eviction_policy.load(Ordering::Relaxed) {
@@ -568,15 +592,15 @@ impl Metrics {
                 _ => {}
             }
             gauge!(names::SECTIONS_IN_FLIGHT).set(in_flight as f64);
-            counter!(names::MUTEX_BUSY).absolute(get(&stats.mutex_busy));
-            counter!(names::HEARTBEAT_BATCHES).absolute(get(&stats.heartbeat_batches));
-            counter!(names::HEARTBEATS_BATCHED).absolute(get(&stats.heartbeats_batched));
-            counter!(names::MUTEX_TIMEOUTS).absolute(get(&stats.mutex_timeouts));
-            counter!(names::REVISION_CONFLICTS).absolute(get(&stats.revision_conflicts));
-            counter!(names::METADATA_REGRESSIONS).absolute(get(&stats.metadata_regressions));
-            counter!(names::ROUTING_VERSION_AHEAD).absolute(get(&stats.routing_regressions));
-            counter!(names::METADATA_UNAVAILABLE).absolute(get(&stats.metadata_unavailable));
-            counter!(names::REDIS_RESTARTS).absolute(get(&stats.redis_restarts));
+            counter!(names::MUTEX_BUSY).absolute(totals.mutex_busy);
+            counter!(names::HEARTBEAT_BATCHES).absolute(totals.heartbeat_batches);
+            counter!(names::HEARTBEATS_BATCHED).absolute(totals.heartbeats_batched);
+            counter!(names::MUTEX_TIMEOUTS).absolute(totals.mutex_timeouts);
+            counter!(names::REVISION_CONFLICTS).absolute(totals.revision_conflicts);
+            counter!(names::METADATA_REGRESSIONS).absolute(totals.metadata_regressions);
+            counter!(names::ROUTING_VERSION_AHEAD).absolute(totals.routing_regressions);
+            counter!(names::METADATA_UNAVAILABLE).absolute(totals.metadata_unavailable);
+            counter!(names::REDIS_RESTARTS).absolute(totals.redis_restarts);
             counter!(names::COMPATIBILITY_FAILURES, "phase" => "startup").absolute(startup_compatibility_failures());
         });
         self.handle.render()
@@ -584,13 +608,13 @@ impl Metrics {
 
     /// Scrapes `XINFO GROUPS` and `XLEN` of every shard of every indexed stream, unless a scrape finished less
     /// than [`LAG_MIN_REFRESH`] ago. Concurrent callers wait for one scrape.
-    async fn refresh_lag(&self, coordinator: &Coordinator) {
+    async fn refresh_lag(&self, store: &Store) {
         let mut last = self.lag_scraped.lock().await;
         if last.is_some_and(|t| t.elapsed() < LAG_MIN_REFRESH) {
             return;
         }
         let started = Instant::now();
-        let result = tokio::time::timeout(LAG_SCRAPE_TIMEOUT, scrape_lag(coordinator)).await;
+        let result = tokio::time::timeout(LAG_SCRAPE_TIMEOUT, store.scrape_lag()).await;
         let samples = match result {
             Ok(Ok(samples)) => samples,
             Ok(Err(e)) => {
@@ -629,17 +653,6 @@ impl Metrics {
     }
 }
 
-/// Renders `/metrics` for `coordinator`: refreshes the lag (see [`LAG_MIN_REFRESH`]) and the instance gauges, then
-/// renders the Prometheus text format.
-pub async fn render(coordinator: &Coordinator) -> String {
-    let stats = coordinator.stats();
-    stats.metrics().refresh_lag(coordinator).await;
-    let gate = coordinator.gate();
-    stats
-        .metrics()
-        .render_with(stats, gate.is_terminating(), gate.in_flight())
-}
-
 /// The label value of an event: its variant name in snake case. Derived from `Debug` so that a new event kind
 /// shows up in `/metrics` without touching this file.
 fn event_kind(e: &Event) -> String {
@@ -662,28 +675,6 @@ fn event_kind(e: &Event) -> String {
     out
 }
 
-/// One shard stream's length.
-struct ShardSample {
-    stream: String,
-    shard: ShardId,
-    length: u64,
-}
-
-/// One Redis consumer group on one shard stream.
-struct GroupSample {
-    stream: String,
-    group: String,
-    shard: ShardId,
-    lag: Option<u64>,
-    pending: u64,
-}
-
-#[derive(Default)]
-struct LagSamples {
-    shards: Vec<ShardSample>,
-    groups: Vec<GroupSample>,
-}
-
 /// Pending and lag of one Redis consumer group on one shard stream, for the status page.
 #[derive(Debug, Clone, Copy)]
 pub struct ShardBacklog {
@@ -695,8 +686,8 @@ pub struct ShardBacklog {
 
 /// The backlog of every indexed group, keyed by (stream, group, shard): the scrape of the lag metrics, bounded by
 /// [`LAG_SCRAPE_TIMEOUT`]. `None` when the scrape failed or timed out (the page then shows no backlog).
-pub async fn shard_backlog(coordinator: &Coordinator) -> Option<BTreeMap<(String, String, u32), ShardBacklog>> {
-    let samples = match tokio::time::timeout(LAG_SCRAPE_TIMEOUT, scrape_lag(coordinator)).await {
+pub async fn shard_backlog(store: &Store) -> Option<BTreeMap<(String, String, u32), ShardBacklog>> {
+    let samples = match tokio::time::timeout(LAG_SCRAPE_TIMEOUT, store.scrape_lag()).await {
         Ok(Ok(samples)) => samples,
         Ok(Err(e)) => {
             debug!(error = %e, "backlog scrape for the status page failed");
@@ -722,116 +713,10 @@ pub async fn shard_backlog(coordinator: &Coordinator) -> Option<BTreeMap<(String
     )
 }
 
-/// Reads the lag of every indexed group on every shard of its stream.
-async fn scrape_lag(coordinator: &Coordinator) -> Result<LagSamples, Error> {
-    let list = coordinator.list_groups(false).await?;
-    let mut by_stream: BTreeMap<StreamName, BTreeSet<String>> = BTreeMap::new();
-    for g in list.groups {
-        by_stream.entry(g.stream).or_default().insert(g.group.to_string());
-    }
-    let store = coordinator.store();
-    let mut samples = LagSamples::default();
-    for (stream, groups) in by_stream {
-        let shard_count = match store.read_routing(&stream).await? {
-            Some((_, json)) => match store::decode_routing(&json) {
-                Ok(r) => r.shard_count,
-                Err(e) => {
-                    debug!(stream = %stream, error = %e, "routing unreadable; no lag for this stream");
-                    continue;
-                }
-            },
-            None => continue,
-        };
-        let shards: Vec<ShardId> = (0..shard_count.min(LAG_MAX_SHARDS_PER_STREAM)).map(ShardId).collect();
-        for chunk in shards.chunks(LAG_PIPELINE / 2) {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &shard in chunk {
-                let key = protocol::keys::shard_stream(&stream, shard);
-                pipe.cmd("XLEN").arg(&key).cmd("XINFO").arg("GROUPS").arg(&key);
-            }
-            let mut conn = store.connection();
-            let replies: Vec<redis::RedisResult<Value>> =
-                pipe.query_async(&mut conn).await.map_err(StoreError::from)?;
-            for (&shard, pair) in chunk.iter().zip(replies.chunks(2)) {
-                let [length, info] = pair else { continue };
-                let length = match length {
-                    Ok(Value::Int(n)) => (*n).max(0) as u64,
-                    _ => 0,
-                };
-                samples.shards.push(ShardSample {
-                    stream: stream.to_string(),
-                    shard,
-                    length,
-                });
-                // A shard stream nobody wrote to does not exist yet: XINFO answers "no such key".
-                let Ok(Value::Array(entries)) = info else { continue };
-                for entry in entries {
-                    let fields = map_fields(entry);
-                    let Some(name) = fields.get("name").and_then(|v| text(v)) else {
-                        continue;
-                    };
-                    if !groups.contains(&name) {
-                        continue;
-                    }
-                    samples.groups.push(GroupSample {
-                        stream: stream.to_string(),
-                        group: name,
-                        shard,
-                        lag: fields.get("lag").and_then(|v| int(v)),
-                        pending: fields.get("pending").and_then(|v| int(v)).unwrap_or(0),
-                    });
-                }
-            }
-        }
-    }
-    Ok(samples)
-}
-
-/// The fields of an `XINFO` entry (a flat key/value array in RESP2, a map in RESP3).
-fn map_fields(v: &Value) -> BTreeMap<String, &Value> {
-    let mut out = BTreeMap::new();
-    match v {
-        Value::Array(items) => {
-            for pair in items.chunks(2) {
-                if let [k, v] = pair {
-                    if let Some(k) = text(k) {
-                        out.insert(k, v);
-                    }
-                }
-            }
-        }
-        Value::Map(pairs) => {
-            for (k, v) in pairs {
-                if let Some(k) = text(k) {
-                    out.insert(k, v);
-                }
-            }
-        }
-        _ => {}
-    }
-    out
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn int(v: &Value) -> Option<u64> {
-    match v {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::ShardId;
 
     #[test]
     fn event_kinds_are_snake_case_variant_names() {

@@ -54,8 +54,7 @@ pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
 /// # Errors
 /// [`StoreError::Unsupported`] naming the version or command; Redis errors.
 pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
-    let mut conn = store.connection();
-    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+    let info = store.info("server").await?;
     let version = info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -69,16 +68,12 @@ pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
             MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
         )));
     }
-    let mut cmd = redis::cmd("COMMAND");
-    cmd.arg("INFO");
-    for (name, _) in REQUIRED_COMMANDS {
-        cmd.arg(*name);
-    }
-    let infos: Vec<redis::Value> = cmd.query_async(&mut conn).await?;
+    let names: Vec<&str> = REQUIRED_COMMANDS.iter().map(|(name, _)| *name).collect();
+    let present = store.commands_present(&names).await?;
     let missing: Vec<String> = REQUIRED_COMMANDS
         .iter()
-        .zip(infos.iter().chain(std::iter::repeat(&redis::Value::Nil)))
-        .filter(|(_, v)| matches!(v, redis::Value::Nil))
+        .zip(present)
+        .filter(|(_, present)| !present)
         .map(|((name, why), _)| format!("{name} ({why})"))
         .collect();
     if !missing.is_empty() {

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Totals};
 use crate::state_machine::{Event, Outcome};
 use protocol::Status;
 
@@ -95,6 +95,22 @@ impl Stats {
     /// This coordinator's Prometheus recorder.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The counters the metrics copy, read now.
+    pub fn totals(&self) -> Totals {
+        let get = Stats::get;
+        Totals {
+            mutex_busy: get(&self.mutex_busy),
+            heartbeat_batches: get(&self.heartbeat_batches),
+            heartbeats_batched: get(&self.heartbeats_batched),
+            mutex_timeouts: get(&self.mutex_timeouts),
+            revision_conflicts: get(&self.revision_conflicts),
+            metadata_regressions: get(&self.metadata_regressions),
+            routing_regressions: get(&self.routing_regressions),
+            metadata_unavailable: get(&self.metadata_unavailable),
+            redis_restarts: get(&self.redis_restarts),
+        }
     }
 
     /// Reads a counter.

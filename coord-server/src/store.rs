@@ -19,6 +19,7 @@
 //! Every script touches keys of one hash tag only, so it runs on Redis Cluster.
 
 use protocol::keys::{self, fields, LAYOUT_VERSION};
+use protocol::messages::GroupRef;
 use protocol::metadata::{GroupMetadata, StreamRouting, GROUP_SCHEMA_VERSION, ROUTING_SCHEMA_VERSION};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
@@ -30,6 +31,9 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::error::StoreError;
+
+pub mod lag;
+pub mod traces;
 
 /// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
 /// decimal (no sign, no leading zero, no spaces) short enough to be exact as a Lua number and as a Redis integer;
@@ -364,6 +368,40 @@ impl Store {
         }
     }
 
+    /// Connects to the Redis server at `url` (the connection reconnects by itself afterwards).
+    ///
+    /// # Errors
+    /// A malformed URL; Redis unreachable.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        Ok(Store::new(ConnectionManager::new(client).await?))
+    }
+
+    /// The text of `INFO section`.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn info(&self, section: &str) -> Result<String, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("INFO").arg(section).query_async(&mut conn).await?)
+    }
+
+    /// Which of `names` the server offers (`COMMAND INFO`: a renamed or disabled command is missing).
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn commands_present(&self, names: &[&str]) -> Result<Vec<bool>, StoreError> {
+        let mut conn = self.conn.clone();
+        let infos: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(names)
+            .query_async(&mut conn)
+            .await?;
+        let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
+        present.resize(names.len(), false);
+        Ok(present)
+    }
+
     /// A clone of the underlying connection, for plain commands.
     pub fn connection(&self) -> ConnectionManager {
         self.conn.clone()
@@ -670,18 +708,63 @@ impl Store {
         Ok(found)
     }
 
+    /// Redis `TIME`, in ms.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn time_ms(&self) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        Ok(time_ms(secs, micros))
+    }
+
+    /// Whether the hash of `keys` exists in any form (a damaged hash without a revision too).
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn hash_exists(&self, keys: &SectionKeys) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = redis::cmd("EXISTS").arg(&keys.hash).query_async(&mut conn).await?;
+        Ok(n == 1)
+    }
+
+    /// Deletes the liveness hash of `keys` (what a lost group left behind, before its recreation).
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn clear_liveness(&self, keys: &SectionKeys) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let _: () = redis::cmd("DEL").arg(&keys.liveness).query_async(&mut conn).await?;
+        Ok(())
+    }
+
     /// Redis `run_id` (changes when the server restarts).
     ///
     /// # Errors
     /// Redis errors, or a reply without `run_id`.
     pub async fn run_id(&self) -> Result<String, StoreError> {
-        let mut conn = self.conn.clone();
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+        let info = self.info("server").await?;
         info.lines()
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|s| s.trim().to_owned())
             .ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))
     }
+}
+
+/// The groups of the index's `stream:group` members; members that are not valid names are skipped. Sorted.
+pub fn group_refs(raw: &[String]) -> Vec<GroupRef> {
+    let mut groups: Vec<GroupRef> = raw
+        .iter()
+        .filter_map(|s| {
+            let (stream, group) = s.split_once(':')?;
+            Some(GroupRef {
+                stream: StreamName::new(stream).ok()?,
+                group: GroupName::new(group).ok()?,
+            })
+        })
+        .collect();
+    groups.sort();
+    groups
 }
 
 /// Schema versions this build writes, for callers building a [`Write`].
@@ -806,7 +889,7 @@ impl Fields<'_> {
         let secs = secs.parse::<u64>().map_err(bad)?;
         let micros = micros.parse::<u64>().map_err(bad)?;
         Ok(Loaded {
-            now_ms: secs * 1000 + micros / 1000,
+            now_ms: time_ms(secs, micros),
             revision,
             liveness_revision,
             schema_version,
@@ -858,6 +941,11 @@ fn check_of(cached: Cached<'_>, scope: LivenessScope<'_>) -> String {
         LivenessScope::All => format!("sha1:{}", cached.digest),
         _ => format!("len:{}", cached.len),
     }
+}
+
+/// Redis `TIME` (seconds, microseconds) in ms.
+fn time_ms(secs: u64, micros: u64) -> u64 {
+    secs * 1000 + micros / 1000
 }
 
 /// The digest `LOAD` compares with a cached aggregate's: SHA-1 in hex, as Redis's `redis.sha1hex`.

@@ -9,10 +9,11 @@ use tracing::{info, warn, Instrument};
 
 use super::Coordinator;
 use crate::error::Error;
+use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
 use crate::state_machine::{self, Input};
-use crate::store::{LivenessScope, SectionKeys};
+use crate::store::LivenessScope;
 use crate::store_reshard;
 
 impl Coordinator {
@@ -41,22 +42,15 @@ impl Coordinator {
                 position: s.position,
             });
         }
-        let keys = SectionKeys::routing(stream);
-        let mut recorded = None;
-        let (written, _) = self
-            .plain_section(&keys, |loaded| {
-                if loaded.revision.is_none() {
-                    return Ok(None);
-                }
-                let current = self.decode_loaded_routing(loaded)?;
-                let next = reshard::record_seals(&current, &seals);
-                recorded = Some(current);
-                Ok(next)
+        let stats = &self.inner.stats;
+        let (recorded, _) = self
+            .routing_section(stream, |loaded| {
+                routing_section::record_seals(stats, loaded, &seals, routing)
             })
             .instrument(spans::section("seal", stream, None))
             .await?;
         info!(stream = %stream, parents = seals.len(), "parents sealed");
-        Ok(written.or(recorded).unwrap_or_else(|| routing.clone()))
+        Ok(recorded)
     }
 
     /// Looks in Redis for what the group's open reshards wait for (`needs`, from [`reshard::needs`] of the

@@ -44,7 +44,7 @@ impl IntoResponse for AuthRejection {
 async fn check(parts: &mut Parts, state: &AppState, role: Role) -> Result<Access, AuthRejection> {
     let config = state.coordinator.config();
     let header = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let access = auth::authorize(config, header, role).map_err(AuthRejection::Denied)?;
+    let access = auth::authorize(config.credentials(), header, role).map_err(AuthRejection::Denied)?;
     if access.covers_all() {
         return Ok(access);
     }

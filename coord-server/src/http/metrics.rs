@@ -16,6 +16,6 @@ const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Renders this coordinator's metrics. Reads the per-shard lag from Redis first, at most once per
 /// [`LAG_MIN_REFRESH`](crate::metrics::LAG_MIN_REFRESH).
 pub(super) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let body = crate::metrics::render(&state.coordinator).await;
+    let body = state.coordinator.render_metrics().await;
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
 }

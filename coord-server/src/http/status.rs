@@ -66,7 +66,8 @@ pub(super) async fn status(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .or(from_query);
-    let access = auth::authorize(config, header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
+    let access =
+        auth::authorize(config.credentials(), header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
     let list = state
         .coordinator
         .list_groups(false)
@@ -77,7 +78,7 @@ pub(super) async fn status(
         .into_iter()
         .filter(|g| access.covers(g.stream.as_str()))
         .collect();
-    let backlog = shard_backlog(&state.coordinator).await;
+    let backlog = shard_backlog(state.coordinator.store()).await;
     let mut body = String::new();
     for g in refs.iter().take(MAX_GROUPS) {
         match state.coordinator.describe_group(&g.stream, &g.group).await {

@@ -18,15 +18,20 @@
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * [`reshard`]: growths: parents' seals, children held until the group drained their parents.
 //! * `heartbeat`, `tick`, `admin`: the inputs.
+//! * [`grace`]: the expiry grace and suspected loss of a load; [`recreate`]: what recreating a lost group
+//!   writes; [`routing`]: a producer's routing answer (`SYNC_METADATA`).
 
 pub mod assignor;
 pub mod bounds;
 mod correction;
 mod fencing;
+pub mod grace;
 mod heartbeat;
 mod lease;
 mod reconcile;
+pub mod recreate;
 pub mod reshard;
+pub mod routing;
 mod target;
 mod tick;
 

@@ -25,8 +25,8 @@ use redis::streams::StreamInfoGroupsReply;
 use std::collections::HashSet;
 use std::fmt;
 
+use super::{decode_routing, Store};
 use crate::error::StoreError;
-use crate::store::{self, Store};
 
 /// How many shard streams are searched for a consumer group of the group's name: bounds the check's cost on
 /// streams with thousands of shards (a group with a member reads shard 0, the first one assigned).
@@ -104,7 +104,7 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
     }
     // Without a readable routing the shards are unknown; shard 0 exists in every routing.
     let shard_count = match (rev, routing) {
-        (Some(_), Some(json)) => store::decode_routing(&json).map_or(1, |r| r.shard_count),
+        (Some(_), Some(json)) => decode_routing(&json).map_or(1, |r| r.shard_count),
         _ => 1,
     };
     let shards: Vec<ShardId> = (0..shard_count.min(SHARDS_CHECKED)).map(ShardId).collect();

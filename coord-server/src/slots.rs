@@ -1,0 +1,215 @@
+//! What this process keeps per group between critical sections: the local lock, the heartbeat queue (group
+//! commit) and the memory of the last aggregate read or written.
+//!
+//! A slot exists while a request or tick uses it, and afterwards only for a group some load found (see
+//! [`SLOT_RETENTION`]): requests naming groups that do not exist leave nothing here and add no tick work.
+
+use protocol::messages::{GroupRef, HeartbeatRequest, HeartbeatResponse};
+use protocol::metadata::GroupMetadata;
+use protocol::names::{GroupName, StreamName};
+use protocol::{MetadataVersion, StoreRevision};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+
+/// How long a slot is kept after the last load that found its group: a group that stays deleted (and unindexed)
+/// is ticked that long, with this process's memory of its versions, then forgotten.
+pub const SLOT_RETENTION: Duration = Duration::from_secs(300);
+
+/// One group's slot.
+#[derive(Default)]
+pub(crate) struct GroupSlot {
+    /// The "local monitor": one critical section per group at a time in this process.
+    pub lock: tokio::sync::Mutex<()>,
+    /// Heartbeats waiting for the next critical section of the group (group commit).
+    pub queue: StdMutex<Vec<Queued>>,
+    pub cache: StdMutex<GroupMemory>,
+    /// When a load last found the group's metadata hash; `None`: never (the group may not exist).
+    present_at: StdMutex<Option<Instant>>,
+}
+
+impl GroupSlot {
+    fn present_at(&self) -> Option<Instant> {
+        *self.present_at.lock().expect("slot lock")
+    }
+
+    pub fn mark_present(&self) {
+        *self.present_at.lock().expect("slot lock") = Some(Instant::now());
+    }
+
+    /// Whether this slot is worth keeping when nobody uses it: its group was found recently.
+    fn retained(&self) -> bool {
+        self.present_at().is_some_and(|t| t.elapsed() < SLOT_RETENTION)
+    }
+
+    /// What this process remembers of the group now.
+    pub fn memory(&self) -> GroupMemory {
+        self.cache.lock().expect("cache lock").clone()
+    }
+
+    /// Forgets the cached aggregate (it is not the stored one any more); what this process saw (highest version,
+    /// grace) stays.
+    pub fn drop_aggregate(&self) {
+        self.cache.lock().expect("cache lock").aggregate = None;
+    }
+}
+
+/// Most heartbeats run in one critical section: bounds the section's time and the COMMIT script's size.
+const MAX_HEARTBEAT_BATCH: usize = 256;
+
+impl GroupSlot {
+    /// Queues `req` and waits for its answer. Heartbeats of one group that arrive while a critical section runs
+    /// wait in the group's queue; whoever takes the local lock next passes all of them (up to a bound) to `run`,
+    /// which runs them as one section (one LOAD, one COMMIT) and answers each: a large group costs two round
+    /// trips per batch rather than per member.
+    pub async fn group_commit<R, Fut>(&self, req: &HeartbeatRequest, mut run: R) -> Result<HeartbeatResponse, Error>
+    where
+        R: FnMut(Vec<Queued>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let (reply, mut answer) = oneshot::channel();
+        self.queue.lock().expect("queue lock").push(Queued {
+            req: req.clone(),
+            reply,
+        });
+        loop {
+            let local = self.lock.lock().await;
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    // The section that took our request was cancelled before answering. A heartbeat is
+                    // idempotent: queue it again.
+                    let (reply, again) = oneshot::channel();
+                    self.queue.lock().expect("queue lock").push(Queued {
+                        req: req.clone(),
+                        reply,
+                    });
+                    answer = again;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let batch: Vec<Queued> = {
+                let mut queue = self.queue.lock().expect("queue lock");
+                let n = queue.len().min(MAX_HEARTBEAT_BATCH);
+                queue.drain(..n).collect()
+            };
+            if !batch.is_empty() {
+                run(batch).await;
+            }
+            drop(local);
+            if let Ok(result) = answer.try_recv() {
+                return result;
+            }
+        }
+    }
+}
+
+/// A heartbeat waiting in a group's queue, with the channel its answer goes back on.
+pub(crate) struct Queued {
+    pub req: HeartbeatRequest,
+    pub reply: oneshot::Sender<Result<HeartbeatResponse, Error>>,
+}
+
+/// What this process remembers about a group between critical sections.
+#[derive(Clone, Default)]
+pub(crate) struct GroupMemory {
+    /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
+    pub aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
+    /// [`crate::store::digest`] and length of that aggregate's JSON: a load skips it only while the stored one
+    /// matches.
+    pub digest: String,
+    pub len: usize,
+    /// Highest metadata version this process has seen for the group (to notice a regression itself).
+    pub highest: MetadataVersion,
+    /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.
+    /// `None` until the first load.
+    pub grace_until_ms: Option<u64>,
+}
+
+/// Every slot of this process.
+#[derive(Default)]
+pub(crate) struct Slots {
+    groups: StdMutex<HashMap<(StreamName, GroupName), Arc<GroupSlot>>>,
+}
+
+impl Slots {
+    /// The slot of a group, created when missing.
+    pub fn slot(&self, stream: &StreamName, group: &GroupName) -> Arc<GroupSlot> {
+        let mut groups = self.groups.lock().expect("groups lock");
+        groups.entry((stream.clone(), group.clone())).or_default().clone()
+    }
+
+    /// Drops `slot` and, when its group was never found and nobody else uses the slot, forgets it: a request
+    /// naming a group that does not exist leaves no state behind.
+    pub fn forget_if_absent(&self, stream: &StreamName, group: &GroupName, slot: Arc<GroupSlot>) {
+        if slot.present_at().is_some() {
+            return;
+        }
+        let key = (stream.clone(), group.clone());
+        let mut groups = self.groups.lock().expect("groups lock");
+        // New users clone the slot only under this lock: two references (the map's and ours) mean no other user.
+        let unused = groups
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(s, &slot) && Arc::strong_count(&slot) == 2);
+        if unused && slot.queue.lock().expect("queue lock").is_empty() {
+            groups.remove(&key);
+        }
+    }
+
+    /// Forgets every slot nobody uses whose group no load found within [`SLOT_RETENTION`]. Returns how many
+    /// slots remain.
+    pub fn evict_idle(&self) -> usize {
+        let mut groups = self.groups.lock().expect("groups lock");
+        groups.retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || !slot.queue.lock().expect("queue lock").is_empty() || slot.retained()
+        });
+        groups.len()
+    }
+
+    /// Whether a load of this process found the group (any group of the stream, for `None`) within
+    /// [`SLOT_RETENTION`]: a trace Redis cannot lose, though only this process has it.
+    pub fn seen_recently(&self, stream: &StreamName, group: Option<&GroupName>) -> bool {
+        let groups = self.groups.lock().expect("groups lock");
+        groups
+            .iter()
+            .any(|((s, g), slot)| s == stream && group.is_none_or(|group| g == group) && slot.retained())
+    }
+
+    /// The groups a load found within [`SLOT_RETENTION`].
+    pub fn retained(&self) -> Vec<GroupRef> {
+        let slots = self.groups.lock().expect("groups lock");
+        slots
+            .iter()
+            .filter(|(_, slot)| slot.retained())
+            .map(|((stream, group), _)| GroupRef {
+                stream: stream.clone(),
+                group: group.clone(),
+            })
+            .collect()
+    }
+
+    /// The longest member TTL of the groups whose aggregate this process holds.
+    pub fn max_ttl_ms(&self) -> Option<u64> {
+        let groups = self.groups.lock().expect("groups lock");
+        groups
+            .values()
+            .filter_map(|s| {
+                s.cache
+                    .lock()
+                    .expect("cache lock")
+                    .aggregate
+                    .as_ref()
+                    .map(|(_, meta)| meta.timings.member_ttl_ms)
+            })
+            .max()
+    }
+
+    /// How many slots there are.
+    pub fn len(&self) -> usize {
+        self.groups.lock().expect("groups lock").len()
+    }
+}
