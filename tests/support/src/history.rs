@@ -1,6 +1,8 @@
-//! The invariant checker: a [`History`] of everything the applications saw, and the rules it must obey.
+//! The history checker: a [`History`] of everything the applications saw, and the rules it must obey. The one
+//! checker of the repository: the scenario tests, the consumer's integration tests and the chaos soak record
+//! into it.
 //!
-//! Scenarios (and the chaos soak) record two things while they run:
+//! Tests record two things while they run:
 //! * every handler invocation, with [`History::begin`] at the start of the handler and
 //!   [`Handling::succeeded`] when it returns `Ok` (the guard records the end when dropped, also when the consumer
 //!   drops the handler's future): shard, member, entry id, key, delivery count, monotonic and wall-clock start and
