@@ -20,8 +20,10 @@
 //!    "redelivered" is usually 0; entries a crashed member had read but not handled are claimed by the next
 //!    owner (delivery count >= 2) and counted as "claimed".
 //! 6. The demo waits (up to `--deadline-secs` after publishing ended) until every acknowledged record was
-//!    processed, closes everything gracefully, and prints the summary. Definitions of processed, redelivered and
-//!    order violation: `examples::ledger`.
+//!    processed, closes everything gracefully, and prints the summary. Every handling and every acknowledged
+//!    publish is recorded into the history checker (`test_support::history`): its rules decide PASS (nothing
+//!    acknowledged lost, per-key order except redeliveries, one member per shard at a time). The counts of the
+//!    table (processed, redelivered, claimed): `examples::ledger`.
 //!
 //! With `--redis-url` the demo's stream (`demo-<unique>`: 8 shard streams and the group's metadata) stays in that
 //! Redis afterwards.

@@ -1,4 +1,5 @@
-//! The producers' side of the run: rate-limited batches of keyed records, every outcome into the ledger.
+//! The producers' side of the run: rate-limited batches of keyed records, every outcome into the ledger and
+//! every acknowledged one into the history.
 
 use super::settings::{Settings, MAX_BATCH, PRODUCERS, TICKS_PER_SECOND};
 use crate::ledger::{Ledger, PublishState};
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream_producer::{Producer, Record, WriteState};
+use test_support::history::History;
 
 /// Publishes the records of producer `p` (the keys `k` with `k % PRODUCERS == p`, in record order).
 pub(crate) async fn publish(
@@ -14,6 +16,7 @@ pub(crate) async fn publish(
     producer: Arc<Producer>,
     settings: Arc<Settings>,
     ledger: Arc<Mutex<Ledger>>,
+    history: History,
     attempted: Arc<AtomicU64>,
 ) -> Result<()> {
     let keys = settings.keys;
@@ -50,15 +53,26 @@ pub(crate) async fn publish(
                         .field("seq", (i / keys).to_string())
                 })
                 .collect();
+            let key_of = |i: u64| Ledger::key_name(i % keys);
             let states: Vec<PublishState> = match producer.send_batch(records).await {
-                Ok(_) => vec![PublishState::Written; batch.len()],
-                Err(e) => e
-                    .outcomes()
+                Ok(published) => {
+                    for (&i, p) in batch.iter().zip(&published) {
+                        history.published(Some(&key_of(i)), p);
+                    }
+                    vec![PublishState::Written; batch.len()]
+                }
+                Err(e) => batch
                     .iter()
-                    .map(|o| match o.write_state() {
-                        WriteState::Written => PublishState::Written,
-                        WriteState::NotWritten => PublishState::NotWritten,
-                        WriteState::Unknown => PublishState::Unknown,
+                    .zip(e.outcomes())
+                    .map(|(&i, o)| {
+                        if let Some(p) = o.published() {
+                            history.published(Some(&key_of(i)), p);
+                        }
+                        match o.write_state() {
+                            WriteState::Written => PublishState::Written,
+                            WriteState::NotWritten => PublishState::NotWritten,
+                            WriteState::Unknown => PublishState::Unknown,
+                        }
                     })
                     .collect(),
             };

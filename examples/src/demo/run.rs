@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stream_consumer::{Consumer, ConsumerHandle, ConsumerStatus, Message, ShardId};
 use stream_producer::Producer;
+use test_support::history::History;
 use tokio::sync::watch;
 
 /// Everything the consumers share.
@@ -28,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) redis_url: String,
     pub(crate) ledger: Arc<Mutex<Ledger>>,
     pub(crate) board: Arc<Mutex<Board>>,
+    /// Every handling and acknowledged publish, for the checks of the summary.
+    pub(crate) history: History,
     pub(crate) out: Arc<Output>,
 }
 
@@ -36,6 +39,8 @@ pub(crate) fn spawn_consumer(shared: &Shared, member: usize) -> Result<ConsumerH
     let name = format!("consumer-{}", member + 1);
     let ms = Settings::ms;
     let ledger = Arc::clone(&shared.ledger);
+    let history = shared.history.clone();
+    let who = name.clone();
     let mut builder = Consumer::builder(&s.stream, &s.group)
         .coordinator(&shared.coordinator_url)
         .redis(&shared.redis_url)
@@ -54,12 +59,14 @@ pub(crate) fn spawn_consumer(shared: &Shared, member: usize) -> Result<ConsumerH
         })
         .handler(move |msg: Message| {
             // The work is done when the handler is called; the entry is acknowledged after the returned future.
+            let handling = history.begin(&who, &msg, None);
             ledger.lock().expect("ledger lock").handle(
                 member,
                 msg.get_str("key"),
                 msg.get_str("seq"),
                 msg.delivery_count(),
             );
+            handling.succeeded();
             std::future::ready(Ok::<_, Infallible>(()))
         });
     if let Some(token) = &s.coordinator_token {
@@ -172,6 +179,7 @@ pub(crate) async fn run(
         redis_url: redis_url.clone(),
         ledger: Arc::new(Mutex::new(Ledger::new(settings.records, settings.keys))),
         board: Arc::new(Mutex::new(Board::default())),
+        history: History::new(),
         out: Arc::clone(&out),
     };
     let mut consumers: BTreeMap<usize, ConsumerHandle> = BTreeMap::new();
@@ -215,6 +223,7 @@ pub(crate) async fn run(
                 Arc::clone(producer),
                 Arc::clone(&settings),
                 Arc::clone(&shared.ledger),
+                shared.history.clone(),
                 Arc::clone(&attempted),
             ))
         })
@@ -344,9 +353,8 @@ pub(crate) async fn run(
     Ok(Report {
         settings: Arc::clone(&settings),
         counts,
-        missing: ledger.missing(),
+        checks: shared.history.check(),
         unacknowledged_processed: ledger.processed_unacknowledged(),
-        violations: ledger.first_violations().to_vec(),
         members,
         crash,
         join,
