@@ -32,6 +32,7 @@
 //! - [`wait`] — [`wait_until`] and [`wait_for`], polling with a deadline.
 //! - [`port`] — [`free_port`].
 //! - [`gate`] — [`Gate`], holding handlers inside their message until the test opens it.
+//! - [`streams`] — [`pending_total`], a group's pending entries over its shard streams.
 //!
 //! # Features
 //!
@@ -72,6 +73,7 @@ pub mod proxy;
 pub mod replica;
 pub mod server;
 pub mod snapshot;
+pub mod streams;
 #[cfg(feature = "timings")]
 pub mod timings;
 pub mod wait;
@@ -82,4 +84,5 @@ pub use proxy::{FaultProxy, Mode};
 pub use replica::ReplicaPair;
 pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
 pub use snapshot::Snapshot;
+pub use streams::pending_total;
 pub use wait::{wait_for, wait_until};

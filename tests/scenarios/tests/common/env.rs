@@ -271,21 +271,8 @@ impl Scenario {
 
     /// Pending entries of the group over every shard (`XPENDING` summary).
     pub async fn pending_total(&self) -> u64 {
-        let mut con = self.redis.connection().await;
-        let mut total = 0;
-        for s in 0..self.shards {
-            let r: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
-                .arg(self.shard_key(s))
-                .arg(self.group.as_str())
-                .query_async(&mut con)
-                .await;
-            if let Ok(redis::Value::Array(items)) = r {
-                if let Some(redis::Value::Int(n)) = items.first() {
-                    total += *n as u64;
-                }
-            }
-        }
-        total
+        let keys = (0..self.shards).map(|s| self.shard_key(s));
+        test_support::pending_total(&self.redis, keys, self.group.as_str()).await
     }
 
     /// Whether the group's metadata hash exists.
