@@ -1,6 +1,7 @@
 //! Pieces shared by the consumer and producer SDKs of redis-stream-coord.
 //!
 //! # Layout
+//! * [`admin`]: the coordinator's admin API client (groups, routing, shards, fencing), typed errors.
 //! * [`version_store`]: the version-store SPI (the highest metadata/routing version a client has observed) with
 //!   an in-memory and an atomic-file implementation.
 //! * [`persist`]: persisting the highest observed version, retried until the store takes it, with the policy
@@ -11,6 +12,7 @@
 //!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod coord_client;
 pub mod persist;
 pub mod redis_check;

@@ -1,47 +1,15 @@
-//! The admin API over HTTP: one method per route `coordctl` uses, and the errors a caller can act on.
+//! What a `coordctl` command can fail with, and how it is printed. The admin API itself is
+//! [`client_core::admin::AdminClient`].
 
-use protocol::messages::{
-    AddShardsRequest, CreateGroupRequest, ErrorResponse, GroupDescription, GroupList, RecreateGroupRequest,
-    RoutingDescription,
-};
-use protocol::StoreRevision;
-use reqwest::header::{AUTHORIZATION, IF_MATCH};
-use reqwest::{Method, RequestBuilder, Response};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-use std::time::Duration;
+use client_core::admin::AdminError;
 use thiserror::Error;
 
 /// Why a command failed; [`CliError::exit_code`] is the process exit status.
 #[derive(Debug, Error)]
 pub enum CliError {
-    /// The coordinator answered with an error (its typed body).
-    #[error("{} (HTTP {http}): {}", .body.status, .body.message)]
-    Api {
-        /// The HTTP status code.
-        http: u16,
-        /// The coordinator's error body.
-        body: ErrorResponse,
-    },
-    /// No answer: connection refused, reset, timeout.
-    #[error("cannot reach the coordinator at {url}: {source}")]
-    Transport {
-        /// The URL tried.
-        url: String,
-        /// The transport error.
-        #[source]
-        source: reqwest::Error,
-    },
-    /// An answer that is not the coordinator's JSON (a proxy, another service, a version mismatch).
-    #[error("unexpected answer from {url} (HTTP {http}): {detail}")]
-    Decode {
-        /// The URL.
-        url: String,
-        /// The HTTP status code.
-        http: u16,
-        /// What was wrong.
-        detail: String,
-    },
+    /// The admin call failed: refused by the coordinator, no answer, or an answer that is not its JSON.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
     /// `coordctl` itself refused (a confirmation missing, inconsistent flags).
     #[error("{0}")]
     Refused(String),
@@ -52,136 +20,10 @@ impl CliError {
     /// (2 is clap's usage error.)
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Api { .. } => 1,
-            CliError::Transport { .. } | CliError::Decode { .. } => 3,
-            CliError::Refused(_) => 4,
+            CliError::Admin(AdminError::Api { .. }) => 1,
+            CliError::Admin(AdminError::Transport { .. } | AdminError::Decode { .. }) => 3,
+            CliError::Admin(AdminError::Client(_)) | CliError::Refused(_) => 4,
         }
-    }
-}
-
-/// A client of one coordinator.
-pub struct AdminClient {
-    /// Base URL without a trailing slash.
-    base: String,
-    /// Admin bearer token, sent when set.
-    token: Option<String>,
-    http: reqwest::Client,
-}
-
-impl AdminClient {
-    /// A client for `base` (for example `http://127.0.0.1:7400`) with a per-request timeout.
-    ///
-    /// # Errors
-    /// [`CliError::Refused`] when the HTTP client cannot be built.
-    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, CliError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| CliError::Refused(format!("cannot build the HTTP client: {e}")))?;
-        Ok(AdminClient {
-            base: base.trim_end_matches('/').to_owned(),
-            token: token.filter(|t| !t.is_empty()),
-            http,
-        })
-    }
-
-    /// `GET /v1/groups[?rebuild=true]`.
-    pub async fn groups(&self, rebuild: bool) -> Result<GroupList, CliError> {
-        let path = if rebuild {
-            "/v1/groups?rebuild=true"
-        } else {
-            "/v1/groups"
-        };
-        self.json(self.request(Method::GET, path)).await
-    }
-
-    /// `GET /v1/streams/{stream}/groups/{group}`.
-    pub async fn describe(&self, stream: &str, group: &str) -> Result<GroupDescription, CliError> {
-        let path = format!("/v1/streams/{}/groups/{}", seg(stream), seg(group));
-        self.json(self.request(Method::GET, &path)).await
-    }
-
-    /// `GET /v1/streams/{stream}`.
-    pub async fn routing(&self, stream: &str) -> Result<RoutingDescription, CliError> {
-        let path = format!("/v1/streams/{}", seg(stream));
-        self.json(self.request(Method::GET, &path)).await
-    }
-
-    /// `POST /v1/streams/{stream}/shards`.
-    pub async fn add_shards(
-        &self,
-        stream: &str,
-        count: u32,
-        if_match: Option<StoreRevision>,
-    ) -> Result<RoutingDescription, CliError> {
-        let path = format!("/v1/streams/{}/shards", seg(stream));
-        let rb = with_if_match(self.request(Method::POST, &path), if_match).json(&AddShardsRequest { count });
-        self.json(rb).await
-    }
-
-    /// `POST /v1/streams/{stream}/groups/{group}/members/{member}/fence`.
-    pub async fn fence(
-        &self,
-        stream: &str,
-        group: &str,
-        member: &str,
-        if_match: Option<StoreRevision>,
-    ) -> Result<GroupDescription, CliError> {
-        let path = format!(
-            "/v1/streams/{}/groups/{}/members/{}/fence",
-            seg(stream),
-            seg(group),
-            seg(member)
-        );
-        self.json(with_if_match(self.request(Method::POST, &path), if_match))
-            .await
-    }
-
-    /// `POST /v1/streams/{stream}/groups/{group}`: create a group (and the stream's routing when it has none).
-    pub async fn create(
-        &self,
-        stream: &str,
-        group: &str,
-        req: &CreateGroupRequest,
-    ) -> Result<GroupDescription, CliError> {
-        let path = format!("/v1/streams/{}/groups/{}", seg(stream), seg(group));
-        self.json(body(self.request(Method::POST, &path), req)).await
-    }
-
-    /// `POST /v1/streams/{stream}/groups/{group}/recreate`.
-    pub async fn recreate(
-        &self,
-        stream: &str,
-        group: &str,
-        req: &RecreateGroupRequest,
-    ) -> Result<GroupDescription, CliError> {
-        let path = format!("/v1/streams/{}/groups/{}/recreate", seg(stream), seg(group));
-        self.json(body(self.request(Method::POST, &path), req)).await
-    }
-
-    /// `GET /metrics` as text, for the per-shard lag (`None` when the coordinator does not serve it).
-    pub async fn metrics(&self) -> Option<String> {
-        let resp = self.request(Method::GET, "/metrics").send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        resp.text().await.ok()
-    }
-
-    fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let rb = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(t) => rb.header(AUTHORIZATION, format!("Bearer {t}")),
-            None => rb,
-        }
-    }
-
-    async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T, CliError> {
-        let resp = rb.send().await.map_err(|source| CliError::Transport {
-            url: protocol::redact::redact_url(&self.base),
-            source,
-        })?;
-        decode(resp).await
     }
 }
 
@@ -201,65 +43,10 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-fn body<T: Serialize>(rb: RequestBuilder, value: &T) -> RequestBuilder {
-    rb.json(value)
-}
-
-fn with_if_match(rb: RequestBuilder, if_match: Option<StoreRevision>) -> RequestBuilder {
-    match if_match {
-        Some(rev) => rb.header(IF_MATCH, format!("\"{}\"", rev.0)),
-        None => rb,
-    }
-}
-
-/// Names are validated by the coordinator; percent-encode the few characters a path cannot carry as they are.
-fn seg(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:@!$&'()*+,;=".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-async fn decode<T: DeserializeOwned>(resp: Response) -> Result<T, CliError> {
-    let url = protocol::redact::redact_url(resp.url().as_str());
-    let http = resp.status().as_u16();
-    let text = resp.text().await.map_err(|source| CliError::Transport {
-        url: url.clone(),
-        source,
-    })?;
-    if (200..300).contains(&http) {
-        return serde_json::from_str(&text).map_err(|e| CliError::Decode {
-            url,
-            http,
-            detail: format!("{e}: {}", excerpt(&text)),
-        });
-    }
-    match serde_json::from_str::<ErrorResponse>(&text) {
-        Ok(body) => Err(CliError::Api { http, body }),
-        Err(_) => Err(CliError::Decode {
-            url,
-            http,
-            detail: excerpt(&text),
-        }),
-    }
-}
-
-fn excerpt(text: &str) -> String {
-    let t = text.trim();
-    match t.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &t[..i]),
-        None => t.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::messages::ErrorResponse;
 
     #[derive(Debug, Error)]
     #[error("{0}")]
@@ -292,14 +79,8 @@ mod tests {
     }
 
     #[test]
-    fn path_segments_are_escaped() {
-        assert_eq!(seg("orders"), "orders");
-        assert_eq!(seg("a b/c"), "a%20b%2Fc");
-    }
-
-    #[test]
     fn exit_codes_distinguish_refusals_from_outages() {
-        let api = CliError::Api {
+        let api = CliError::Admin(AdminError::Api {
             http: 412,
             body: ErrorResponse {
                 status: protocol::Status::RevisionConflict,
@@ -307,7 +88,7 @@ mod tests {
                 member_epoch: None,
                 retry_after_ms: None,
             },
-        };
+        });
         assert_eq!(api.exit_code(), 1);
         assert_eq!(CliError::Refused("no".into()).exit_code(), 4);
     }

@@ -5,14 +5,16 @@
 //! not the coordinator's JSON), 4 refused by `coordctl` itself (`recreate` without `--yes`).
 //!
 //! # Layout
-//! * `client`: the admin API over HTTP and [`client::CliError`].
+//! * `client`: [`client::CliError`], what a command fails with (the admin API is
+//!   [`client_core::admin::AdminClient`]).
 //! * `output`: tables and durations.
 
 mod client;
 mod output;
 
 use clap::{Parser, Subcommand};
-use client::{AdminClient, CliError};
+use client::CliError;
+use client_core::admin::{AdminClient, AdminError};
 use protocol::messages::{CreateGroupRequest, RecreateGroupRequest};
 use protocol::metadata::GroupTimings;
 use protocol::StoreRevision;
@@ -198,7 +200,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {
-                if let CliError::Api { http, body } = &e {
+                if let CliError::Admin(AdminError::Api { http, body }) = &e {
                     let v = serde_json::json!({ "httpStatus": http, "error": body });
                     println!("{v}");
                 }
@@ -246,7 +248,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let json = cli.json;
     match cli.command {
         Command::Groups { rebuild } => {
-            let list = client.groups(rebuild).await?;
+            let list = client.list_groups(rebuild).await?;
             emit(json, &list, || output::groups(&list));
         }
         Command::Describe { stream, group } => {

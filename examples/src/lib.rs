@@ -1,7 +1,8 @@
-//! Example programs (see src/bin) and what they share with their tests: a private `redis-server` launcher
-//! ([`redis_launcher`]), the demo's delivery bookkeeping ([`ledger`]), and fenced writes to a Redis hash for the
-//! `fenced_writer` worker ([`fenced_write`]).
+//! Example programs (see src/bin) and what they share with their tests: the demo itself ([`demo`], run by the
+//! `demo` binary), a private `redis-server` launcher ([`redis_launcher`]), the demo's delivery bookkeeping
+//! ([`ledger`]), and fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]).
 
+pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
 pub mod redis_launcher;

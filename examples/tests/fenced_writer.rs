@@ -5,12 +5,11 @@
 use coord_server::server::CoordinatorHandle;
 use examples::fenced_write::{account_key, apply_entry, FencedHash, WriteOutcome};
 use protocol::messages::CreateGroupRequest;
-use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, StreamName};
 use protocol::{keys, FencingToken, ShardId};
 use std::collections::HashMap;
 use std::time::Duration;
-use stream_consumer::{Consumer, ConsumerBuilder, Message};
+use stream_consumer::{ConsumerBuilder, Message};
 use test_support::{wait_for, RedisServer};
 use tokio::sync::{mpsc, watch};
 
@@ -81,20 +80,10 @@ async fn malformed_fenced_writes_are_script_errors_that_write_nothing() {
     assert!(hash(&redis, "h").await.is_empty());
 }
 
-const TTL_MS: u64 = 2_000;
-
 fn consumer(redis: &RedisServer, coord: &CoordinatorHandle, stream: &str, member: &str) -> ConsumerBuilder {
-    Consumer::builder(stream, "ledger")
+    test_support::consumer::builder(stream, "ledger", member)
         .coordinator(format!("http://{}", coord.addr()))
         .redis(redis.url())
-        .member_id(member)
-        .heartbeat_interval(Duration::from_millis(200))
-        .member_ttl(Duration::from_millis(TTL_MS))
-        .assignment_lease(Duration::from_millis(1_500))
-        .lease_safety_margin(Duration::from_millis(200))
-        .request_timeout(Duration::from_millis(400))
-        .read_block(Duration::from_millis(300))
-        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
 }
 
 /// The old owner's handler has sent its write (held here by a gate, as a pause would hold it) when its process
@@ -102,20 +91,9 @@ fn consumer(redis: &RedisServer, coord: &CoordinatorHandle, stream: &str, member
 #[tokio::test]
 async fn a_stalled_owners_late_write_is_refused_after_its_shard_moved() {
     let redis = RedisServer::start().await;
-    let mut config = coord_server::Config::new(redis.url());
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.tick_interval = Duration::from_millis(50);
-    // Short enough for the 1.5 s assignment lease below (the lease must outlast mutex TTL + section timeout).
-    config.mutex_ttl = Duration::from_millis(900);
-    config.critical_section_timeout = Duration::from_millis(600);
-    let coord = CoordinatorHandle::spawn(config).await.expect("coordinator starts");
+    let coord = test_support::coordinator::spawn(&redis.url()).await;
     let stream = StreamName::new("fenced").unwrap();
-    let timings = GroupTimings {
-        member_ttl_ms: TTL_MS,
-        heartbeat_interval_ms: 200,
-        rebalance_timeout_ms: 3_000,
-        assignment_lease_ms: 1_500,
-    };
+    let timings = test_support::timings::group_timings();
     coord
         .coordinator()
         .create_group(

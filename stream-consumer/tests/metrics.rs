@@ -10,99 +10,16 @@ mod common;
 use client_core::testing::FailingVersionStore;
 
 use common::*;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use stream_consumer::metrics::{heartbeat_statuses, names, UNREACHABLE};
 use stream_consumer::Message;
-
-/// Counters and gauges by name and label set; reading never resets anything.
-///
-/// Not metrics-util's `DebuggingRecorder`: its snapshots swap every counter and gauge back to 0, so a second
-/// read, or a read by another test sharing the global recorder, would see values that were never recorded.
-#[derive(Clone, Default)]
-struct MemoryRecorder {
-    series: Arc<Mutex<HashMap<SeriesKey, Arc<metrics::atomics::AtomicU64>>>>,
-}
-
-/// A metric name and its labels.
-type SeriesKey = (String, BTreeMap<String, String>);
-
-impl MemoryRecorder {
-    fn cell(&self, key: &Key) -> Arc<metrics::atomics::AtomicU64> {
-        let labels = key
-            .labels()
-            .map(|l| (l.key().to_owned(), l.value().to_owned()))
-            .collect();
-        let mut series = self.series.lock().unwrap();
-        Arc::clone(series.entry((key.name().to_owned(), labels)).or_default())
-    }
-
-    fn raw(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        let series = self.series.lock().unwrap();
-        series
-            .get(&(name.to_owned(), labels))
-            .map(|c| c.load(Ordering::Acquire))
-    }
-
-    /// A gauge's value (gauges store the bits of an `f64`); panics when the series was never registered.
-    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let bits = self
-            .raw(name, labels)
-            .unwrap_or_else(|| panic!("no series {name}{labels:?}; have {:?}", self.names()));
-        f64::from_bits(bits)
-    }
-
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        self.raw(name, labels)
-            .unwrap_or_else(|| panic!("no series {name}{labels:?}; have {:?}", self.names()))
-    }
-
-    /// Every series whose labels include `labels`: (name, full label set).
-    fn series_with(&self, labels: &[(&str, &str)]) -> Vec<SeriesKey> {
-        let series = self.series.lock().unwrap();
-        series
-            .keys()
-            .filter(|(_, l)| labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
-            .cloned()
-            .collect()
-    }
-
-    fn names(&self) -> BTreeSet<String> {
-        self.series.lock().unwrap().keys().map(|(n, _)| n.clone()).collect()
-    }
-}
-
-impl metrics::Recorder for MemoryRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.cell(key))
-    }
-
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.cell(key))
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
+use test_support::metrics::MemoryRecorder;
 
 /// The process-global recorder, installed by the first test that asks (before it builds any consumer: handles
 /// are registered at build time).
 fn recorder() -> &'static MemoryRecorder {
-    static RECORDER: OnceLock<MemoryRecorder> = OnceLock::new();
-    RECORDER.get_or_init(|| {
-        let r = MemoryRecorder::default();
-        metrics::set_global_recorder(r.clone()).expect("no other global recorder in this test binary");
-        r
-    })
+    MemoryRecorder::global()
 }
 
 /// The `stream` and `group` labels of `env`'s group.

@@ -7,98 +7,23 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use client_core::testing::FailingVersionStore;
 use common::{any_port, coordinator_config, DEADLINE};
 use coord_server::server::CoordinatorHandle;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 use protocol::messages::CreateGroupRequest;
 use protocol::names::{GroupName, StreamName};
 use stream_producer::metrics::{names, OUTCOME_NOT_WRITTEN, OUTCOME_WRITTEN, REASON_ROUTING_EXPIRED};
 use stream_producer::{MemoryVersionStore, Producer, ProducerBuilder, PublishError, VersionStore};
+use test_support::metrics::MemoryRecorder;
 use test_support::{wait_until, FaultProxy, Mode, RedisServer};
-
-/// Counters and gauges by name and label set; reading never resets anything.
-///
-/// Not metrics-util's `DebuggingRecorder`: its snapshots swap every counter and gauge back to 0, so a second
-/// read, or a read by another test sharing the global recorder, would see values that were never recorded.
-#[derive(Clone, Default)]
-struct MemoryRecorder {
-    series: Arc<Mutex<HashMap<SeriesKey, Arc<metrics::atomics::AtomicU64>>>>,
-}
-
-/// A metric name and its labels.
-type SeriesKey = (String, BTreeMap<String, String>);
-
-impl MemoryRecorder {
-    fn cell(&self, key: &Key) -> Arc<metrics::atomics::AtomicU64> {
-        let labels = key
-            .labels()
-            .map(|l| (l.key().to_owned(), l.value().to_owned()))
-            .collect();
-        let mut series = self.series.lock().unwrap();
-        Arc::clone(series.entry((key.name().to_owned(), labels)).or_default())
-    }
-
-    fn raw(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        let series = self.series.lock().unwrap();
-        let cell = series.get(&(name.to_owned(), labels.clone()));
-        cell.unwrap_or_else(|| panic!("no series {name}{labels:?}"))
-            .load(Ordering::Acquire)
-    }
-
-    /// A gauge's value (gauges store the bits of an `f64`).
-    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        f64::from_bits(self.raw(name, labels))
-    }
-
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        self.raw(name, labels)
-    }
-
-    /// Every series whose labels include `labels`: (name, full label set).
-    fn series_with(&self, labels: &[(&str, &str)]) -> Vec<SeriesKey> {
-        let series = self.series.lock().unwrap();
-        series
-            .keys()
-            .filter(|(_, l)| labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
-            .cloned()
-            .collect()
-    }
-}
-
-impl metrics::Recorder for MemoryRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.cell(key))
-    }
-
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.cell(key))
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
 
 /// The process-global recorder, installed by the first test that asks (before it builds any producer: handles
 /// are registered at build time).
 fn recorder() -> &'static MemoryRecorder {
-    static RECORDER: OnceLock<MemoryRecorder> = OnceLock::new();
-    RECORDER.get_or_init(|| {
-        let r = MemoryRecorder::default();
-        metrics::set_global_recorder(r.clone()).expect("no other global recorder in this test binary");
-        r
-    })
+    MemoryRecorder::global()
 }
 
 /// Redis, a coordinator reached through a fault proxy (so a crash also drops its kept-alive connections), and a

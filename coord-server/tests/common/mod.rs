@@ -15,29 +15,18 @@ use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
 use reqwest::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::time::Duration;
 use test_support::RedisServer;
 
-/// Short timings so expiry and leases play out within a test.
+/// The short group timings of every suite (`test_support::timings`): expiry and leases play out within a test.
 pub fn timings() -> GroupTimings {
-    GroupTimings {
-        member_ttl_ms: 2000,
-        heartbeat_interval_ms: 200,
-        rebalance_timeout_ms: 3000,
-        assignment_lease_ms: 1500,
-    }
+    test_support::timings::group_timings()
 }
 
-/// A configuration for `redis_url` with a free port, short timings and a 50 ms tick. The mutex TTL and wait are
-/// short enough for the 1.5 s assignment lease of [`timings`] (`Config::check_timings`).
+/// The test coordinator configuration (`test_support::coordinator`) for `redis_url` on a free port: short
+/// timings, a 50 ms tick, and a mutex TTL and section timeout the 1.5 s assignment lease accepts
+/// (`Config::check_timings`).
 pub fn config(redis_url: &str) -> Config {
-    let mut config = Config::new(redis_url);
-    config.listen = "127.0.0.1:0".parse().expect("literal address");
-    config.tick_interval = Duration::from_millis(50);
-    config.mutex_ttl = Duration::from_millis(900);
-    config.critical_section_timeout = Duration::from_millis(600);
-    config.default_timings = timings();
-    config
+    test_support::coordinator::config(redis_url, test_support::coordinator::any_port())
 }
 
 /// A real Redis and a coordinator on it.

@@ -1,6 +1,7 @@
 //! Shared pieces of the consumer's integration tests: a real `redis-server`, an in-process coordinator, a
 //! recorder of every handler invocation, a background producer, and the invariant checks.
 #![allow(dead_code)]
+#![allow(unused_imports)] // the re-exported harness pieces: each test binary uses a different subset
 
 use coord_server::server::CoordinatorHandle;
 use protocol::keys;
@@ -8,22 +9,18 @@ use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, StreamName};
 use protocol::ShardId;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stream_consumer::{ConsumerBuilder, ConsumerHandle, EntryId, Message};
+use stream_consumer::{ConsumerBuilder, EntryId, Message};
+use test_support::history::{Handled, Handling, History};
 use test_support::{wait_for, RedisServer};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub const SHARDS: u32 = 8;
-pub const MEMBER_TTL: Duration = Duration::from_millis(2000);
-pub const HEARTBEAT: Duration = Duration::from_millis(200);
-pub const LEASE: Duration = Duration::from_millis(1500);
-pub const MARGIN: Duration = Duration::from_millis(200);
-pub const REBALANCE_TIMEOUT: Duration = Duration::from_millis(3000);
+pub use test_support::timings::{HEARTBEAT, LEASE, MARGIN, MEMBER_TTL, REBALANCE_TIMEOUT};
 
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -32,13 +29,9 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// The short group timings of every suite (`test_support::timings`).
 pub fn group_timings() -> GroupTimings {
-    GroupTimings {
-        member_ttl_ms: MEMBER_TTL.as_millis() as u64,
-        heartbeat_interval_ms: HEARTBEAT.as_millis() as u64,
-        rebalance_timeout_ms: REBALANCE_TIMEOUT.as_millis() as u64,
-        assignment_lease_ms: LEASE.as_millis() as u64,
-    }
+    test_support::timings::group_timings()
 }
 
 /// Redis, a coordinator on a fixed address (so it can come back on the same URL), and one group.
@@ -51,13 +44,7 @@ pub struct Env {
 }
 
 fn coord_config(redis_url: &str, listen: SocketAddr) -> coord_server::Config {
-    let mut config = coord_server::Config::new(redis_url);
-    config.listen = listen;
-    config.tick_interval = Duration::from_millis(50);
-    // Short enough for the 1.5 s lease (`Config::check_timings`).
-    config.mutex_ttl = Duration::from_millis(900);
-    config.critical_section_timeout = Duration::from_millis(600);
-    config
+    test_support::coordinator::config(redis_url, listen)
 }
 
 impl Env {
@@ -142,20 +129,12 @@ impl Env {
         })
     }
 
-    /// A builder with the test timings and no handler.
+    /// A builder with the test timings (`test_support::consumer::builder`) and no handler.
     pub fn builder(&self, member: &str) -> ConsumerBuilder {
-        stream_consumer::Consumer::builder(self.stream.as_str(), self.group.as_str())
+        test_support::consumer::builder(self.stream.as_str(), self.group.as_str(), member)
             .coordinator(self.url())
             .redis(self.redis.url())
-            .member_id(member)
-            .heartbeat_interval(HEARTBEAT)
-            .member_ttl(MEMBER_TTL)
-            .assignment_lease(LEASE)
-            .lease_safety_margin(MARGIN)
-            .request_timeout(Duration::from_millis(400))
             .read_block(Duration::from_millis(500))
-            .drain_timeout(Duration::from_secs(5))
-            .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
     }
 
     pub fn shard_key(&self, shard: u32) -> String {
@@ -219,21 +198,8 @@ impl Env {
 
     /// Pending entries of the group on every shard (`XPENDING` summary count).
     pub async fn pending_total(&self) -> u64 {
-        let mut con = self.redis.connection().await;
-        let mut total = 0;
-        for s in 0..SHARDS {
-            let r: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
-                .arg(self.shard_key(s))
-                .arg(self.group.as_str())
-                .query_async(&mut con)
-                .await;
-            if let Ok(redis::Value::Array(items)) = r {
-                if let Some(redis::Value::Int(n)) = items.first() {
-                    total += *n as u64;
-                }
-            }
-        }
-        total
+        let keys = (0..SHARDS).map(|s| self.shard_key(s));
+        test_support::pending_total(&self.redis, keys, self.group.as_str()).await
     }
 
     /// The group's current description.
@@ -283,30 +249,10 @@ impl Producer {
     }
 }
 
-/// Lets a test hold handlers inside their message until it opens the gate.
-#[derive(Clone)]
-pub struct Gate(watch::Sender<bool>);
+pub use test_support::consumer::wait_status;
+pub use test_support::Gate;
 
-impl Gate {
-    pub fn open() -> Gate {
-        Gate(watch::Sender::new(true))
-    }
-
-    pub fn closed() -> Gate {
-        Gate(watch::Sender::new(false))
-    }
-
-    pub fn set(&self, open: bool) {
-        self.0.send_replace(open);
-    }
-
-    pub async fn wait(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|open| *open).await;
-    }
-}
-
-/// One handler invocation.
+/// One handler invocation, as the tests here read it.
 #[derive(Debug, Clone)]
 pub struct Record {
     pub member: String,
@@ -319,34 +265,33 @@ pub struct Record {
     pub ok: bool,
 }
 
-/// Every handler invocation of every member of a test.
-#[derive(Clone, Default)]
-pub struct Recorder {
-    records: Arc<Mutex<Vec<Record>>>,
-    open: Arc<Mutex<BTreeMap<u64, Record>>>,
-    next: Arc<Mutex<u64>>,
-}
-
-/// Records the end of an invocation when dropped (also when the handler's future is dropped).
-pub struct InvocationGuard {
-    rec: Recorder,
-    key: u64,
-    ok: bool,
-}
-
-impl InvocationGuard {
-    pub fn ok(mut self) {
-        self.ok = true;
+impl From<Handled> for Record {
+    fn from(h: Handled) -> Record {
+        Record {
+            member: h.member,
+            shard: h.shard,
+            id: h.entry,
+            delivery: h.delivery,
+            start: h.started,
+            end: h.ended,
+            ok: h.ok,
+        }
     }
 }
 
-impl Drop for InvocationGuard {
-    fn drop(&mut self) {
-        if let Some(mut r) = self.rec.open.lock().unwrap().remove(&self.key) {
-            r.end = Instant::now();
-            r.ok = self.ok;
-            self.rec.records.lock().unwrap().push(r);
-        }
+/// Every handler invocation of every member of a test, recorded into the one history checker
+/// (`test_support::history`).
+#[derive(Clone, Default)]
+pub struct Recorder {
+    history: History,
+}
+
+/// Records the end of an invocation when dropped (also when the handler's future is dropped).
+pub struct InvocationGuard(Handling);
+
+impl InvocationGuard {
+    pub fn ok(self) {
+        self.0.succeeded();
     }
 }
 
@@ -356,39 +301,12 @@ impl Recorder {
     }
 
     pub fn begin(&self, member: &str, msg: &Message) -> InvocationGuard {
-        let key = {
-            let mut n = self.next.lock().unwrap();
-            *n += 1;
-            *n
-        };
-        let now = Instant::now();
-        self.open.lock().unwrap().insert(
-            key,
-            Record {
-                member: member.to_owned(),
-                shard: msg.shard().0,
-                id: msg.id(),
-                delivery: msg.delivery_count(),
-                start: now,
-                end: now,
-                ok: false,
-            },
-        );
-        InvocationGuard {
-            rec: self.clone(),
-            key,
-            ok: false,
-        }
+        InvocationGuard(self.history.begin(member, msg, None))
     }
 
-    /// Finished invocations, plus the ones still running (with `end` = now).
+    /// Finished invocations, plus the ones still running (with `end` = now), by start.
     pub fn all(&self) -> Vec<Record> {
-        let mut all = self.records.lock().unwrap().clone();
-        let now = Instant::now();
-        all.extend(self.open.lock().unwrap().values().cloned().map(|mut r| {
-            r.end = now;
-            r
-        }));
+        let mut all: Vec<Record> = self.history.handled().into_iter().map(Record::from).collect();
         all.sort_by_key(|r| r.start);
         all
     }
@@ -399,13 +317,7 @@ impl Recorder {
 
     /// Entries whose handler succeeded at least once.
     pub fn acked(&self) -> BTreeSet<(u32, EntryId)> {
-        self.records
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.ok)
-            .map(|r| (r.shard, r.id))
-            .collect()
+        self.history.acked()
     }
 
     /// Shards `member` handled something of, started after `t`.
@@ -417,36 +329,10 @@ impl Recorder {
             .collect()
     }
 
-    /// The invariant: per shard, the invocations split into consecutive stints of one member each, and no stint
-    /// overlaps the next one (no shard handled by two members at the same time).
+    /// The invariant: no shard handled by two members at the same time (the history checker's rule (a), over
+    /// finished and running invocations).
     pub fn assert_no_overlap(&self) {
-        let all = self.all();
-        let mut by_shard: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
-        for r in &all {
-            by_shard.entry(r.shard).or_default().push(r);
-        }
-        for (shard, records) in by_shard {
-            // (member, first start, last end) per stint
-            let mut stints: Vec<(String, Instant, Instant)> = Vec::new();
-            for r in records {
-                match stints.last_mut() {
-                    Some((m, _, end)) if *m == r.member => *end = (*end).max(r.end),
-                    _ => stints.push((r.member.clone(), r.start, r.end)),
-                }
-            }
-            for pair in stints.windows(2) {
-                let (a, b) = (&pair[0], &pair[1]);
-                assert!(
-                    a.2 <= b.1,
-                    "shard {shard}: {} handled it until {:?} after {} started at {:?} (overlap of {:?})",
-                    a.0,
-                    a.2,
-                    b.0,
-                    b.1,
-                    a.2 - b.1
-                );
-            }
-        }
+        self.history.assert_no_overlap();
     }
 
     /// Checks every entry in `produced` was handled successfully.
@@ -459,34 +345,6 @@ impl Recorder {
             missing.len(),
             produced.len(),
             &missing[..missing.len().min(10)]
-        );
-    }
-}
-
-/// Waits until `handle`'s status satisfies `f`; the panic shows the last status.
-pub async fn wait_status(
-    handle: &ConsumerHandle,
-    timeout: Duration,
-    what: &str,
-    f: impl Fn(&stream_consumer::ConsumerStatus) -> bool,
-) {
-    let mut rx = handle.watch_status();
-    let waited = tokio::time::timeout(timeout, async {
-        loop {
-            if f(&rx.borrow_and_update()) {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                // The consumer stopped: no further change will come.
-                std::future::pending::<()>().await;
-            }
-        }
-    })
-    .await;
-    if waited.is_err() {
-        panic!(
-            "timed out after {timeout:?} waiting for {what}; last status: {:#?}",
-            *rx.borrow()
         );
     }
 }

@@ -21,17 +21,17 @@ async fn beat_until(
     state: RevokeState,
     want: Status,
 ) -> (Vec<Status>, HeartbeatResponse) {
-    let deadline = Instant::now() + DEADLINE;
-    let mut seen = Vec::new();
-    loop {
+    let what = format!("{} to get {want}", m.id);
+    let state_of = tokio::sync::Mutex::new((m, Vec::new()));
+    let r = test_support::wait_for(DEADLINE, &what, || async {
+        let mut guard = state_of.lock().await;
+        let (m, seen) = &mut *guard;
         let r = m.beat(api, state).await.unwrap_or_else(|e| panic!("{}: {e:?}", m.id));
         seen.push(r.status);
-        if r.status == want {
-            return (seen, r);
-        }
-        assert!(Instant::now() < deadline, "{} never got {want}: {seen:?}", m.id);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (r.status == want).then_some(r)
+    })
+    .await;
+    (state_of.into_inner().1, r)
 }
 
 // ---- level 2 ---------------------------------------------------------------------------------------------------

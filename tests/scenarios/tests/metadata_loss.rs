@@ -15,18 +15,15 @@ use stream_consumer::ConsumerHandle;
 
 /// Heartbeats of `m` until one is refused with `status`; returns the refusal's `retryAfterMs`.
 async fn refused_with(api: &GroupApi, m: &mut WireMember, status: Status) -> Option<u64> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match m.beat(api, RevokeState::Revoked).await {
-            Err((_, e)) if e.status == status => return e.retry_after_ms,
-            other => assert!(
-                Instant::now() < deadline,
-                "{} never refused with {status}: {other:?}",
-                m.id
-            ),
+    let what = format!("{} to be refused with {status}", m.id);
+    let m = tokio::sync::Mutex::new(m);
+    test_support::wait_for(DEADLINE, &what, || async {
+        match m.lock().await.beat(api, RevokeState::Revoked).await {
+            Err((_, e)) if e.status == status => Some(e.retry_after_ms),
+            _ => None,
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// After the loss: heartbeats are refused METADATA_UNAVAILABLE again and again, ticks run, and still no
@@ -76,17 +73,16 @@ async fn fail_closed_then_recreate(s: &Scenario, members: &mut [&mut WireMember]
             "no shard is handed out before one TTL: {r:?}"
         );
     }
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let mut all_ok = true;
-        for m in members.iter_mut() {
-            all_ok &= m.ok(&api).await.status == Status::Ok;
-        }
-        if all_ok {
-            break;
-        }
-        assert!(Instant::now() < deadline, "members never got OK after the recreate");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    {
+        let members = tokio::sync::Mutex::new(&mut *members);
+        test_support::wait_until(DEADLINE, "every member to get OK after the recreate", || async {
+            let mut all_ok = true;
+            for m in members.lock().await.iter_mut() {
+                all_ok &= m.ok(&api).await.status == Status::Ok;
+            }
+            all_ok
+        })
+        .await;
     }
     let refs: Vec<&WireMember> = members.iter().map(|m| &**m).collect();
     assert_no_two_readers(&refs);
@@ -127,14 +123,12 @@ async fn redis_restart_without_persistence_fails_closed_and_nothing_is_reconstru
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut con).await.unwrap();
     assert!(keys.is_empty(), "the restarted Redis is empty: {keys:?}");
     // The stream's routing is gone too: producers are refused, nothing is invented.
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match api.routing(0, 1).await {
-            Err((_, e)) if e.status == Status::MetadataUnavailable => break,
-            other => assert!(Instant::now() < deadline, "routing not refused: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    test_support::wait_until(
+        DEADLINE,
+        "the stream's routing to be refused METADATA_UNAVAILABLE",
+        || async { matches!(api.routing(0, 1).await, Err((_, e)) if e.status == Status::MetadataUnavailable) },
+    )
+    .await;
     fail_closed_then_recreate(&s, &mut [&mut a, &mut b]).await;
 }
 

@@ -406,14 +406,15 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, Refusal>>,
 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err((StatusCode::SERVICE_UNAVAILABLE, _)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
+    test_support::wait_for(DEADLINE, "the admin call to pass the dead section's mutex", || {
+        let call = f();
+        async move {
+            match call.await {
+                Ok(v) => Some(v),
+                Err((StatusCode::SERVICE_UNAVAILABLE, _)) => None,
+                Err(e) => panic!("admin call refused: {e:?}"),
             }
-            Err(e) => panic!("admin call refused: {e:?}"),
         }
-    }
+    })
+    .await
 }

@@ -31,6 +31,19 @@
 //!   or reset traffic.
 //! - [`wait`] — [`wait_until`] and [`wait_for`], polling with a deadline.
 //! - [`port`] — [`free_port`].
+//! - [`gate`] — [`Gate`], holding handlers inside their message until the test opens it.
+//! - [`streams`] — [`pending_total`], a group's pending entries over its shard streams.
+//!
+//! # Features
+//!
+//! Each suite pulls only what it needs:
+//!
+//! - `timings` — [`timings`]: the short group timings of every suite.
+//! - `coordinator` — [`coordinator`]: the coordinator configuration of tests (implies `timings`).
+//! - `consumer` — [`consumer`]: a short-timed consumer builder and [`consumer::wait_status`].
+//! - `metrics` — [`metrics`]: [`metrics::MemoryRecorder`], an in-memory recorder that never resets.
+//! - `history` — [`history`]: the history checker (one member per shard at a time, nothing acknowledged lost,
+//!   per-key order).
 //!
 //! # Example
 //!
@@ -46,16 +59,30 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "consumer")]
+pub mod consumer;
+#[cfg(feature = "coordinator")]
+pub mod coordinator;
+pub mod gate;
+#[cfg(feature = "history")]
+pub mod history;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod port;
 pub mod proxy;
 pub mod replica;
 pub mod server;
 pub mod snapshot;
+pub mod streams;
+#[cfg(feature = "timings")]
+pub mod timings;
 pub mod wait;
 
+pub use gate::Gate;
 pub use port::free_port;
 pub use proxy::{FaultProxy, Mode};
 pub use replica::ReplicaPair;
 pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
 pub use snapshot::Snapshot;
+pub use streams::pending_total;
 pub use wait::{wait_for, wait_until};

@@ -1,0 +1,420 @@
+//! The run: the coordinator, the group, the consumers and producers, the crash and the join, and the wait for
+//! everything acknowledged to be processed.
+
+use super::board::{shard_list, Board, CrashWatch, Fate, JoinWatch, LostListener, MemberView};
+use super::output::Output;
+use super::publish::publish;
+use super::report::{CrashRow, JoinRow, MemberRow, Report};
+use super::settings::{Args, Settings, CONSUMERS, PRODUCERS, SHARDS};
+use crate::ledger::Ledger;
+use anyhow::{Context, Result};
+use client_core::admin::AdminClient;
+use coord_server::server::CoordinatorHandle;
+use protocol::messages::CreateGroupRequest;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stream_consumer::{Consumer, ConsumerHandle, ConsumerStatus, Message, ShardId};
+use stream_producer::Producer;
+use test_support::history::History;
+use tokio::sync::watch;
+
+/// Everything the consumers share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) coordinator_url: String,
+    pub(crate) redis_url: String,
+    pub(crate) ledger: Arc<Mutex<Ledger>>,
+    pub(crate) board: Arc<Mutex<Board>>,
+    /// Every handling and acknowledged publish, for the checks of the summary.
+    pub(crate) history: History,
+    pub(crate) out: Arc<Output>,
+}
+
+pub(crate) fn spawn_consumer(shared: &Shared, member: usize) -> Result<ConsumerHandle> {
+    let s = &shared.settings;
+    let name = format!("consumer-{}", member + 1);
+    let ms = Settings::ms;
+    let ledger = Arc::clone(&shared.ledger);
+    let history = shared.history.clone();
+    let who = name.clone();
+    let mut builder = Consumer::builder(&s.stream, &s.group)
+        .coordinator(&shared.coordinator_url)
+        .redis(&shared.redis_url)
+        .member_id(&name)
+        .heartbeat_interval(ms(s.timings.heartbeat_interval_ms))
+        .member_ttl(ms(s.timings.member_ttl_ms))
+        .assignment_lease(ms(s.timings.assignment_lease_ms))
+        .lease_safety_margin(ms(s.timings.assignment_lease_ms / 5))
+        .request_timeout(ms(s.timings.assignment_lease_ms / 2))
+        .read_block(Duration::from_millis(250))
+        .drain_timeout(Duration::from_secs(5))
+        .rebalance_listener(LostListener {
+            member,
+            board: Arc::clone(&shared.board),
+            out: Arc::clone(&shared.out),
+        })
+        .handler(move |msg: Message| {
+            // The work is done when the handler is called; the entry is acknowledged after the returned future.
+            let handling = history.begin(&who, &msg, None);
+            ledger.lock().expect("ledger lock").handle(
+                member,
+                msg.get_str("key"),
+                msg.get_str("seq"),
+                msg.delivery_count(),
+            );
+            handling.succeeded();
+            std::future::ready(Ok::<_, Infallible>(()))
+        });
+    if let Some(token) = &s.coordinator_token {
+        builder = builder.coordinator_token(token);
+    }
+    let handle = builder.build().context("consumer configuration")?.spawn();
+    shared.board.lock().expect("board lock").members.insert(
+        member,
+        MemberView {
+            name,
+            fate: Fate::Running,
+            reading: Vec::new(),
+            pending: Vec::new(),
+            lost: 0,
+        },
+    );
+    tokio::spawn(watch_member(
+        handle.watch_status(),
+        member,
+        Arc::clone(&shared.board),
+        Arc::clone(&shared.out),
+    ));
+    Ok(handle)
+}
+
+pub(crate) async fn watch_member(
+    mut status: watch::Receiver<ConsumerStatus>,
+    member: usize,
+    board: Arc<Mutex<Board>>,
+    out: Arc<Output>,
+) {
+    loop {
+        let current = status.borrow_and_update().clone();
+        let events = board.lock().expect("board lock").update(member, &current);
+        for e in events {
+            out.event(e);
+        }
+        if current.closed || status.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Creates the stream's group through the admin API.
+pub(crate) async fn create_group(url: &str, settings: &Settings, admin_token: Option<&str>) -> Result<()> {
+    let admin = AdminClient::new(url, admin_token.map(str::to_owned), Duration::from_secs(10))?;
+    let body = CreateGroupRequest {
+        shard_count: Some(SHARDS),
+        timings: Some(settings.timings),
+    };
+    admin
+        .create(&settings.stream, &settings.group, &body)
+        .await
+        .with_context(|| {
+            format!(
+                "creating the group (POST {}/v1/streams/{}/groups/{}) failed",
+                protocol::redact::redact_url(url),
+                settings.stream,
+                settings.group
+            )
+        })?;
+    Ok(())
+}
+
+pub(crate) async fn run(
+    args: &Args,
+    settings: Arc<Settings>,
+    redis_url: String,
+    redis_label: String,
+    out: Arc<Output>,
+) -> Result<Report> {
+    let start = out.start;
+    // Coordinator.
+    let (coordinator_url, coordinator, coordinator_label) =
+        match args.coordinator_url.as_deref().filter(|u| !u.is_empty()) {
+            Some(url) => {
+                let url = url.trim_end_matches('/').to_owned();
+                (
+                    url.clone(),
+                    None,
+                    format!("{} (external)", protocol::redact::redact_url(&url)),
+                )
+            }
+            None => {
+                let mut config = coord_server::Config::new(redis_url.clone());
+                config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                config.tick_interval = Duration::from_millis(100);
+                // Short enough for the demo's leases (`Config::check_timings`).
+                config.mutex_ttl = Duration::from_millis(900);
+                config.critical_section_timeout = Duration::from_millis(600);
+                config.default_timings = settings.timings;
+                let handle = CoordinatorHandle::spawn(config)
+                    .await
+                    .context("cannot start the in-process coordinator")?;
+                let url = handle.url();
+                (url.clone(), Some(handle), format!("{url} (in-process)"))
+            }
+        };
+    create_group(&coordinator_url, &settings, args.admin_token.as_deref()).await?;
+    let t = &settings.timings;
+    out.event(format!(
+        "redis {redis_label}; coordinator {coordinator_label}; stream {} with {SHARDS} shards, group {} (member TTL \
+         {} ms, heartbeat {} ms, lease {} ms)",
+        settings.stream, settings.group, t.member_ttl_ms, t.heartbeat_interval_ms, t.assignment_lease_ms
+    ));
+
+    let shared = Shared {
+        settings: Arc::clone(&settings),
+        coordinator_url: coordinator_url.clone(),
+        redis_url: redis_url.clone(),
+        ledger: Arc::new(Mutex::new(Ledger::new(settings.records, settings.keys))),
+        board: Arc::new(Mutex::new(Board::default())),
+        history: History::new(),
+        out: Arc::clone(&out),
+    };
+    let mut consumers: BTreeMap<usize, ConsumerHandle> = BTreeMap::new();
+    for m in 0..CONSUMERS {
+        consumers.insert(m, spawn_consumer(&shared, m)?);
+    }
+    out.event(format!("{CONSUMERS} consumers started (consumer-1..{CONSUMERS})"));
+
+    let mut producers = Vec::new();
+    for _ in 0..PRODUCERS {
+        let mut builder = Producer::builder(settings.stream.as_str())
+            .coordinator(coordinator_url.as_str())
+            .redis(redis_url.as_str());
+        if let Some(token) = &settings.coordinator_token {
+            builder = builder.coordinator_token(token.as_str());
+        }
+        let producer = builder.build().context("producer configuration")?;
+        producer
+            .ready()
+            .await
+            .context("the producer cannot fetch its routing")?;
+        producers.push(Arc::new(producer));
+    }
+    let attempted = Arc::new(AtomicU64::new(0));
+    out.event(format!(
+        "{PRODUCERS} producers publishing {} records at {}",
+        settings.records,
+        if settings.rate == 0 {
+            "full speed".to_owned()
+        } else {
+            format!("{} records/s", settings.rate)
+        }
+    ));
+    let publish_start = Instant::now();
+    let mut publishers: Vec<_> = producers
+        .iter()
+        .enumerate()
+        .map(|(p, producer)| {
+            tokio::spawn(publish(
+                p,
+                Arc::clone(producer),
+                Arc::clone(&settings),
+                Arc::clone(&shared.ledger),
+                shared.history.clone(),
+                Arc::clone(&attempted),
+            ))
+        })
+        .collect();
+
+    let plain_every = Duration::from_secs(1);
+    let mut last_plain = Instant::now();
+    let mut crashed = false;
+    let publish_done: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
+    let show = |force_plain: bool, last_plain: &mut Instant| {
+        let processed = shared.ledger.lock().expect("ledger lock").counts().distinct;
+        let line = shared.board.lock().expect("board lock").line();
+        let plain = force_plain || last_plain.elapsed() >= plain_every;
+        if plain {
+            *last_plain = Instant::now();
+        }
+        let secs = publish_start.elapsed().as_secs_f64();
+        let published = (attempted.load(Ordering::Relaxed), publish_done.get().unwrap_or(secs));
+        out.status(published, (processed, secs), &line, plain);
+    };
+
+    // Publishing, with the crash and the join halfway.
+    loop {
+        let done = publishers.iter().all(|p| p.is_finished());
+        if !crashed && (done || attempted.load(Ordering::Relaxed) >= settings.records / 2) {
+            crashed = true;
+            show(true, &mut last_plain);
+            crash_and_join(&shared, &mut consumers).await?;
+        }
+        if done {
+            break;
+        }
+        show(false, &mut last_plain);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for p in publishers.drain(..) {
+        p.await.context("a publishing task failed")??;
+    }
+    let publish_secs = publish_start.elapsed().as_secs_f64();
+    publish_done.set(Some(publish_secs));
+    show(true, &mut last_plain);
+    out.event(format!(
+        "publishing done in {publish_secs:.2} s; waiting for every acknowledged record to be processed (deadline {} \
+         s)",
+        settings.deadline.as_secs()
+    ));
+
+    // Wait until everything acknowledged is processed and both rebalances were seen.
+    let deadline = Instant::now() + settings.deadline;
+    let mut deadline_passed = false;
+    loop {
+        let missing = shared.ledger.lock().expect("ledger lock").missing();
+        let rebalanced = shared.board.lock().expect("board lock").rebalanced();
+        if missing == 0 && rebalanced {
+            break;
+        }
+        if Instant::now() >= deadline {
+            deadline_passed = true;
+            break;
+        }
+        show(false, &mut last_plain);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    show(true, &mut last_plain);
+    out.event("closing consumers (graceful: drain, revoke, leave) and producers");
+
+    // Shards at the end, before the closes empty them.
+    let reading_at_end: BTreeMap<usize, Vec<ShardId>> = {
+        let board = shared.board.lock().expect("board lock");
+        board.members.iter().map(|(&m, v)| (m, v.reading.clone())).collect()
+    };
+    let closes = consumers.into_iter().map(|(m, handle)| {
+        let board = Arc::clone(&shared.board);
+        async move {
+            if let Some(v) = board.lock().expect("board lock").members.get_mut(&m) {
+                v.fate = Fate::Closed;
+            }
+            (m, handle.close().await)
+        }
+    });
+    for (m, result) in futures::future::join_all(closes).await {
+        if let Err(e) = result {
+            out.event(format!("consumer-{} closed with an error: {e}", m + 1));
+        }
+    }
+    for producer in producers {
+        let producer = Arc::into_inner(producer).context("a publishing task still holds a producer")?;
+        producer.close().await.context("closing a producer")?;
+    }
+    if let Some(c) = coordinator {
+        c.shutdown().await;
+    }
+    out.finish();
+
+    let ledger = shared.ledger.lock().expect("ledger lock");
+    let board = shared.board.lock().expect("board lock");
+    let counts = ledger.counts();
+    let members = board
+        .members
+        .iter()
+        .map(|(&m, v)| {
+            let handled = ledger.member(m);
+            MemberRow {
+                name: v.name.clone(),
+                fate: v.fate,
+                reading_at_end: if v.fate == Fate::Crashed {
+                    Vec::new()
+                } else {
+                    reading_at_end.get(&m).cloned().unwrap_or_default()
+                },
+                handled: handled.handled,
+                claimed: handled.claimed,
+                lost: v.lost,
+            }
+        })
+        .collect();
+    let crash = board.crash.as_ref().map(|c| CrashRow {
+        name: board.members[&c.member].name.clone(),
+        shards: c.shards.clone(),
+        first_moved: c.first_moved.map(|t| t - c.at),
+        all_moved: c.all_moved.map(|t| t - c.at),
+    });
+    let join = board.join.as_ref().map(|j| JoinRow {
+        name: board.members[&j.member].name.clone(),
+        first_shard: j.first_shard.map(|(t, s)| (t - j.at, s)),
+    });
+    Ok(Report {
+        settings: Arc::clone(&settings),
+        counts,
+        checks: shared.history.check(),
+        unacknowledged_processed: ledger.processed_unacknowledged(),
+        members,
+        crash,
+        join,
+        publish_secs,
+        process_secs: counts
+            .last_new_at
+            .map_or(0.0, |t| t.saturating_duration_since(publish_start).as_secs_f64()),
+        total_secs: start.elapsed().as_secs_f64(),
+        deadline_passed,
+        coordinator: coordinator_label,
+        redis: redis_label,
+    })
+}
+
+/// Aborts the member reading the most shards (a crash) and starts a new one.
+pub(crate) async fn crash_and_join(shared: &Shared, consumers: &mut BTreeMap<usize, ConsumerHandle>) -> Result<()> {
+    let victim = {
+        let board = shared.board.lock().expect("board lock");
+        board
+            .members
+            .iter()
+            .filter(|(_, v)| v.fate == Fate::Running)
+            .max_by_key(|(&m, v)| (v.reading.len(), std::cmp::Reverse(m)))
+            .map(|(&m, _)| m)
+            .context("no running consumer to crash")?
+    };
+    let handle = consumers.remove(&victim).context("the victim's handle")?;
+    let (name, shards) = {
+        let mut board = shared.board.lock().expect("board lock");
+        let view = board.members.get_mut(&victim).expect("a running member");
+        view.fate = Fate::Crashed;
+        let (name, shards) = (view.name.clone(), view.reading.clone());
+        board.crash = Some(CrashWatch {
+            member: victim,
+            at: Instant::now(),
+            shards: shards.clone(),
+            first_moved: None,
+            all_moved: None,
+        });
+        (name, shards)
+    };
+    handle.abort().await;
+    shared.out.event(format!(
+        "CRASH: {name} aborted (no drain, no leave) while reading {} shard(s) {}; they move when its member TTL ({} \
+         ms) runs out",
+        shards.len(),
+        shard_list(&shards),
+        shared.settings.timings.member_ttl_ms
+    ));
+    let newcomer = consumers.keys().chain([&victim]).max().map_or(0, |m| m + 1);
+    shared.board.lock().expect("board lock").join = Some(JoinWatch {
+        member: newcomer,
+        at: Instant::now(),
+        first_shard: None,
+    });
+    consumers.insert(newcomer, spawn_consumer(shared, newcomer)?);
+    shared.out.event(format!("JOIN: consumer-{} started", newcomer + 1));
+    let events = shared.board.lock().expect("board lock").check();
+    for e in events {
+        shared.out.event(e);
+    }
+    Ok(())
+}

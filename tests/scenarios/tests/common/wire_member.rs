@@ -1,0 +1,119 @@
+//! [`WireMember`]: a consumer played by the test over the wire.
+
+use super::*;
+
+/// A consumer played by the test over the wire: it keeps what a well-behaved client keeps (epoch, versions,
+/// what it reads) and builds the next request from the last answer.
+#[derive(Debug, Clone)]
+pub struct WireMember {
+    pub id: MemberId,
+    pub instance: String,
+    pub epoch: MemberEpoch,
+    pub version: MetadataVersion,
+    pub max_observed: MetadataVersion,
+    /// Shards it reads.
+    pub reading: BTreeSet<ShardId>,
+    /// Shards it was told to drain and has not reported released yet.
+    pub revoking: BTreeSet<ShardId>,
+    pub last: Option<HeartbeatResponse>,
+}
+
+impl WireMember {
+    pub fn new(name: &str) -> WireMember {
+        WireMember {
+            id: MemberId::new(name).unwrap(),
+            instance: format!("{name}-i"),
+            epoch: MemberEpoch::JOIN,
+            version: MetadataVersion(0),
+            max_observed: MetadataVersion(0),
+            reading: BTreeSet::new(),
+            revoking: BTreeSet::new(),
+            last: None,
+        }
+    }
+
+    /// The next request: current epoch and versions, what it reads, and its revoking shards as `state`.
+    pub fn request(&self, state: RevokeState) -> HeartbeatRequest {
+        HeartbeatRequest {
+            member_id: self.id.clone(),
+            instance_id: self.instance.clone(),
+            member_epoch: self.epoch,
+            metadata_version: self.version,
+            max_observed_version: self.max_observed.max(self.version),
+            owned: self.reading.iter().copied().collect(),
+            revoking: self
+                .revoking
+                .iter()
+                .map(|&shard| RevokingShard { shard, state })
+                .collect(),
+        }
+    }
+
+    /// Applies an answer the way the SDK does: every status stops reading what is not assigned or is to be
+    /// drained; a shard to drain that is not read is acknowledged at once; a shard reported `REVOKED` is forgotten
+    /// once an answer stops listing it in `revoke`; only `OK` starts (or resumes) assigned shards.
+    pub fn apply(&mut self, r: &HeartbeatResponse, reported: RevokeState) {
+        self.epoch = r.member_epoch;
+        self.version = r.metadata_version;
+        self.max_observed = self.max_observed.max(r.metadata_version);
+        let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
+        let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
+        if reported == RevokeState::Revoked {
+            self.revoking.retain(|s| revoke.contains(s));
+        }
+        let stop: Vec<ShardId> = self
+            .reading
+            .iter()
+            .filter(|s| !assigned.contains(s) || revoke.contains(s))
+            .copied()
+            .collect();
+        for s in stop {
+            self.reading.remove(&s);
+            self.revoking.insert(s);
+        }
+        self.revoking.extend(revoke.iter().copied());
+        if r.status == Status::Ok {
+            for s in &assigned {
+                self.revoking.remove(s);
+                self.reading.insert(*s);
+            }
+        }
+        self.last = Some(r.clone());
+    }
+
+    /// Sends the next heartbeat (revoking shards reported `state`) and applies a 200 answer.
+    pub async fn beat(&mut self, api: &GroupApi, state: RevokeState) -> Result<HeartbeatResponse, Refusal> {
+        let r = api.heartbeat(&self.request(state)).await;
+        if let Ok(resp) = &r {
+            self.apply(resp, state);
+        }
+        r
+    }
+
+    /// A heartbeat reporting everything drained, which must be answered 200.
+    pub async fn ok(&mut self, api: &GroupApi) -> HeartbeatResponse {
+        let req = self.request(RevokeState::Revoked);
+        let r = api.hb(&req).await;
+        self.apply(&r, RevokeState::Revoked);
+        r
+    }
+
+    /// Like [`WireMember::ok`], retrying retryable 503s.
+    pub async fn ok_retrying(&mut self, api: &GroupApi) -> HeartbeatResponse {
+        let req = self.request(RevokeState::Revoked);
+        match api.hb_retrying(&req).await {
+            Ok(r) => {
+                self.apply(&r, RevokeState::Revoked);
+                r
+            }
+            Err(e) => panic!("heartbeat {req:?} refused: {e:?}"),
+        }
+    }
+
+    /// Forgets everything (a new process with the same id).
+    pub fn restart(&mut self, instance: &str) {
+        let id = self.id.clone();
+        *self = WireMember::new(id.as_str());
+        self.instance = instance.to_owned();
+    }
+}
