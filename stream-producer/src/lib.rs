@@ -15,6 +15,7 @@
 //!   [`VersionStore`] SPI.
 //! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
 //!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
+//! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch.
 //! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
 //! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker).
 //! * [`config`]: [`ProducerBuilder`], [`ProducerConfig`], [`Trim`], [`BatchingConfig`].
@@ -90,6 +91,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod producer;
+mod publish_script;
 mod publisher;
 mod refresher;
 mod routing_cache;
@@ -99,7 +101,7 @@ pub use batcher::Delivery;
 pub use client_core::{
     FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore, VersionStoreError,
 };
-pub use config::{BatchingConfig, ProducerBuilder, ProducerConfig, Trim};
+pub use config::{BatchingConfig, IdempotenceConfig, ProducerBuilder, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
 pub use protocol::{RoutingVersion, ShardId};
