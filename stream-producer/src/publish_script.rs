@@ -323,4 +323,183 @@ mod tests {
             assert!(words[4..6].iter().all(|k| keys::hash_tag(k) == tag), "{words:?}");
         }
     }
+
+    /// Runs the script against a real Redis (as the producer sends it) and reads its answer.
+    struct Shard {
+        con: redis::aio::MultiplexedConnection,
+        stream: StreamName,
+        script: PublishScript,
+    }
+
+    impl Shard {
+        async fn new(redis: &test_support::RedisServer) -> Shard {
+            let mut con = redis.connection().await;
+            let () = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(PublishScript::source())
+                .query_async::<String>(&mut con)
+                .await
+                .map(drop)
+                .unwrap();
+            Shard {
+                con,
+                stream: StreamName::new("orders").unwrap(),
+                script: PublishScript::default(),
+            }
+        }
+
+        async fn call(&mut self, version: u64, seq: Option<(&str, u64, bool)>, n: usize) -> Option<ScriptReply> {
+            let records: Vec<crate::Record> = (0..n)
+                .map(|i| crate::Record::with_key("k").field("n", i.to_string()))
+                .collect();
+            let mut pipe = redis::pipe();
+            self.script.add_call(
+                &mut pipe,
+                &self.stream,
+                ShardId(0),
+                RoutingVersion(version),
+                ScriptTrim::None,
+                seq.map(|(epoch, first, gap)| Sequence {
+                    producer_id: "p",
+                    epoch,
+                    first,
+                    gap,
+                    idle_ms: 60_000,
+                }),
+                records.iter(),
+            );
+            let mut replies: Vec<Value> = pipe.query_async(&mut self.con).await.unwrap();
+            parse_reply(replies.pop().unwrap(), n)
+        }
+
+        async fn len(&mut self) -> u64 {
+            redis::cmd("XLEN")
+                .arg(keys::shard_stream(&self.stream, ShardId(0)))
+                .query_async(&mut self.con)
+                .await
+                .unwrap()
+        }
+
+        async fn fence(&mut self, version: u64) {
+            let () = redis::cmd("HSET")
+                .arg(keys::shard_fence(&self.stream, ShardId(0)))
+                .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                .arg(version)
+                .query_async::<u64>(&mut self.con)
+                .await
+                .map(drop)
+                .unwrap();
+        }
+    }
+
+    fn ids(reply: Option<ScriptReply>) -> Vec<String> {
+        match reply {
+            Some(ScriptReply::Written(ids)) => ids,
+            other => panic!("expected Written, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fenced_call_writes_nothing_and_a_current_one_writes_everything() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        assert_eq!(ids(shard.call(1, None, 3).await).len(), 3, "no fence: version 1 writes");
+        shard.fence(2).await;
+        assert_eq!(
+            shard.call(1, None, 3).await,
+            Some(ScriptReply::Fenced(RoutingVersion(2)))
+        );
+        assert_eq!(shard.len().await, 3, "the fenced call wrote nothing");
+        assert_eq!(
+            ids(shard.call(2, None, 2).await).len(),
+            2,
+            "the fence version itself may write"
+        );
+        assert_eq!(ids(shard.call(3, None, 1).await).len(), 1);
+        assert_eq!(shard.len().await, 6);
+    }
+
+    #[tokio::test]
+    async fn sequences_deduplicate_the_last_call_and_refuse_gaps() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let first = ids(shard.call(1, Some(("e1", 0, false)), 3).await);
+        assert_eq!(
+            shard.call(1, Some(("e1", 0, false)), 3).await,
+            Some(ScriptReply::Duplicate(first.clone())),
+            "a retry answers the original ids"
+        );
+        assert_eq!(shard.len().await, 3, "and writes nothing");
+        // A gap (sequence 5 while 3 is next) is refused unless the call says one is expected.
+        assert_eq!(
+            shard.call(1, Some(("e1", 5, false)), 2).await,
+            Some(ScriptReply::OutOfOrder { expected: 3 })
+        );
+        assert_eq!(shard.len().await, 3);
+        let second = ids(shard.call(1, Some(("e1", 3, false)), 2).await);
+        assert_eq!(
+            ids(shard.call(1, Some(("e1", 7, true)), 1).await).len(),
+            1,
+            "an expected gap"
+        );
+        // Only the last call is remembered: the one before it is out of the window.
+        assert_eq!(
+            shard.call(1, Some(("e1", 3, false)), 2).await,
+            Some(ScriptReply::OutOfWindow { next: 8 })
+        );
+        assert_eq!(shard.len().await, 6);
+        assert_ne!(first, second);
+        // A new instance (another epoch) with the same producer id starts its own sequence at 0.
+        assert_eq!(ids(shard.call(1, Some(("e2", 0, false)), 1).await).len(), 1);
+        assert_eq!(shard.len().await, 7);
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_the_seal_is_still_recognised_as_written() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let written = ids(shard.call(1, Some(("e", 0, false)), 2).await);
+        shard.fence(2).await;
+        assert_eq!(
+            shard.call(1, Some(("e", 0, false)), 2).await,
+            Some(ScriptReply::Duplicate(written)),
+            "not Fenced: the records are in the shard, re-routing them would duplicate them"
+        );
+        assert_eq!(
+            shard.call(1, Some(("e", 2, false)), 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(2)))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_sequence_state_is_bounded_and_expires() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        for call in 0..20u64 {
+            ids(shard.call(1, Some(("e", call * 10, false)), 10).await);
+        }
+        let key = keys::producer_sequence(&shard.stream, ShardId(0), "p");
+        let fields: u64 = redis::cmd("HLEN").arg(&key).query_async(&mut shard.con).await.unwrap();
+        assert_eq!(
+            fields, 4,
+            "epoch, next, first and the ids of the last call, however many calls"
+        );
+        let ids_len: u64 = redis::cmd("HSTRLEN")
+            .arg(&key)
+            .arg("ids")
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        assert!(ids_len < 10 * 40, "the ids of one call only ({ids_len} bytes)");
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut shard.con).await.unwrap();
+        assert!(ttl > 0 && ttl <= 60_000, "idle expiry set: {ttl}");
+        // Not idempotent: no state at all.
+        ids(shard.call(1, None, 1).await);
+        let exists: u64 = redis::cmd("EXISTS")
+            .arg(keys::producer_sequence(&shard.stream, ShardId(0), "-"))
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0);
+    }
 }
