@@ -490,6 +490,30 @@ impl ProducerBuilder {
         self
     }
 
+    /// The idempotent producer's id (turns idempotence on); see [`IdempotenceConfig::producer_id`].
+    pub fn producer_id(mut self, id: impl Into<String>) -> Self {
+        self.idempotence_settings().producer_id = Some(id.into());
+        self
+    }
+
+    /// How long an idle idempotent producer's state stays in Redis (turns idempotence on); see
+    /// [`IdempotenceConfig::idle_expiry`].
+    pub fn producer_idle_expiry(mut self, expiry: Duration) -> Self {
+        self.idempotence_settings().idle_expiry = expiry;
+        self
+    }
+
+    /// Retries of an idempotent call whose outcome is unknown (turns idempotence on); see
+    /// [`IdempotenceConfig::max_retries`].
+    pub fn idempotence_retries(mut self, retries: u32) -> Self {
+        self.idempotence_settings().max_retries = retries;
+        self
+    }
+
+    fn idempotence_settings(&mut self) -> &mut IdempotenceConfig {
+        self.config.idempotence.get_or_insert_with(IdempotenceConfig::default)
+    }
+
     /// All idempotence settings at once (turns idempotence on).
     pub fn idempotence_config(mut self, config: IdempotenceConfig) -> Self {
         self.config.idempotence = Some(config);
@@ -619,39 +643,49 @@ mod tests {
             check(ok().fencing(false).reroute_fenced(true)),
             Err(ConfigError::ScriptRequired { .. })
         ));
-        let with = |f: fn(&mut IdempotenceConfig)| {
-            let mut c = IdempotenceConfig::default();
-            f(&mut c);
-            check(ok().idempotence_config(c))
-        };
-        with(|c| c.producer_id = Some("host-1.worker_2".into())).unwrap();
+        check(ok().producer_id("host-1.worker_2")).unwrap();
         for bad in ["", "a{b}", "a b", &"x".repeat(65)] {
-            let bad = bad.to_owned();
-            let mut c = IdempotenceConfig::default();
-            c.producer_id = Some(bad.clone());
             assert!(
-                matches!(
-                    check(ok().idempotence_config(c)),
-                    Err(ConfigError::InvalidProducerId { .. })
-                ),
+                matches!(check(ok().producer_id(bad)), Err(ConfigError::InvalidProducerId { .. })),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            with(|c| c.idle_expiry = Duration::from_secs(30)),
+            check(ok().producer_idle_expiry(Duration::from_secs(30))),
             Err(ConfigError::OutOfRange {
                 name: "idle_expiry",
                 ..
             })
         ));
         assert!(matches!(
-            with(|c| c.max_retries = 1000),
+            check(ok().idempotence_retries(1000)),
             Err(ConfigError::OutOfRange {
                 name: "idle_expiry",
                 ..
             })
         ));
-        assert!(!ok().idempotence(true).idempotence(false).config.idempotence.is_some());
+        assert!(matches!(
+            check(
+                ok().idempotence_retries(1001)
+                    .producer_idle_expiry(Duration::from_secs(100_000))
+            ),
+            Err(ConfigError::OutOfRange {
+                name: "max_retries",
+                ..
+            })
+        ));
+        assert!(ok().idempotence(true).idempotence(false).config.idempotence.is_none());
+        assert_eq!(
+            ok().producer_id("a")
+                .idempotence(true)
+                .config
+                .idempotence
+                .unwrap()
+                .producer_id
+                .as_deref(),
+            Some("a"),
+            "idempotence(true) keeps settings given before"
+        );
     }
 
     #[test]

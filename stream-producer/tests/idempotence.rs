@@ -11,16 +11,10 @@ use std::time::Duration;
 
 use common::{stream, total_len, Env, DEADLINE};
 use protocol::{keys, ShardId};
-use stream_producer::{IdempotenceConfig, Record, WriteState};
+use stream_producer::{Record, WriteState};
 use test_support::{wait_until, FaultProxy, Mode, RedisServer};
 
 const LEASE: Duration = Duration::from_secs(60);
-
-fn idempotent(retries: u32) -> IdempotenceConfig {
-    let mut c = IdempotenceConfig::default();
-    c.max_retries = retries;
-    c
-}
 
 /// A Redis whose main thread a test can block (`DEBUG SLEEP`), so that a request is executed only after the
 /// client stopped waiting for its answer.
@@ -80,7 +74,7 @@ async fn a_call_whose_answer_was_lost_is_retried_and_answered_with_the_original_
     let env = Env::start_on(blockable_redis().await, 2, LEASE).await;
     let producer = env
         .producer()
-        .idempotence_config(idempotent(30))
+        .idempotence_retries(30)
         .redis_response_timeout(Duration::from_millis(300))
         .redis_connect_timeout(Duration::from_millis(300))
         .build()
@@ -140,7 +134,7 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
     let producer = Arc::new(
         env.producer()
             .redis(proxy.url())
-            .idempotence_config(idempotent(50))
+            .idempotence_retries(50)
             .build()
             .unwrap(),
     );
