@@ -170,7 +170,7 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
         .map(|t| {
             let (producer, done) = (producer.clone(), done.clone());
             tokio::spawn(async move {
-                let mut duplicates = 0;
+                let (mut duplicates, mut resent) = (0, 0);
                 for b in 0..BATCHES {
                     let records: Vec<Record> = (0..PER_BATCH)
                         .map(|i| {
@@ -187,13 +187,15 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
                     duplicates += published.iter().filter(|p| p.duplicate).count();
                 }
                 done.fetch_add(1, Ordering::Relaxed);
-                duplicates
+                (duplicates, resent)
             })
         })
         .collect();
-    let mut duplicate_answers = 0;
+    let (mut duplicate_answers, mut resent) = (0, 0);
     for t in tasks {
-        duplicate_answers += t.await.unwrap();
+        let (d, r) = t.await.unwrap();
+        duplicate_answers += d;
+        resent += r;
     }
     let resets = chaos.await.unwrap();
 
@@ -210,7 +212,7 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
         .count();
     println!(
         "resets {resets}, records {expected}, stored {}, duplicates {duplicates}, lost {lost}, \
-         answered as duplicates {duplicate_answers}",
+         answered as duplicates {duplicate_answers}, resent as not written {resent}",
         stored.len()
     );
     assert!(

@@ -434,7 +434,11 @@ async fn main() -> Result<()> {
     }
     println!();
     let raw = rates.get("raw").map_or(0.0, |r| median(r));
-    println!("medians of {} interleaved rounds (load average now {}):", args.rounds, load_average());
+    println!(
+        "medians of {} interleaved rounds (load average now {}):",
+        args.rounds,
+        load_average()
+    );
     for (mode, name) in MODES {
         let Some(r) = rates.get(mode).map(|r| median(r)) else {
             continue;
