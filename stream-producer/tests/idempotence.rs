@@ -180,11 +180,28 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
                                 .field("n", n.to_string())
                         })
                         .collect();
-                    let published = producer
-                        .send_batch(records)
-                        .await
-                        .expect("every record settled as written");
-                    duplicates += published.iter().filter(|p| p.duplicate).count();
+                    // A record whose connection could not even be opened is not written (safe to resend, new
+                    // numbers); an unknown outcome would be the idempotent producer's failure.
+                    let mut pending = records;
+                    while !pending.is_empty() {
+                        match producer.send_batch(pending.clone()).await {
+                            Ok(published) => {
+                                duplicates += published.iter().filter(|p| p.duplicate).count();
+                                pending.clear();
+                            }
+                            Err(e) => {
+                                assert_eq!(e.count(WriteState::Unknown), 0, "every call settled: {e}");
+                                duplicates += e
+                                    .outcomes()
+                                    .iter()
+                                    .filter(|o| o.published().is_some_and(|p| p.duplicate))
+                                    .count();
+                                let again = e.indices(WriteState::NotWritten);
+                                pending = again.into_iter().map(|i| pending[i].clone()).collect();
+                                resent += pending.len();
+                            }
+                        }
+                    }
                 }
                 done.fetch_add(1, Ordering::Relaxed);
                 (duplicates, resent)
