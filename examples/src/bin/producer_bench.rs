@@ -84,6 +84,10 @@ struct Args {
     /// The redis-server binary.
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
+    /// Print, per round, where Redis spent its time: `INFO commandstats` (usec of `XADD` and `EVALSHA`) and the
+    /// server's CPU seconds (`INFO cpu`), reset before every round.
+    #[arg(long)]
+    commandstats: bool,
     /// Also run `redis-benchmark -P <pipeline> -c <raw-connections> XADD` once, as a reference for the raw loop
     /// (one stream key; printed, not compared).
     #[arg(long)]
@@ -278,6 +282,41 @@ async fn sdk_enqueue_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workl
     Ok(start.elapsed())
 }
 
+/// Redis's CPU seconds (user + system) so far.
+async fn redis_cpu(con: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum())
+}
+
+/// `usec` and `calls` of `XADD` and `EVALSHA` since the last `CONFIG RESETSTAT`.
+async fn command_usec(con: &mut redis::aio::MultiplexedConnection) -> Result<String> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(con).await?;
+    let mut out = Vec::new();
+    for name in ["xadd", "evalsha"] {
+        let prefix = format!("cmdstat_{name}:");
+        if let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) {
+            let field = |f: &str| {
+                line[prefix.len()..]
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            out.push(format!(
+                "{name} calls={} usec={} usec/call={}",
+                field("calls="),
+                field("usec="),
+                field("usec_per_call=")
+            ));
+        }
+    }
+    Ok(out.join("; "))
+}
+
 async fn clear(con: &mut redis::aio::MultiplexedConnection, stream: &StreamName, shards: u32) -> Result<()> {
     let mut pipe = redis::pipe();
     for s in 0..shards {
@@ -394,6 +433,12 @@ async fn main() -> Result<()> {
     for round in 1..=args.rounds {
         for mode in args.modes.iter().map(String::as_str) {
             clear(&mut con, &stream, args.shards).await?;
+            let cpu_before = if args.commandstats {
+                let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await?;
+                redis_cpu(&mut con).await?
+            } else {
+                0.0
+            };
             let took = match mode {
                 "raw" => raw_run(&redis.url(), &args, &work).await?,
                 "sdk-batch" => sdk_batch_run(&producer, &args, &work).await?,
@@ -412,6 +457,14 @@ async fn main() -> Result<()> {
                 "round {round} {mode:<17} {r:>12.0} records/s ({took:.2?})  load {}",
                 load_average()
             );
+            if args.commandstats {
+                let cpu = redis_cpu(&mut con).await? - cpu_before;
+                println!(
+                    "        redis cpu {cpu:.2} s ({:.0}% of the run); {}",
+                    100.0 * cpu / took.as_secs_f64(),
+                    command_usec(&mut con).await?
+                );
+            }
             let key = MODES.iter().find(|(m, _)| *m == mode).map_or("", |(m, _)| *m);
             rates.entry(key).or_default().push(r);
         }
