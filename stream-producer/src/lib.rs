@@ -46,6 +46,11 @@
 //! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
 //!   and [`Producer::close`] wait for every accepted record's outcome.
 //!
+//! Each shard's records go as one call of the fenced publish script (one `EVALSHA` per shard batch), which writes
+//! the whole batch or nothing and refuses a producer whose routing version is below the shard's fence (set when the
+//! stream grows) with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
+//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
+//!
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
 //! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
 //! knows when retrying is safe.
