@@ -86,13 +86,16 @@ end
 local ids = {}
 local head = 2
 if ARGV[2] ~= '' then head = 5 end
+-- One argument table for every record (no allocation per record): the fields overwrite the previous record's,
+-- and unpack takes exactly this record's length.
+local a
+if head == 5 then a = {KEYS[1], ARGV[2], '~', ARGV[3], '*'} else a = {KEYS[1], '*'} end
+local call = redis.call
 for i = 1, n do
   local p = starts[i]
-  local f = tonumber(ARGV[p])
-  local a
-  if head == 5 then a = {KEYS[1], ARGV[2], '~', ARGV[3], '*'} else a = {KEYS[1], '*'} end
-  for j = 1, 2 * f do a[head + j] = ARGV[p + j] end
-  ids[i] = redis.call('XADD', unpack(a))
+  local m = 2 * tonumber(ARGV[p])
+  for j = 1, m do a[head + j] = ARGV[p + j] end
+  ids[i] = call('XADD', unpack(a, 1, head + m))
 end
 if first then
   redis.call('HSET', KEYS[3], 'epoch', ARGV[5], 'next', string.format('%.0f', first + n),
@@ -501,5 +504,48 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(exists, 0);
+    }
+
+    #[tokio::test]
+    async fn records_of_different_sizes_keep_exactly_their_fields_with_trimming() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let records = [
+            crate::Record::with_key("k")
+                .field("a", "1")
+                .field("b", "2")
+                .field("c", "3"),
+            crate::Record::with_key("k").field("d", "4"),
+            crate::Record::with_key("k").field("e", "").field("f", "6"),
+        ];
+        let mut pipe = redis::pipe();
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            RoutingVersion(1),
+            ScriptTrim::MaxLen(1000),
+            None,
+            records.iter(),
+        );
+        let mut replies: Vec<Value> = pipe.query_async(&mut shard.con).await.unwrap();
+        ids(parse_reply(replies.pop().unwrap(), 3));
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(keys::shard_stream(&shard.stream, ShardId(0)))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        let fields: Vec<Vec<(String, String)>> = entries.into_iter().map(|(_, f)| f).collect();
+        let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        assert_eq!(
+            fields,
+            vec![
+                vec![pair("a", "1"), pair("b", "2"), pair("c", "3")],
+                vec![pair("d", "4")],
+                vec![pair("e", ""), pair("f", "6")],
+            ]
+        );
     }
 }
