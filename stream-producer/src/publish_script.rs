@@ -77,7 +77,13 @@ if ARGV[4] ~= '' then
     if first > nxt and ARGV[6] ~= '1' then return {'OUT_OF_ORDER', st[2]} end
   end
 end
-local fence = tonumber(redis.call('HGET', KEYS[2], 'routingVersion') or '0') or 0
+local raw_fence = redis.call('HGET', KEYS[2], 'routingVersion')
+local fence = 0
+if raw_fence then
+  fence = tonumber(raw_fence)
+  -- Fail closed: a fence this script cannot read refuses the call instead of letting it through.
+  if not fence then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number') end
+end
 if tonumber(ARGV[1]) < fence then return {'FENCED', string.format('%.0f', fence)} end
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
@@ -420,6 +426,34 @@ mod tests {
         );
         assert_eq!(ids(shard.call(3, None, 1).await).len(), 1);
         assert_eq!(shard.len().await, 6);
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_fence_refuses_the_call() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let () = redis::cmd("HSET")
+            .arg(keys::shard_fence(&shard.stream, ShardId(0)))
+            .arg(keys::shard_fence_fields::ROUTING_VERSION)
+            .arg("seven")
+            .query_async::<u64>(&mut shard.con)
+            .await
+            .map(drop)
+            .unwrap();
+        let mut pipe = redis::pipe();
+        let records = [crate::Record::with_key("k").field("f", "v")];
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            RoutingVersion(9),
+            ScriptTrim::None,
+            None,
+            records.iter(),
+        );
+        let err = pipe.query_async::<Vec<Value>>(&mut shard.con).await.unwrap_err();
+        assert!(err.to_string().contains("CORRUPT"), "{err}");
+        assert_eq!(shard.len().await, 0);
     }
 
     #[tokio::test]
