@@ -13,6 +13,7 @@
 //! | `redis-stream:shard:{<stream>:<n>}` | shard | the Redis stream of shard `n` |
 //! | `redis-stream:dead-letter:{<stream>:<n>}` | shard | entries of shard `n` that exceeded the delivery limit |
 //! | `redis-stream:shard-fence:{<stream>:<n>}` | shard | the data-plane fence of shard `n` (hash: `routingVersion`, the lowest routing version a producer must hold to write into the shard; written only by the coordinator's seal) |
+//! | `redis-stream:producer-seq:{<stream>:<n>}:<producer id>` | shard | an idempotent producer's sequence state for shard `n` (hash: `epoch`, `next`, `first`, `ids`; written only by the producer's publish script, expires when the producer is idle) |
 //!
 //! Every shard gets its own tag so the shards of one stream spread over a Cluster; a shard's dead-letter stream
 //! shares its tag so one pipeline can move an entry between them.
@@ -112,6 +113,13 @@ pub mod shard_fence_fields {
     pub const ROUTING_VERSION: &str = "routingVersion";
 }
 
+/// An idempotent producer's sequence state for one shard (same hash slot as the shard, so the publish script checks
+/// and advances it atomically with the write). `producer_id` is chosen by the producer SDK (it checks its
+/// characters and length); the key expires when the producer stops writing to the shard.
+pub fn producer_sequence(stream: &StreamName, shard: ShardId, producer_id: &str) -> String {
+    format!("{KEY_PREFIX}:producer-seq:{{{stream}:{shard}}}:{producer_id}")
+}
+
 /// The hash tag of a key (the part Redis Cluster hashes), as Redis computes it: the text between the first `{`
 /// and the next `}`, if non-empty; else the whole key.
 pub fn hash_tag(key: &str) -> &str {
@@ -159,6 +167,11 @@ mod tests {
         assert_eq!(hash_tag(&k3), hash_tag(&dead_letter_stream(&s, ShardId(3))));
         assert_eq!(shard_fence(&s, ShardId(3)), "redis-stream:shard-fence:{orders:3}");
         assert_eq!(hash_tag(&k3), hash_tag(&shard_fence(&s, ShardId(3))));
+        let seq = producer_sequence(&s, ShardId(3), "p-1");
+        assert_eq!(seq, "redis-stream:producer-seq:{orders:3}:p-1");
+        assert_eq!(hash_tag(&k3), hash_tag(&seq));
+        // The producer id cannot move the key to another slot: only the first {...} is the tag.
+        assert_eq!(hash_tag(&producer_sequence(&s, ShardId(3), "{x}")), hash_tag(&k3));
     }
 
     #[test]

@@ -53,6 +53,39 @@ impl Default for BatchingConfig {
     }
 }
 
+/// The idempotent producer's settings (see [`ProducerBuilder::idempotence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdempotenceConfig {
+    /// The producer id, part of the key of its per-shard state in Redis. Default: random per producer instance.
+    /// A given id must not be used by two live producers at once; each instance also draws a random epoch, so a
+    /// restarted producer with the same id starts a new sequence instead of being taken for a retry.
+    pub producer_id: Option<String>,
+    /// How long the producer's state for a shard (its sequence and the ids of its last call) stays in Redis after
+    /// its last write to the shard (`PEXPIRE`, renewed by every write). Default 30 min; at least 1 min, and longer
+    /// than the producer retries one call. A producer idle for longer simply starts a new sequence.
+    pub idle_expiry: Duration,
+    /// Retries of a call whose outcome is unknown (connection lost or timed out), with the same sequence numbers,
+    /// before its records are reported [`Unknown`](crate::WriteState::Unknown). Default 10.
+    pub max_retries: u32,
+}
+
+impl Default for IdempotenceConfig {
+    fn default() -> Self {
+        IdempotenceConfig {
+            producer_id: None,
+            idle_expiry: Duration::from_secs(30 * 60),
+            max_retries: 10,
+        }
+    }
+}
+
+/// Longest wait between two retries of an idempotent call.
+pub(crate) const IDEMPOTENT_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Longest producer id.
+pub const MAX_PRODUCER_ID_LEN: usize = 64;
+
 /// The settings of a [`Producer`], readable after [`build`](ProducerBuilder::build) through
 /// [`Producer::config`]. `Debug` hides the coordinator token and the Redis URL's credentials.
 #[derive(Clone)]
@@ -87,6 +120,15 @@ pub struct ProducerConfig {
     pub refresh_retry_min: Duration,
     /// Longest wait between failed routing refreshes. Default 1 s.
     pub refresh_retry_max: Duration,
+    /// Whether every publish goes through the fenced publish script (one `EVALSHA` per shard batch that checks the
+    /// producer's routing version against the shard's fence and writes the whole batch or nothing). Default on;
+    /// off sends plain pipelined `XADD`s, which a reshard cannot fence.
+    pub fencing: bool,
+    /// Whether records refused by a fence are re-routed with the refreshed routing and sent again by the producer
+    /// itself (see [`ProducerBuilder::reroute_fenced`]). Default off.
+    pub reroute_fenced: bool,
+    /// The idempotent producer, when on. Default off.
+    pub idempotence: Option<IdempotenceConfig>,
 }
 
 impl std::fmt::Debug for ProducerConfig {
@@ -104,6 +146,9 @@ impl std::fmt::Debug for ProducerConfig {
             .field("batching", &self.batching)
             .field("refresh_retry_min", &self.refresh_retry_min)
             .field("refresh_retry_max", &self.refresh_retry_max)
+            .field("fencing", &self.fencing)
+            .field("reroute_fenced", &self.reroute_fenced)
+            .field("idempotence", &self.idempotence)
             .finish()
     }
 }
@@ -123,6 +168,9 @@ impl ProducerConfig {
             batching: BatchingConfig::default(),
             refresh_retry_min: Duration::from_millis(50),
             refresh_retry_max: Duration::from_secs(1),
+            fencing: true,
+            reroute_fenced: false,
+            idempotence: None,
         }
     }
 
@@ -191,7 +239,65 @@ impl ProducerConfig {
                 max_batch_size: b.max_batch_size,
             });
         }
+        self.validate_script_settings()
+    }
+
+    fn validate_script_settings(&self) -> Result<(), ConfigError> {
+        if !self.fencing {
+            if self.reroute_fenced {
+                return Err(ConfigError::ScriptRequired {
+                    setting: "reroute_fenced",
+                });
+            }
+            if self.idempotence.is_some() {
+                return Err(ConfigError::ScriptRequired { setting: "idempotence" });
+            }
+        }
+        let Some(idem) = &self.idempotence else {
+            return Ok(());
+        };
+        if let Some(id) = &idem.producer_id {
+            check_producer_id(id)?;
+        }
+        // The state must outlive every retry of a call, or a late retry would be taken for a new call.
+        let one_call = self.redis_response_timeout + IDEMPOTENT_RETRY_MAX;
+        let retrying = one_call.saturating_mul(idem.max_retries.saturating_add(1));
+        if idem.idle_expiry < Duration::from_secs(60) || idem.idle_expiry <= retrying {
+            return Err(ConfigError::OutOfRange {
+                name: "idle_expiry",
+                rule: "at least 1 min and longer than (max_retries + 1) x (redis_response_timeout + 500 ms)",
+                value: format!("{:?}", idem.idle_expiry),
+            });
+        }
+        if idem.max_retries > 1000 {
+            return Err(ConfigError::OutOfRange {
+                name: "max_retries",
+                rule: "at most 1000",
+                value: idem.max_retries.to_string(),
+            });
+        }
         Ok(())
+    }
+}
+
+/// A producer id is part of a Redis key: 1 to [`MAX_PRODUCER_ID_LEN`] ASCII letters, digits, `.`, `_` or `-`.
+fn check_producer_id(id: &str) -> Result<(), ConfigError> {
+    let rule = if id.is_empty() || id.len() > MAX_PRODUCER_ID_LEN {
+        Some("1 to 64 characters")
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        Some("only ASCII letters, digits, '.', '_' and '-'")
+    } else {
+        None
+    };
+    match rule {
+        Some(rule) => Err(ConfigError::InvalidProducerId {
+            id: id.chars().take(80).collect(),
+            rule,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -351,6 +457,69 @@ impl ProducerBuilder {
         self
     }
 
+    /// Whether every publish goes through the fenced publish script (default on). Off: plain pipelined `XADD`s, as
+    /// before the fence existed; a producer that missed a reshard then keeps writing keys to shards they left.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.config.fencing = on;
+        self
+    }
+
+    /// Re-route and retry records refused by a shard fence (default off: they fail with
+    /// [`PublishError::Fenced`](crate::PublishError::Fenced), not written, and the producer refreshes its routing
+    /// at once).
+    ///
+    /// On: the producer refreshes its routing, chooses the refused records' shards again and sends them again
+    /// (up to 3 times) before the publish call returns. Records of one key from one producer stay in order iff no
+    /// later record of that key is handed to the producer while an earlier one's call has not returned: sequential
+    /// `send`s, all of them in one `send_batch`, or the batching mode with `max_in_flight_batches(1)`. With several
+    /// calls in flight, a later call that routes with the new routing can be written before an earlier refused call
+    /// is sent again.
+    pub fn reroute_fenced(mut self, on: bool) -> Self {
+        self.config.reroute_fenced = on;
+        self
+    }
+
+    /// The idempotent producer (default off), like Kafka's `enable.idempotence`: every record gets a per-shard
+    /// sequence number, checked by the publish script, and a call whose outcome is unknown (connection lost or
+    /// timed out) is retried by the producer with the same numbers; a retry of a call that was written answers
+    /// with the original entry ids ([`Published::duplicate`](crate::Published::duplicate)) instead of writing the
+    /// records twice. The producer then sends at most one call per shard at a time (calls to different shards
+    /// still go concurrently). Settings: [`IdempotenceConfig`].
+    pub fn idempotence(mut self, on: bool) -> Self {
+        self.config.idempotence = on.then(|| self.config.idempotence.take().unwrap_or_default());
+        self
+    }
+
+    /// The idempotent producer's id (turns idempotence on); see [`IdempotenceConfig::producer_id`].
+    pub fn producer_id(mut self, id: impl Into<String>) -> Self {
+        self.idempotence_settings().producer_id = Some(id.into());
+        self
+    }
+
+    /// How long an idle idempotent producer's state stays in Redis (turns idempotence on); see
+    /// [`IdempotenceConfig::idle_expiry`].
+    pub fn producer_idle_expiry(mut self, expiry: Duration) -> Self {
+        self.idempotence_settings().idle_expiry = expiry;
+        self
+    }
+
+    /// Retries of an idempotent call whose outcome is unknown (turns idempotence on); see
+    /// [`IdempotenceConfig::max_retries`].
+    pub fn idempotence_retries(mut self, retries: u32) -> Self {
+        self.idempotence_settings().max_retries = retries;
+        self
+    }
+
+    fn idempotence_settings(&mut self) -> &mut IdempotenceConfig {
+        self.config.idempotence.get_or_insert_with(IdempotenceConfig::default)
+    }
+
+    /// All idempotence settings at once (turns idempotence on).
+    pub fn idempotence_config(mut self, config: IdempotenceConfig) -> Self {
+        self.config.idempotence = Some(config);
+        self
+    }
+
     /// Where the highest routing version ever observed is kept (key: the stream name). Default: the process-wide
     /// memory ([`MemoryVersionStore::process`](client_core::MemoryVersionStore::process)), shared by every
     /// producer and consumer of the process, so a producer recreated in the same process still reports what an
@@ -461,6 +630,62 @@ mod tests {
             check(ok().redis_response_timeout(Duration::ZERO)),
             Err(ConfigError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn script_settings_are_checked() {
+        check(ok().idempotence(true).reroute_fenced(true)).unwrap();
+        assert!(matches!(
+            check(ok().fencing(false).idempotence(true)),
+            Err(ConfigError::ScriptRequired { setting: "idempotence" })
+        ));
+        assert!(matches!(
+            check(ok().fencing(false).reroute_fenced(true)),
+            Err(ConfigError::ScriptRequired { .. })
+        ));
+        check(ok().producer_id("host-1.worker_2")).unwrap();
+        for bad in ["", "a{b}", "a b", &"x".repeat(65)] {
+            assert!(
+                matches!(check(ok().producer_id(bad)), Err(ConfigError::InvalidProducerId { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            check(ok().producer_idle_expiry(Duration::from_secs(30))),
+            Err(ConfigError::OutOfRange {
+                name: "idle_expiry",
+                ..
+            })
+        ));
+        assert!(matches!(
+            check(ok().idempotence_retries(1000)),
+            Err(ConfigError::OutOfRange {
+                name: "idle_expiry",
+                ..
+            })
+        ));
+        assert!(matches!(
+            check(
+                ok().idempotence_retries(1001)
+                    .producer_idle_expiry(Duration::from_secs(100_000))
+            ),
+            Err(ConfigError::OutOfRange {
+                name: "max_retries",
+                ..
+            })
+        ));
+        assert!(ok().idempotence(true).idempotence(false).config.idempotence.is_none());
+        assert_eq!(
+            ok().producer_id("a")
+                .idempotence(true)
+                .config
+                .idempotence
+                .unwrap()
+                .producer_id
+                .as_deref(),
+            Some("a"),
+            "idempotence(true) keeps settings given before"
+        );
     }
 
     #[test]

@@ -62,6 +62,20 @@ pub enum ConfigError {
         /// The maximum.
         max: Duration,
     },
+    /// A setting needs the fenced publish script, which was turned off (`fencing(false)`).
+    #[error("{setting} needs the fenced publish script (fencing(true))")]
+    ScriptRequired {
+        /// The setting.
+        setting: &'static str,
+    },
+    /// The idempotent producer's id breaks a rule.
+    #[error("invalid producer id {id:?}: {rule}")]
+    InvalidProducerId {
+        /// The id given.
+        id: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
     /// `build()` was called outside a tokio runtime (the producer spawns its tasks there).
     #[error("Producer::build must be called inside a tokio runtime")]
     NoRuntime,
@@ -166,6 +180,42 @@ pub enum PublishError {
         #[source]
         source: Arc<redis::RedisError>,
     },
+    /// The shard is fenced for the producer's routing version: the stream was resharded (its keys may move) and
+    /// the producer has not seen the new routing yet. Nothing was written; the producer refreshes its routing at
+    /// once, so sending the record again routes it with the new routing (the producer does so itself with
+    /// [`reroute_fenced`](crate::ProducerBuilder::reroute_fenced)).
+    #[error("shard {shard} is fenced at routing version {fence}; the producer holds {routing_version}")]
+    Fenced {
+        /// The shard.
+        shard: ShardId,
+        /// The routing version the record was routed with.
+        routing_version: RoutingVersion,
+        /// The lowest routing version the shard accepts.
+        fence: RoutingVersion,
+    },
+    /// The idempotent producer's sequence number leaves a gap after the last one the shard has seen from it (its
+    /// state in Redis was lost, for example by a failover, and could not be resumed). Nothing was written.
+    #[error("out-of-order sequence {sequence} for shard {shard} (the shard expects {expected})")]
+    OutOfOrderSequence {
+        /// The shard.
+        shard: ShardId,
+        /// The first sequence number of the refused call.
+        sequence: u64,
+        /// The sequence number the shard expects next.
+        expected: u64,
+    },
+    /// The idempotent producer retried a call older than the one the shard remembers: whether an earlier attempt
+    /// wrote it is no longer known. The SDK only retries the one call per shard it has in flight, so this means
+    /// its state in Redis was changed behind its back (another live producer with the same id).
+    #[error("sequence {sequence} for shard {shard} is older than the remembered window (next {next})")]
+    SequenceOutOfWindow {
+        /// The shard.
+        shard: ShardId,
+        /// The first sequence number of the call.
+        sequence: u64,
+        /// The sequence number the shard expects next.
+        next: u64,
+    },
     /// Redis answered something that is not an entry id.
     #[error("unexpected answer to XADD on shard {shard}: {detail}")]
     UnexpectedReply {
@@ -189,9 +239,11 @@ impl PublishError {
     /// Whether the record may be in its shard stream.
     pub fn write_state(&self) -> WriteState {
         match self {
-            PublishError::ConnectionLost { .. } | PublishError::UnexpectedReply { .. } | PublishError::Abandoned => {
-                WriteState::Unknown
-            }
+            PublishError::ConnectionLost { .. }
+            | PublishError::UnexpectedReply { .. }
+            | PublishError::SequenceOutOfWindow { .. }
+            | PublishError::Abandoned => WriteState::Unknown,
+            PublishError::Fenced { .. } | PublishError::OutOfOrderSequence { .. } => WriteState::NotWritten,
             PublishError::RoutingExpired { .. }
             | PublishError::NoRouting { .. }
             | PublishError::Rejected { .. }
@@ -213,14 +265,22 @@ impl PublishError {
             }
             PublishError::RoutingExpired { .. }
             | PublishError::Connect { .. }
-            | PublishError::ConnectionLost { .. } => true,
+            | PublishError::ConnectionLost { .. }
+            | PublishError::Fenced { .. }
+            | PublishError::OutOfOrderSequence { .. } => true,
             PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),
             PublishError::UnexpectedReply { .. }
+            | PublishError::SequenceOutOfWindow { .. }
             | PublishError::RedisUnsupported { .. }
             | PublishError::InvalidRecord(_)
             | PublishError::Closed
             | PublishError::Abandoned => false,
         }
+    }
+
+    /// Whether a shard fence refused the record (see [`PublishError::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, PublishError::Fenced { .. })
     }
 
     /// Whether the producer refused the record for lack of a valid routing (fail closed).

@@ -15,6 +15,7 @@
 //!   [`VersionStore`] SPI.
 //! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
 //!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
+//! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch.
 //! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
 //! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker).
 //! * [`config`]: [`ProducerBuilder`], [`ProducerConfig`], [`Trim`], [`BatchingConfig`].
@@ -44,6 +45,11 @@
 //! * [`Producer::send_batch`]: many records, one pipeline per shard, one answer per record.
 //! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
 //!   and [`Producer::close`] wait for every accepted record's outcome.
+//!
+//! Each shard's records go as one call of the fenced publish script (one `EVALSHA` per shard batch), which writes
+//! the whole batch or nothing and refuses a producer whose routing version is below the shard's fence (set when the
+//! stream grows) with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
+//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
 //!
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
 //! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
@@ -90,6 +96,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod producer;
+mod publish_script;
 mod publisher;
 mod refresher;
 mod routing_cache;
@@ -99,7 +106,7 @@ pub use batcher::Delivery;
 pub use client_core::{
     FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore, VersionStoreError,
 };
-pub use config::{BatchingConfig, ProducerBuilder, ProducerConfig, Trim};
+pub use config::{BatchingConfig, IdempotenceConfig, ProducerBuilder, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
 pub use protocol::{RoutingVersion, ShardId};

@@ -11,6 +11,21 @@
 //! request it is given. Shard `s` always uses lane `s % lanes`, so the pipelines of one shard are written in the
 //! order they were issued. A lane connects lazily and, after a transport error, reconnects on its next use.
 //!
+//! # The publish script
+//! By default ([`ProducerConfig::fencing`](crate::ProducerConfig::fencing)) a shard's records are not sent as
+//! `XADD`s but as one `EVALSHA` of the publish script per shard batch (split at 512 records), which checks the
+//! producer's routing version against the shard's fence and writes the whole batch or nothing
+//! ([`crate::publish_script`]). A fenced batch fails with [`PublishError::Fenced`] (not written). The batches of
+//! one shard go in one pipeline, as the `XADD`s did.
+//!
+//! # Idempotent producer
+//! With [`idempotence`](crate::ProducerBuilder::idempotence) every call carries the producer id, the instance's
+//! epoch and the sequence number of its first record; the producer sends at most one call per shard at a time
+//! (a per-shard async lock) and retries a call whose outcome is unknown with the same numbers, so the script
+//! recognises a retry of a call it already wrote and answers with the original ids. Sequence numbers advance
+//! only when a call was written (or its outcome stayed unknown after every retry: the next call then says a
+//! gap is expected); a call refused as not written leaves them for the next call.
+//!
 //! # Outcomes
 //! The lane knows whether a request left: a failure to *open* the connection means nothing was sent
 //! ([`PublishError::Connect`], not written); a failure after the pipeline was handed to an open connection (reset,
@@ -38,8 +53,12 @@ use redis::{AsyncConnectionConfig, RedisError, Value};
 use client_core::redis_check::MIN_REDIS_VERSION;
 use client_core::{check_redis, RedisCheckError, RedisRequirements};
 
-use crate::config::Trim;
+use crate::config::{IdempotenceConfig, Trim, IDEMPOTENT_RETRY_MAX};
 use crate::error::PublishError;
+use crate::publish_script::{
+    args_of, parse_reply, PublishScript, ScriptReply, ScriptTrim, Sequence, MAX_ARGS_PER_CALL, MAX_FIELDS_PER_RECORD,
+    MAX_RECORDS_PER_CALL,
+};
 use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
 
@@ -121,12 +140,20 @@ pub struct Published {
     pub id: String,
     /// The routing version the shard was chosen with.
     pub routing_version: RoutingVersion,
+    /// The idempotent producer retried the record's call after an unknown outcome, and the shard answered that
+    /// an earlier attempt had written it: `id` is that attempt's entry id, and the record is in the stream once.
+    pub duplicate: bool,
 }
 
-/// What the producer needs from its Redis: `XADD` (with `MINID` trimming, hence 6.2).
+/// What the producer needs from its Redis: `XADD` (with `MINID` trimming, hence 6.2), and `EVALSHA` / `SCRIPT`
+/// for the fenced publish script.
 pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
     min_version: MIN_REDIS_VERSION,
-    commands: &[("XADD", "publishing")],
+    commands: &[
+        ("XADD", "publishing"),
+        ("EVALSHA", "publishing through the fenced script"),
+        ("SCRIPT", "loading the fenced publish script"),
+    ],
 };
 
 /// Why no connection could be used. Cheap to clone: one failure is shared by every caller that waited for it.
@@ -196,6 +223,8 @@ struct Lane {
     /// Mirror of `ConnectState::attempts`, readable without waiting for the lock.
     attempts: AtomicU64,
     generation: AtomicU64,
+    /// Loads the publish script on every new connection (scripted path).
+    preload_script: bool,
 }
 
 /// What the last connection attempt left behind.
@@ -243,6 +272,18 @@ impl Lane {
                 if let Err(f) = self.gate.check(&con).await {
                     state.last_error = Some(f.clone());
                     return Err(f);
+                }
+                if self.preload_script {
+                    let load = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(PublishScript::source())
+                        .query_async::<String>(&mut con.clone())
+                        .await;
+                    if let Err(e) = load {
+                        let f = ConnectFailure::Redis(Arc::new(e));
+                        state.last_error = Some(f.clone());
+                        return Err(f);
+                    }
                 }
                 state.last_error = None;
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -295,11 +336,95 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
+/// The idempotent producer's identity and per-shard sequences.
+struct Idempotence {
+    producer_id: String,
+    /// Random per producer instance: a restarted producer with the same id is a new sequence, not a retry.
+    epoch: String,
+    idle_ms: u64,
+    max_retries: u32,
+    /// One lock per shard written so far (bounded by the shard count): held while the shard's call is in flight.
+    shards: Mutex<HashMap<ShardId, Arc<tokio::sync::Mutex<ShardSequence>>>>,
+}
+
+/// The sequence of one shard.
+#[derive(Debug, Default)]
+struct ShardSequence {
+    /// The sequence number of the next record.
+    next: u64,
+    /// The previous call's outcome stayed unknown: its numbers were skipped, so the shard may see a gap.
+    gap: bool,
+}
+
+impl Idempotence {
+    fn new(config: IdempotenceConfig) -> Self {
+        Idempotence {
+            producer_id: config.producer_id.unwrap_or_else(|| format!("p-{}", random_hex())),
+            epoch: random_hex(),
+            idle_ms: u64::try_from(config.idle_expiry.as_millis()).unwrap_or(u64::MAX),
+            max_retries: config.max_retries,
+            shards: Mutex::default(),
+        }
+    }
+
+    fn shard(&self, shard: ShardId) -> Arc<tokio::sync::Mutex<ShardSequence>> {
+        self.shards
+            .lock()
+            .expect("the sequence map lock is never held across a panic")
+            .entry(shard)
+            .or_default()
+            .clone()
+    }
+}
+
+/// 128 random bits in hex, from the standard library's randomly seeded hasher (no extra dependency; uniqueness,
+/// not secrecy, is what a producer id needs).
+fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    (0..2u64)
+        .map(|i| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(i);
+            h.write_u128(now);
+            h.write_u32(std::process::id());
+            format!("{:016x}", h.finish())
+        })
+        .collect()
+}
+
+/// The scripted publish path.
+struct Scripted {
+    script: PublishScript,
+    idempotence: Option<Idempotence>,
+}
+
+/// One script call: its records and, when idempotent, its sequence.
+struct CallSpec<'a> {
+    records: &'a [&'a Record],
+    sequence: Option<Sequence<'a>>,
+}
+
+/// What one script call came to.
+enum CallOutcome {
+    Reply(ScriptReply),
+    /// An error reply (nothing executed, or the script refused before writing).
+    Rejected(Arc<RedisError>),
+    Connect(ConnectFailure),
+    Lost(Arc<RedisError>),
+    Unexpected(String),
+}
+
 /// Writes records to shard streams.
 pub(crate) struct Publisher {
     stream: StreamName,
     lanes: Vec<Lane>,
     trim: Option<Trim>,
+    /// The fenced publish script, when on (else plain `XADD` pipelines).
+    scripted: Option<Scripted>,
     /// Round-robin position for records without a key.
     round_robin: AtomicU64,
     stats: Arc<Stats>,
@@ -311,6 +436,15 @@ impl std::fmt::Debug for Publisher {
             .field("stream", &self.stream)
             .field("lanes", &self.lanes.len())
             .field("trim", &self.trim)
+            .field("scripted", &self.scripted.is_some())
+            .field(
+                "producer_id",
+                &self
+                    .scripted
+                    .as_ref()
+                    .and_then(|s| s.idempotence.as_ref())
+                    .map(|i| &i.producer_id),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -346,15 +480,37 @@ impl Publisher {
                 connecting: tokio::sync::Mutex::new(ConnectState::default()),
                 attempts: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
+                preload_script: false,
             })
             .collect();
         Publisher {
             stream,
             lanes,
             trim,
+            scripted: None,
             round_robin: AtomicU64::new(0),
             stats,
         }
+    }
+
+    /// Publishes through the fenced publish script from now on, idempotently when `idempotence` is given.
+    pub(crate) fn scripted(mut self, idempotence: Option<IdempotenceConfig>) -> Self {
+        for lane in &mut self.lanes {
+            lane.preload_script = true;
+        }
+        self.scripted = Some(Scripted {
+            script: PublishScript::default(),
+            idempotence: idempotence.map(Idempotence::new),
+        });
+        self
+    }
+
+    /// The idempotent producer's id, when idempotent.
+    pub(crate) fn producer_id(&self) -> Option<&str> {
+        self.scripted
+            .as_ref()
+            .and_then(|s| s.idempotence.as_ref())
+            .map(|i| i.producer_id.as_str())
     }
 
     /// Opens every lane's connection now.
@@ -439,14 +595,21 @@ impl Publisher {
         let mut groups: Vec<(ShardId, Vec<usize>)> = by_shard.into_iter().collect();
         // Deterministic issue order (per lane the pipelines are written in this order).
         groups.sort_unstable_by_key(|(s, _)| *s);
-        let pipelines = groups.iter().map(|(shard, indices)| {
+        let minid = minid.as_deref();
+        let pipelines = groups.iter().map(|(shard, indices)| async move {
+            if let Some(scripted) = &self.scripted {
+                let shard_records: Vec<&Record> = indices.iter().map(|&i| records[i].borrow()).collect();
+                return self
+                    .run_scripted(scripted, *shard, &shard_records, routing.version, minid)
+                    .await;
+            }
             let key = keys::shard_stream(&self.stream, *shard);
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in indices {
-                self.add_xadd(&mut pipe, &key, records[i].borrow(), minid.as_deref());
+                self.add_xadd(&mut pipe, &key, records[i].borrow(), minid);
             }
-            self.run_shard(*shard, pipe, indices.len(), routing.version)
+            self.run_shard(*shard, pipe, indices.len(), routing.version).await
         });
         let results = futures::future::join_all(pipelines).await;
         let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
@@ -497,6 +660,7 @@ impl Publisher {
                             shard,
                             id,
                             routing_version,
+                            duplicate: false,
                         })
                         .ok_or_else(|| PublishError::UnexpectedReply {
                             shard,
@@ -511,6 +675,294 @@ impl Publisher {
         };
         self.count(&results);
         results
+    }
+
+    /// Publishes one shard's records through the script: split into calls of at most [`MAX_RECORDS_PER_CALL`]
+    /// records, all in one pipeline, or one call at a time under the shard's sequence lock when idempotent.
+    async fn run_scripted(
+        &self,
+        scripted: &Scripted,
+        shard: ShardId,
+        records: &[&Record],
+        routing_version: RoutingVersion,
+        minid: Option<&str>,
+    ) -> Vec<Result<Published, PublishError>> {
+        let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
+        let mut calls: Vec<Vec<usize>> = Vec::new();
+        let mut args = 0;
+        for (i, r) in records.iter().enumerate() {
+            if r.fields().len() > MAX_FIELDS_PER_RECORD {
+                out[i] = Some(Err(PublishError::InvalidRecord(
+                    "a record published through the fenced script has at most 1000 fields",
+                )));
+                continue;
+            }
+            let full = calls
+                .last()
+                .is_none_or(|c| c.len() >= MAX_RECORDS_PER_CALL || args + args_of(r) > MAX_ARGS_PER_CALL);
+            if full {
+                calls.push(Vec::new());
+                args = 0;
+            }
+            args += args_of(r);
+            calls.last_mut().expect("pushed above").push(i);
+        }
+        let trim = match (self.trim, minid) {
+            (Some(Trim::MaxLen(n)), _) => ScriptTrim::MaxLen(n),
+            (Some(Trim::MaxAge(_)), Some(id)) => ScriptTrim::MinId(id),
+            _ => ScriptTrim::None,
+        };
+        let lane = &self.lanes[shard.index() % self.lanes.len()];
+        let call_records: Vec<Vec<&Record>> = calls.iter().map(|c| c.iter().map(|&i| records[i]).collect()).collect();
+        match &scripted.idempotence {
+            None => {
+                let specs: Vec<CallSpec<'_>> = call_records
+                    .iter()
+                    .map(|r| CallSpec {
+                        records: r,
+                        sequence: None,
+                    })
+                    .collect();
+                let outcomes = self.calls(lane, scripted, shard, routing_version, trim, &specs).await;
+                for ((indices, outcome), spec) in calls.iter().zip(outcomes).zip(&specs) {
+                    let results = self.results(shard, routing_version, spec, outcome);
+                    for (&i, r) in indices.iter().zip(results) {
+                        out[i] = Some(r);
+                    }
+                }
+            }
+            Some(idem) => {
+                let lock = idem.shard(shard);
+                let mut sequence = lock.lock().await;
+                for (indices, recs) in calls.iter().zip(&call_records) {
+                    let results = self
+                        .call_idempotent(lane, scripted, idem, &mut sequence, shard, routing_version, trim, recs)
+                        .await;
+                    for (&i, r) in indices.iter().zip(results) {
+                        out[i] = Some(r);
+                    }
+                }
+            }
+        }
+        let results: Vec<Result<Published, PublishError>> = out
+            .into_iter()
+            .map(|r| r.expect("every record is in one call or refused"))
+            .collect();
+        self.count(&results);
+        results
+    }
+
+    /// One idempotent call, retried with the same sequence numbers while its outcome is unknown.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_idempotent(
+        &self,
+        lane: &Lane,
+        scripted: &Scripted,
+        idem: &Idempotence,
+        sequence: &mut ShardSequence,
+        shard: ShardId,
+        routing_version: RoutingVersion,
+        trim: ScriptTrim<'_>,
+        records: &[&Record],
+    ) -> Vec<Result<Published, PublishError>> {
+        let first = sequence.next;
+        let count = records.len() as u64;
+        // Set once an attempt may have been executed: from then on only the script's answer settles the call.
+        let mut lost: Option<Arc<RedisError>> = None;
+        let mut attempt = 0u32;
+        loop {
+            let spec = CallSpec {
+                records,
+                sequence: Some(Sequence {
+                    producer_id: &idem.producer_id,
+                    epoch: &idem.epoch,
+                    first,
+                    gap: sequence.gap,
+                    idle_ms: idem.idle_ms,
+                }),
+            };
+            let outcome = self
+                .calls(
+                    lane,
+                    scripted,
+                    shard,
+                    routing_version,
+                    trim,
+                    std::slice::from_ref(&spec),
+                )
+                .await
+                .pop()
+                .expect("one outcome per call");
+            let retry = match &outcome {
+                CallOutcome::Reply(ScriptReply::Written(_) | ScriptReply::Duplicate(_)) => {
+                    sequence.next = first + count;
+                    sequence.gap = false;
+                    false
+                }
+                // The duplicate check comes before the fence in the script: a fenced call was not written by any
+                // attempt, and its numbers are left for the next call.
+                CallOutcome::Reply(ScriptReply::Fenced(_)) => false,
+                // The shard lost our last calls (a failover): nothing of this call is there; resume with a gap.
+                CallOutcome::Reply(ScriptReply::OutOfOrder { .. }) if !sequence.gap => {
+                    sequence.gap = true;
+                    true
+                }
+                CallOutcome::Reply(ScriptReply::OutOfOrder { .. }) => false,
+                CallOutcome::Reply(ScriptReply::OutOfWindow { next }) => {
+                    sequence.next = (*next).max(first + count);
+                    sequence.gap = true;
+                    false
+                }
+                CallOutcome::Lost(e) => {
+                    lost.get_or_insert_with(|| e.clone());
+                    true
+                }
+                CallOutcome::Connect(_) | CallOutcome::Rejected(_) => lost.is_some(),
+                CallOutcome::Unexpected(_) => {
+                    sequence.next = first + count;
+                    sequence.gap = true;
+                    false
+                }
+            };
+            if retry && attempt < idem.max_retries {
+                attempt += 1;
+                let backoff = Duration::from_millis(10u64 << attempt.min(6)).min(IDEMPOTENT_RETRY_MAX);
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+            if let Some(source) = lost.filter(|_| retry) {
+                // Every retry failed to settle the call: it may be written. Skip its numbers.
+                sequence.next = first + count;
+                sequence.gap = true;
+                return vec![Err(PublishError::ConnectionLost { shard, source }); records.len()];
+            }
+            return self.results(shard, routing_version, &spec, outcome);
+        }
+    }
+
+    /// Runs script calls of one shard in one pipeline. Calls answered `NOSCRIPT` (a restarted or failed-over
+    /// Redis: nothing executed) are sent again once, after `SCRIPT LOAD`.
+    async fn calls(
+        &self,
+        lane: &Lane,
+        scripted: &Scripted,
+        shard: ShardId,
+        routing_version: RoutingVersion,
+        trim: ScriptTrim<'_>,
+        specs: &[CallSpec<'_>],
+    ) -> Vec<CallOutcome> {
+        let mut outcomes: Vec<Option<CallOutcome>> = (0..specs.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..specs.len()).collect();
+        for load in [false, true] {
+            if pending.is_empty() {
+                break;
+            }
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            if load {
+                scripted.script.add_load(&mut pipe);
+            }
+            for &c in &pending {
+                let spec = &specs[c];
+                scripted.script.add_call(
+                    &mut pipe,
+                    &self.stream,
+                    shard,
+                    routing_version,
+                    trim,
+                    spec.sequence,
+                    spec.records.iter().copied(),
+                );
+            }
+            self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
+            let result = {
+                let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
+                lane.run(&pipe).await
+            };
+            let mut replies = match result {
+                Err(LaneError::Connect(f)) => {
+                    for &c in &pending {
+                        outcomes[c] = Some(CallOutcome::Connect(f.clone()));
+                    }
+                    break;
+                }
+                Err(LaneError::Lost(e)) => {
+                    let e = Arc::new(e);
+                    for &c in &pending {
+                        outcomes[c] = Some(CallOutcome::Lost(e.clone()));
+                    }
+                    break;
+                }
+                Ok(replies) => replies,
+            };
+            if load && !replies.is_empty() {
+                // A failed load shows as NOSCRIPT again in the calls behind it.
+                let _load = replies.remove(0);
+            }
+            if replies.len() != pending.len() {
+                for &c in &pending {
+                    outcomes[c] = Some(CallOutcome::Unexpected(format!(
+                        "{} replies to {} script calls",
+                        replies.len(),
+                        pending.len()
+                    )));
+                }
+                break;
+            }
+            let mut again = Vec::new();
+            for (c, reply) in pending.iter().copied().zip(replies) {
+                outcomes[c] = Some(match reply {
+                    Err(e) if !load && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        again.push(c);
+                        continue;
+                    }
+                    Err(e) => CallOutcome::Rejected(Arc::new(e)),
+                    Ok(value) => match parse_reply(value, specs[c].records.len()) {
+                        Some(reply) => CallOutcome::Reply(reply),
+                        None => CallOutcome::Unexpected("not an answer of the publish script".into()),
+                    },
+                });
+            }
+            pending = again;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.expect("every call has an outcome"))
+            .collect()
+    }
+
+    /// One result per record of a call.
+    fn results(
+        &self,
+        shard: ShardId,
+        routing_version: RoutingVersion,
+        spec: &CallSpec<'_>,
+        outcome: CallOutcome,
+    ) -> Vec<Result<Published, PublishError>> {
+        let n = spec.records.len();
+        let sequence = spec.sequence.map_or(0, |s| s.first);
+        let err = match outcome {
+            CallOutcome::Reply(ScriptReply::Written(ids)) => return published(shard, routing_version, ids, false),
+            CallOutcome::Reply(ScriptReply::Duplicate(ids)) => return published(shard, routing_version, ids, true),
+            CallOutcome::Reply(ScriptReply::Fenced(fence)) => PublishError::Fenced {
+                shard,
+                routing_version,
+                fence,
+            },
+            CallOutcome::Reply(ScriptReply::OutOfOrder { expected }) => PublishError::OutOfOrderSequence {
+                shard,
+                sequence,
+                expected,
+            },
+            CallOutcome::Reply(ScriptReply::OutOfWindow { next }) => {
+                PublishError::SequenceOutOfWindow { shard, sequence, next }
+            }
+            CallOutcome::Rejected(source) => PublishError::Rejected { shard, source },
+            CallOutcome::Connect(f) => f.into_publish_error(shard),
+            CallOutcome::Lost(source) => PublishError::ConnectionLost { shard, source },
+            CallOutcome::Unexpected(detail) => PublishError::UnexpectedReply { shard, detail },
+        };
+        vec![Err(err); n]
     }
 
     fn count(&self, results: &[Result<Published, PublishError>]) {
@@ -528,6 +980,24 @@ impl Publisher {
         s.records_unknown.fetch_add(unknown, Ordering::Relaxed);
         s.metrics.records(written, not_written, unknown);
     }
+}
+
+fn published(
+    shard: ShardId,
+    routing_version: RoutingVersion,
+    ids: Vec<String>,
+    duplicate: bool,
+) -> Vec<Result<Published, PublishError>> {
+    ids.into_iter()
+        .map(|id| {
+            Ok(Published {
+                shard,
+                id,
+                routing_version,
+                duplicate,
+            })
+        })
+        .collect()
 }
 
 fn entry_id(value: Value) -> Option<String> {

@@ -9,11 +9,18 @@
 //!   `XADD <shard stream> * p <payload>` and waiting for each answer: what `redis-benchmark -P 32 -c 50` does,
 //!   with the shard of every record computed before the clock starts.
 //! * sdk-batch: `--sdk-tasks` tasks calling `Producer::send_batch` with `--sdk-batch` records each (the SDK
-//!   routes them, groups them by shard and sends one pipeline per shard).
-//! * sdk-enqueue: `--sdk-tasks` tasks calling `Producer::enqueue` one record at a time (the batching mode).
+//!   routes them, groups them by shard and sends one `EVALSHA` of the fenced publish script per shard batch: the
+//!   default publish path).
+//! * sdk-plain: the same with `fencing(false)`: plain pipelined `XADD`s, one pipeline per shard.
+//! * sdk-idem: the same with the fenced script and `idempotence(true)` (one call per shard in flight, sequence
+//!   state checked and advanced by the script).
+//! * sdk-enqueue / sdk-enqueue-idem: `--sdk-tasks` tasks calling `Producer::enqueue` one record at a time (the
+//!   batching mode), fenced, without and with idempotence.
 //!
 //! Every run writes the same records (same keys, same payload, so the same shard streams); the streams are
-//! deleted between runs. Each mode runs `--rounds` times, alternating, and the best rate of each is compared.
+//! deleted between runs. Each mode runs `--rounds` times, interleaved (round 1 of every mode, then round 2, ...),
+//! and the median rate of each is compared with the raw loop's median; the load average is printed with every
+//! round, since the machine may be shared.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -63,15 +70,24 @@ struct Args {
     /// SDK batching mode: max batch size.
     #[arg(long, default_value_t = 1024)]
     max_batch_size: usize,
-    /// Rounds per mode (the best is reported).
+    /// Rounds per mode (the median is reported).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Modes to run, comma-separated (raw, sdk-batch, sdk-enqueue); ratios need raw.
-    #[arg(long, value_delimiter = ',', default_value = "raw,sdk-batch,sdk-enqueue")]
+    /// Modes to run, comma-separated (raw, sdk-batch, sdk-plain, sdk-idem, sdk-enqueue, sdk-enqueue-idem);
+    /// ratios need raw.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "raw,sdk-batch,sdk-plain,sdk-idem,sdk-enqueue,sdk-enqueue-idem"
+    )]
     modes: Vec<String>,
     /// The redis-server binary.
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
+    /// Print, per round, where Redis spent its time: `INFO commandstats` (usec of `XADD` and `EVALSHA`) and the
+    /// server's CPU seconds (`INFO cpu`), reset before every round.
+    #[arg(long)]
+    commandstats: bool,
     /// Also run `redis-benchmark -P <pipeline> -c <raw-connections> XADD` once, as a reference for the raw loop
     /// (one stream key; printed, not compared).
     #[arg(long)]
@@ -266,6 +282,41 @@ async fn sdk_enqueue_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workl
     Ok(start.elapsed())
 }
 
+/// Redis's CPU seconds (user + system) so far.
+async fn redis_cpu(con: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum())
+}
+
+/// `usec` and `calls` of `XADD` and `EVALSHA` since the last `CONFIG RESETSTAT`.
+async fn command_usec(con: &mut redis::aio::MultiplexedConnection) -> Result<String> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(con).await?;
+    let mut out = Vec::new();
+    for name in ["xadd", "evalsha"] {
+        let prefix = format!("cmdstat_{name}:");
+        if let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) {
+            let field = |f: &str| {
+                line[prefix.len()..]
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            out.push(format!(
+                "{name} calls={} usec={} usec/call={}",
+                field("calls="),
+                field("usec="),
+                field("usec_per_call=")
+            ));
+        }
+    }
+    Ok(out.join("; "))
+}
+
 async fn clear(con: &mut redis::aio::MultiplexedConnection, stream: &StreamName, shards: u32) -> Result<()> {
     let mut pipe = redis::pipe();
     for s in 0..shards {
@@ -291,6 +342,34 @@ fn rate(records: usize, took: Duration) -> f64 {
     records as f64 / took.as_secs_f64()
 }
 
+fn median(rates: &[f64]) -> f64 {
+    let mut sorted = rates.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// The 1-minute load average (Linux), to print with every figure.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "n/a".into())
+}
+
+/// What a mode runs.
+const MODES: [(&str, &str); 6] = [
+    ("raw", "raw pipelined XADD"),
+    ("sdk-batch", "send_batch, fenced script"),
+    ("sdk-plain", "send_batch, plain XADD"),
+    ("sdk-idem", "send_batch, fenced+idempotent"),
+    ("sdk-enqueue", "enqueue, fenced script"),
+    ("sdk-enqueue-idem", "enqueue, fenced+idempotent"),
+];
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -314,15 +393,25 @@ async fn main() -> Result<()> {
         .await
         .context("create the stream routing")?;
 
-    let producer = Arc::new(
-        Producer::builder(stream.as_str())
-            .coordinator(coordinator.url())
-            .redis(redis.url())
-            .connections(args.sdk_connections)
-            .max_batch_size(args.max_batch_size)
-            .queue_capacity((args.max_batch_size * 16).max(10_000))
-            .build()?,
-    );
+    let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
+        Ok(Arc::new(
+            Producer::builder(stream.as_str())
+                .coordinator(coordinator.url())
+                .redis(redis.url())
+                .connections(args.sdk_connections)
+                .max_batch_size(args.max_batch_size)
+                .queue_capacity((args.max_batch_size * 16).max(10_000))
+                .fencing(fencing)
+                .idempotence(idempotence)
+                .build()?,
+        ))
+    };
+    let producer = build(true, false)?;
+    let plain = build(false, false)?;
+    let idempotent = build(true, true)?;
+    for p in [&plain, &idempotent] {
+        p.ready().await?;
+    }
     producer.ready().await?;
     let work = Arc::new(Workload::new(&args, &stream));
     println!(
@@ -340,14 +429,23 @@ async fn main() -> Result<()> {
         args.max_batch_size
     );
 
-    let (mut raw, mut batch, mut enqueue) = (0f64, 0f64, 0f64);
+    let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     for round in 1..=args.rounds {
         for mode in args.modes.iter().map(String::as_str) {
             clear(&mut con, &stream, args.shards).await?;
+            let cpu_before = if args.commandstats {
+                let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await?;
+                redis_cpu(&mut con).await?
+            } else {
+                0.0
+            };
             let took = match mode {
                 "raw" => raw_run(&redis.url(), &args, &work).await?,
                 "sdk-batch" => sdk_batch_run(&producer, &args, &work).await?,
+                "sdk-plain" => sdk_batch_run(&plain, &args, &work).await?,
+                "sdk-idem" => sdk_batch_run(&idempotent, &args, &work).await?,
                 "sdk-enqueue" => sdk_enqueue_run(&producer, &args, &work).await?,
+                "sdk-enqueue-idem" => sdk_enqueue_run(&idempotent, &args, &work).await?,
                 other => bail!("unknown mode {other:?}"),
             };
             let written = total_len(&mut con, &stream, args.shards).await?;
@@ -355,13 +453,20 @@ async fn main() -> Result<()> {
                 bail!("{mode}: {written} entries written, expected {}", args.records);
             }
             let r = rate(args.records, took);
-            println!("round {round} {mode:<12} {r:>12.0} records/s ({took:.2?})");
-            let best = match mode {
-                "raw" => &mut raw,
-                "sdk-batch" => &mut batch,
-                _ => &mut enqueue,
-            };
-            *best = best.max(r);
+            println!(
+                "round {round} {mode:<17} {r:>12.0} records/s ({took:.2?})  load {}",
+                load_average()
+            );
+            if args.commandstats {
+                let cpu = redis_cpu(&mut con).await? - cpu_before;
+                println!(
+                    "        redis cpu {cpu:.2} s ({:.0}% of the run); {}",
+                    100.0 * cpu / took.as_secs_f64(),
+                    command_usec(&mut con).await?
+                );
+            }
+            let key = MODES.iter().find(|(m, _)| *m == mode).map_or("", |(m, _)| *m);
+            rates.entry(key).or_default().push(r);
         }
     }
     clear(&mut con, &stream, args.shards).await?;
@@ -381,21 +486,25 @@ async fn main() -> Result<()> {
         );
     }
     println!();
-    let ratio = |r: f64| {
-        if raw > 0.0 {
+    let raw = rates.get("raw").map_or(0.0, |r| median(r));
+    println!(
+        "medians of {} interleaved rounds (load average now {}):",
+        args.rounds,
+        load_average()
+    );
+    for (mode, name) in MODES {
+        let Some(r) = rates.get(mode).map(|r| median(r)) else {
+            continue;
+        };
+        let ratio = if raw > 0.0 {
             format!("ratio {:.3}", r / raw)
         } else {
             "ratio n/a (raw not run)".to_string()
-        }
-    };
-    for (name, r) in [
-        ("raw pipelined XADD", raw),
-        ("sdk send_batch", batch),
-        ("sdk enqueue (batching)", enqueue),
-    ] {
-        if r > 0.0 {
-            println!("{name:<24}{r:>12.0} records/s   {}", ratio(r));
-        }
+        };
+        println!("{name:<32}{r:>12.0} records/s   {ratio}");
+    }
+    for p in [plain, idempotent] {
+        Arc::into_inner(p).context("all tasks finished")?.close().await?;
     }
     let producer = Arc::into_inner(producer).context("all tasks finished")?;
     producer.close().await?;

@@ -48,7 +48,11 @@ pub struct Env {
 
 impl Env {
     pub async fn start(shards: u32, lease: Duration) -> Env {
-        let redis = RedisServer::start().await;
+        Env::start_on(RedisServer::start().await, shards, lease).await
+    }
+
+    /// As [`Env::start`], on a Redis the test configured itself.
+    pub async fn start_on(redis: RedisServer, shards: u32, lease: Duration) -> Env {
         let coordinator = CoordinatorHandle::spawn(coordinator_config(&redis.url(), lease, any_port()))
             .await
             .expect("coordinator starts");
@@ -82,6 +86,20 @@ impl Env {
             .add_shards(&stream(), count, None)
             .await
             .expect("shards added");
+    }
+}
+
+/// Sets the fence of shards `0..shards` to `version`, as the coordinator's seal does.
+pub async fn fence(redis: &RedisServer, shards: u32, version: u64) {
+    let mut con = redis.connection().await;
+    for s in 0..shards {
+        let _: u64 = redis::cmd("HSET")
+            .arg(keys::shard_fence(&stream(), ShardId(s)))
+            .arg(keys::shard_fence_fields::ROUTING_VERSION)
+            .arg(version)
+            .query_async(&mut con)
+            .await
+            .expect("HSET fence");
     }
 }
 

@@ -475,7 +475,6 @@ async fn growth_4_8_16_under_keyed_load_keeps_per_key_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the fenced publish script (h7)"]
 async fn growth_with_a_stale_producer_keeps_per_key_order() {
     grow_4_8_16("stale", false, true).await;
 }

@@ -1,0 +1,585 @@
+//! The publish script: one `EVALSHA` writes one batch of records into one shard stream, or nothing.
+//!
+//! # What one call checks, in this order
+//! 1. *Idempotence* (only when the producer is idempotent): the batch's first sequence number against the
+//!    producer's state for the shard ([`keys::producer_sequence`]). A retry of the last batch written answers
+//!    [`ScriptReply::Duplicate`] with the original entry ids and writes nothing; this comes first so that a batch
+//!    written just before a seal is still recognised as written when its retry arrives after it.
+//! 2. *Fence*: the producer's routing version against the shard's fence ([`keys::shard_fence`]). An older version
+//!    answers [`ScriptReply::Fenced`] and writes nothing.
+//! 3. The shard key's type (a key that is not a stream fails the whole batch before anything is written).
+//!
+//! Then every record is `XADD`ed (with the producer's trimming), and the sequence state is advanced. A Redis
+//! script runs atomically, so either the whole batch is in the stream or none of it; the checks come first
+//! because a script that fails half-way keeps what it already wrote.
+//!
+//! # Sequence rules (idempotent producer)
+//! Per (producer id, shard) the producer numbers its records 0, 1, 2, ... in the order it sends them to the
+//! shard, and sends at most one batch per shard at a time. The state remembers `epoch` (a random value per
+//! producer instance), `next` (the sequence number after the last batch written), and the last batch written
+//! (`first` and its entry `ids`). For a batch starting at `s`:
+//!
+//! | state | answer |
+//! |---|---|
+//! | absent, or another `epoch` (a new producer instance, or expired) | write, start the state at `s` |
+//! | `s == next` | write |
+//! | `s < next` and `s == first` | [`Duplicate`](ScriptReply::Duplicate): the last batch again, its ids |
+//! | `s < next` otherwise | [`OutOfWindow`](ScriptReply::OutOfWindow): an older batch, outcome not remembered |
+//! | `s > next` (a gap) | [`OutOfOrder`](ScriptReply::OutOfOrder), nothing written; accepted only when the batch says a gap is expected (its predecessor's outcome stayed unknown) |
+//!
+//! The remembered window is one batch per (producer, shard), at most [`MAX_RECORDS_PER_CALL`] ids: the SDK has
+//! at most one batch per shard in flight and only ever retries that one, so the window covers every retry it
+//! can send. The state key expires after the producer's idle expiry (`PEXPIRE`, renewed by every call, so it
+//! works on Redis 6.2 without per-field expiry).
+//!
+//! Every key a call touches carries the shard's hash tag, so the script runs in one Redis Cluster slot.
+
+use protocol::names::StreamName;
+use protocol::{keys, RoutingVersion, ShardId};
+use redis::Value;
+
+/// Most records in one call. Bounds the argument list of one `EVALSHA`, the time one call holds Redis, and the
+/// idempotence window (the ids of one call).
+pub(crate) const MAX_RECORDS_PER_CALL: usize = 512;
+
+/// Most arguments in one call (records are split into more calls before this is reached).
+pub(crate) const MAX_ARGS_PER_CALL: usize = 64 * 1024;
+
+/// Most fields in one record on the scripted path (each record is one `XADD` built from a Lua table, and Lua's
+/// `unpack` has a stack limit of about 8000 values).
+pub(crate) const MAX_FIELDS_PER_RECORD: usize = 1000;
+
+const LUA: &str = r#"
+local n = tonumber(ARGV[8])
+if not n then return redis.error_reply('ERR publish script: malformed record count') end
+local starts = {}
+local pos = 9
+for i = 1, n do
+  local f = tonumber(ARGV[pos])
+  if not f or f < 1 then return redis.error_reply('ERR publish script: malformed record ' .. i) end
+  starts[i] = pos
+  pos = pos + 1 + 2 * f
+end
+if pos ~= #ARGV + 1 then return redis.error_reply('ERR publish script: malformed arguments') end
+local first = nil
+if ARGV[4] ~= '' then
+  first = tonumber(ARGV[4])
+  local st = redis.call('HMGET', KEYS[3], 'epoch', 'next', 'first', 'ids')
+  if st[1] == ARGV[5] then
+    local nxt = tonumber(st[2])
+    if first < nxt then
+      if first == tonumber(st[3]) then
+        redis.call('PEXPIRE', KEYS[3], ARGV[7])
+        return {'DUPLICATE', st[4]}
+      end
+      return {'OUT_OF_WINDOW', st[2]}
+    end
+    if first > nxt and ARGV[6] ~= '1' then return {'OUT_OF_ORDER', st[2]} end
+  end
+end
+local raw_fence = redis.call('HGET', KEYS[2], 'routingVersion')
+local fence = 0
+if raw_fence then
+  fence = tonumber(raw_fence)
+  -- Fail closed: a fence this script cannot read refuses the call instead of letting it through.
+  if not fence then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number') end
+end
+if tonumber(ARGV[1]) < fence then return {'FENCED', string.format('%.0f', fence)} end
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'stream' and t ~= 'none' then
+  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+end
+local ids = {}
+local head = 2
+if ARGV[2] ~= '' then head = 5 end
+-- One argument table for every record (no allocation per record): the fields overwrite the previous record's,
+-- and unpack takes exactly this record's length.
+local a
+if head == 5 then a = {KEYS[1], ARGV[2], '~', ARGV[3], '*'} else a = {KEYS[1], '*'} end
+local call = redis.call
+for i = 1, n do
+  local p = starts[i]
+  local m = 2 * tonumber(ARGV[p])
+  for j = 1, m do a[head + j] = ARGV[p + j] end
+  ids[i] = call('XADD', unpack(a, 1, head + m))
+end
+if first then
+  redis.call('HSET', KEYS[3], 'epoch', ARGV[5], 'next', string.format('%.0f', first + n),
+    'first', ARGV[4], 'ids', table.concat(ids, ' '))
+  redis.call('PEXPIRE', KEYS[3], ARGV[7])
+end
+return {'WRITTEN', ids}
+"#;
+
+/// The script's source and SHA1 (computed once per producer).
+#[derive(Debug)]
+pub(crate) struct PublishScript {
+    script: redis::Script,
+}
+
+impl Default for PublishScript {
+    fn default() -> Self {
+        PublishScript {
+            script: redis::Script::new(LUA),
+        }
+    }
+}
+
+/// The sequence part of an idempotent call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sequence<'a> {
+    /// The producer id (part of the state key).
+    pub producer_id: &'a str,
+    /// The producer instance's epoch.
+    pub epoch: &'a str,
+    /// Sequence number of the call's first record.
+    pub first: u64,
+    /// Whether a gap before `first` is expected (the previous batch's outcome stayed unknown).
+    pub gap: bool,
+    /// Idle expiry of the state key, in ms.
+    pub idle_ms: u64,
+}
+
+/// How the script trims (mirrors [`crate::Trim`], with the threshold resolved for this call).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ScriptTrim<'a> {
+    None,
+    MaxLen(u64),
+    MinId(&'a str),
+}
+
+/// What one call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ScriptReply {
+    /// Every record was written; one entry id per record.
+    Written(Vec<String>),
+    /// The batch had been written by an earlier attempt; its original entry ids.
+    Duplicate(Vec<String>),
+    /// The producer's routing version is below the shard's fence; nothing written.
+    Fenced(RoutingVersion),
+    /// The batch's first sequence number leaves a gap after `expected`; nothing written.
+    OutOfOrder { expected: u64 },
+    /// The batch is older than the last one written; nothing written by this call, and whether an earlier
+    /// attempt wrote it is no longer remembered.
+    OutOfWindow { next: u64 },
+}
+
+impl PublishScript {
+    /// The script's source (loaded by every new connection, so the first calls need no `NOSCRIPT` round trip).
+    pub(crate) fn source() -> &'static str {
+        LUA
+    }
+
+    /// Adds `SCRIPT LOAD` to `pipe` (after a `NOSCRIPT`: a restarted or failed-over Redis).
+    pub(crate) fn add_load(&self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(LUA);
+    }
+
+    /// Adds one `EVALSHA` writing `records` (all of `shard`) to `pipe`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_call<'r>(
+        &self,
+        pipe: &mut redis::Pipeline,
+        stream: &StreamName,
+        shard: ShardId,
+        routing_version: RoutingVersion,
+        trim: ScriptTrim<'_>,
+        sequence: Option<Sequence<'_>>,
+        records: impl ExactSizeIterator<Item = &'r crate::Record>,
+    ) {
+        let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(3);
+        cmd.arg(keys::shard_stream(stream, shard))
+            .arg(keys::shard_fence(stream, shard));
+        match &sequence {
+            Some(s) => cmd.arg(keys::producer_sequence(stream, shard, s.producer_id)),
+            // Not touched, but named so that the call still names only keys of the shard's slot.
+            None => cmd.arg(keys::producer_sequence(stream, shard, "-")),
+        };
+        cmd.arg(routing_version.0);
+        match trim {
+            ScriptTrim::None => cmd.arg("").arg(""),
+            ScriptTrim::MaxLen(n) => cmd.arg("MAXLEN").arg(n),
+            ScriptTrim::MinId(id) => cmd.arg("MINID").arg(id),
+        };
+        match sequence {
+            Some(s) => cmd
+                .arg(s.first)
+                .arg(s.epoch)
+                .arg(if s.gap { "1" } else { "0" })
+                .arg(s.idle_ms),
+            None => cmd.arg("").arg("").arg("0").arg(0),
+        };
+        cmd.arg(records.len());
+        for r in records {
+            cmd.arg(r.fields().len());
+            for (name, value) in r.fields() {
+                cmd.arg(name.as_slice()).arg(value.as_slice());
+            }
+        }
+    }
+}
+
+/// Arguments one record adds to a call.
+pub(crate) fn args_of(record: &crate::Record) -> usize {
+    1 + 2 * record.fields().len()
+}
+
+/// Reads the script's answer for a call of `count` records. `None`: not an answer this script gives.
+pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let mut items = items.into_iter();
+    let tag = text(items.next()?)?;
+    let reply = match tag.as_str() {
+        "WRITTEN" => {
+            let Value::Array(ids) = items.next()? else {
+                return None;
+            };
+            let ids: Vec<String> = ids.into_iter().map(text).collect::<Option<_>>()?;
+            ScriptReply::Written(ids)
+        }
+        "DUPLICATE" => {
+            let ids: Vec<String> = text(items.next()?)?.split(' ').map(str::to_owned).collect();
+            ScriptReply::Duplicate(ids)
+        }
+        "FENCED" => ScriptReply::Fenced(RoutingVersion(text(items.next()?)?.parse().ok()?)),
+        "OUT_OF_ORDER" => ScriptReply::OutOfOrder {
+            expected: text(items.next()?)?.parse().ok()?,
+        },
+        "OUT_OF_WINDOW" => ScriptReply::OutOfWindow {
+            next: text(items.next()?)?.parse().ok()?,
+        },
+        _ => return None,
+    };
+    match &reply {
+        ScriptReply::Written(ids) | ScriptReply::Duplicate(ids) if ids.len() != count => None,
+        _ => Some(reply),
+    }
+}
+
+fn text(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn replies_are_read_and_checked_against_the_record_count() {
+        let written = Value::Array(vec![bulk("WRITTEN"), Value::Array(vec![bulk("1-0"), bulk("1-1")])]);
+        assert_eq!(
+            parse_reply(written.clone(), 2),
+            Some(ScriptReply::Written(vec!["1-0".into(), "1-1".into()]))
+        );
+        assert_eq!(parse_reply(written, 3), None, "a count mismatch is not an answer");
+        assert_eq!(
+            parse_reply(Value::Array(vec![bulk("DUPLICATE"), bulk("1-0 1-1")]), 2),
+            Some(ScriptReply::Duplicate(vec!["1-0".into(), "1-1".into()]))
+        );
+        assert_eq!(
+            parse_reply(Value::Array(vec![bulk("FENCED"), bulk("7")]), 2),
+            Some(ScriptReply::Fenced(RoutingVersion(7)))
+        );
+        assert_eq!(
+            parse_reply(Value::Array(vec![bulk("OUT_OF_ORDER"), bulk("12")]), 2),
+            Some(ScriptReply::OutOfOrder { expected: 12 })
+        );
+        assert_eq!(parse_reply(Value::Array(vec![bulk("NOPE")]), 2), None);
+        assert_eq!(parse_reply(bulk("1-0"), 1), None);
+    }
+
+    #[test]
+    fn a_call_names_only_keys_of_the_shard_slot() {
+        let script = PublishScript::default();
+        let stream = StreamName::new("orders").unwrap();
+        let records = [crate::Record::with_key("k").field("f", "v")];
+        for sequence in [
+            None,
+            Some(Sequence {
+                producer_id: "p",
+                epoch: "e",
+                first: 0,
+                gap: false,
+                idle_ms: 1000,
+            }),
+        ] {
+            let mut pipe = redis::pipe();
+            script.add_call(
+                &mut pipe,
+                &stream,
+                ShardId(3),
+                RoutingVersion(2),
+                ScriptTrim::MaxLen(10),
+                sequence,
+                records.iter(),
+            );
+            let packed = String::from_utf8_lossy(&pipe.get_packed_pipeline()).to_string();
+            let words: Vec<&str> = packed.split("\r\n").filter(|w| !w.starts_with(['$', '*'])).collect();
+            assert_eq!(words[0], "EVALSHA");
+            assert_eq!(words[2], "3");
+            let tag = keys::hash_tag(words[3]);
+            assert_eq!(tag, "orders:3");
+            assert!(words[4..6].iter().all(|k| keys::hash_tag(k) == tag), "{words:?}");
+        }
+    }
+
+    /// Runs the script against a real Redis (as the producer sends it) and reads its answer.
+    struct Shard {
+        con: redis::aio::MultiplexedConnection,
+        stream: StreamName,
+        script: PublishScript,
+    }
+
+    impl Shard {
+        async fn new(redis: &test_support::RedisServer) -> Shard {
+            let mut con = redis.connection().await;
+            let () = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(PublishScript::source())
+                .query_async::<String>(&mut con)
+                .await
+                .map(drop)
+                .unwrap();
+            Shard {
+                con,
+                stream: StreamName::new("orders").unwrap(),
+                script: PublishScript::default(),
+            }
+        }
+
+        async fn call(&mut self, version: u64, seq: Option<(&str, u64, bool)>, n: usize) -> Option<ScriptReply> {
+            let records: Vec<crate::Record> = (0..n)
+                .map(|i| crate::Record::with_key("k").field("n", i.to_string()))
+                .collect();
+            let mut pipe = redis::pipe();
+            self.script.add_call(
+                &mut pipe,
+                &self.stream,
+                ShardId(0),
+                RoutingVersion(version),
+                ScriptTrim::None,
+                seq.map(|(epoch, first, gap)| Sequence {
+                    producer_id: "p",
+                    epoch,
+                    first,
+                    gap,
+                    idle_ms: 60_000,
+                }),
+                records.iter(),
+            );
+            let mut replies: Vec<Value> = pipe.query_async(&mut self.con).await.unwrap();
+            parse_reply(replies.pop().unwrap(), n)
+        }
+
+        async fn len(&mut self) -> u64 {
+            redis::cmd("XLEN")
+                .arg(keys::shard_stream(&self.stream, ShardId(0)))
+                .query_async(&mut self.con)
+                .await
+                .unwrap()
+        }
+
+        async fn fence(&mut self, version: u64) {
+            let () = redis::cmd("HSET")
+                .arg(keys::shard_fence(&self.stream, ShardId(0)))
+                .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                .arg(version)
+                .query_async::<u64>(&mut self.con)
+                .await
+                .map(drop)
+                .unwrap();
+        }
+    }
+
+    fn ids(reply: Option<ScriptReply>) -> Vec<String> {
+        match reply {
+            Some(ScriptReply::Written(ids)) => ids,
+            other => panic!("expected Written, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fenced_call_writes_nothing_and_a_current_one_writes_everything() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        assert_eq!(ids(shard.call(1, None, 3).await).len(), 3, "no fence: version 1 writes");
+        shard.fence(2).await;
+        assert_eq!(
+            shard.call(1, None, 3).await,
+            Some(ScriptReply::Fenced(RoutingVersion(2)))
+        );
+        assert_eq!(shard.len().await, 3, "the fenced call wrote nothing");
+        assert_eq!(
+            ids(shard.call(2, None, 2).await).len(),
+            2,
+            "the fence version itself may write"
+        );
+        assert_eq!(ids(shard.call(3, None, 1).await).len(), 1);
+        assert_eq!(shard.len().await, 6);
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_fence_refuses_the_call() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let () = redis::cmd("HSET")
+            .arg(keys::shard_fence(&shard.stream, ShardId(0)))
+            .arg(keys::shard_fence_fields::ROUTING_VERSION)
+            .arg("seven")
+            .query_async::<u64>(&mut shard.con)
+            .await
+            .map(drop)
+            .unwrap();
+        let mut pipe = redis::pipe();
+        let records = [crate::Record::with_key("k").field("f", "v")];
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            RoutingVersion(9),
+            ScriptTrim::None,
+            None,
+            records.iter(),
+        );
+        let err = pipe.query_async::<Vec<Value>>(&mut shard.con).await.unwrap_err();
+        assert!(err.to_string().contains("CORRUPT"), "{err}");
+        assert_eq!(shard.len().await, 0);
+    }
+
+    #[tokio::test]
+    async fn sequences_deduplicate_the_last_call_and_refuse_gaps() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let first = ids(shard.call(1, Some(("e1", 0, false)), 3).await);
+        assert_eq!(
+            shard.call(1, Some(("e1", 0, false)), 3).await,
+            Some(ScriptReply::Duplicate(first.clone())),
+            "a retry answers the original ids"
+        );
+        assert_eq!(shard.len().await, 3, "and writes nothing");
+        // A gap (sequence 5 while 3 is next) is refused unless the call says one is expected.
+        assert_eq!(
+            shard.call(1, Some(("e1", 5, false)), 2).await,
+            Some(ScriptReply::OutOfOrder { expected: 3 })
+        );
+        assert_eq!(shard.len().await, 3);
+        let second = ids(shard.call(1, Some(("e1", 3, false)), 2).await);
+        assert_eq!(
+            ids(shard.call(1, Some(("e1", 7, true)), 1).await).len(),
+            1,
+            "an expected gap"
+        );
+        // Only the last call is remembered: the one before it is out of the window.
+        assert_eq!(
+            shard.call(1, Some(("e1", 3, false)), 2).await,
+            Some(ScriptReply::OutOfWindow { next: 8 })
+        );
+        assert_eq!(shard.len().await, 6);
+        assert_ne!(first, second);
+        // A new instance (another epoch) with the same producer id starts its own sequence at 0.
+        assert_eq!(ids(shard.call(1, Some(("e2", 0, false)), 1).await).len(), 1);
+        assert_eq!(shard.len().await, 7);
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_the_seal_is_still_recognised_as_written() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let written = ids(shard.call(1, Some(("e", 0, false)), 2).await);
+        shard.fence(2).await;
+        assert_eq!(
+            shard.call(1, Some(("e", 0, false)), 2).await,
+            Some(ScriptReply::Duplicate(written)),
+            "not Fenced: the records are in the shard, re-routing them would duplicate them"
+        );
+        assert_eq!(
+            shard.call(1, Some(("e", 2, false)), 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(2)))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_sequence_state_is_bounded_and_expires() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        for call in 0..20u64 {
+            ids(shard.call(1, Some(("e", call * 10, false)), 10).await);
+        }
+        let key = keys::producer_sequence(&shard.stream, ShardId(0), "p");
+        let fields: u64 = redis::cmd("HLEN").arg(&key).query_async(&mut shard.con).await.unwrap();
+        assert_eq!(
+            fields, 4,
+            "epoch, next, first and the ids of the last call, however many calls"
+        );
+        let ids_len: u64 = redis::cmd("HSTRLEN")
+            .arg(&key)
+            .arg("ids")
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        assert!(ids_len < 10 * 40, "the ids of one call only ({ids_len} bytes)");
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut shard.con).await.unwrap();
+        assert!(ttl > 0 && ttl <= 60_000, "idle expiry set: {ttl}");
+        // Not idempotent: no state at all.
+        ids(shard.call(1, None, 1).await);
+        let exists: u64 = redis::cmd("EXISTS")
+            .arg(keys::producer_sequence(&shard.stream, ShardId(0), "-"))
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0);
+    }
+
+    #[tokio::test]
+    async fn records_of_different_sizes_keep_exactly_their_fields_with_trimming() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let records = [
+            crate::Record::with_key("k")
+                .field("a", "1")
+                .field("b", "2")
+                .field("c", "3"),
+            crate::Record::with_key("k").field("d", "4"),
+            crate::Record::with_key("k").field("e", "").field("f", "6"),
+        ];
+        let mut pipe = redis::pipe();
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            RoutingVersion(1),
+            ScriptTrim::MaxLen(1000),
+            None,
+            records.iter(),
+        );
+        let mut replies: Vec<Value> = pipe.query_async(&mut shard.con).await.unwrap();
+        ids(parse_reply(replies.pop().unwrap(), 3));
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(keys::shard_stream(&shard.stream, ShardId(0)))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        let fields: Vec<Vec<(String, String)>> = entries.into_iter().map(|(_, f)| f).collect();
+        let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        assert_eq!(
+            fields,
+            vec![
+                vec![pair("a", "1"), pair("b", "2"), pair("c", "3")],
+                vec![pair("d", "4")],
+                vec![pair("e", ""), pair("f", "6")],
+            ]
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! The data-plane fence against a real redis-server and coordinator: a producer that missed a reshard is refused
+//! by the shards it still routes to (nothing written), refreshes at once, and with `reroute_fenced` sends the
+//! refused records again with the new routing. The fence is set the way the coordinator's seal sets it (HSET on
+//! the shard's fence key).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fence, field_values, total_len, xlen, Env, DEADLINE};
+use protocol::routing::shard_for_key;
+use protocol::ShardId;
+use stream_producer::{PublishError, Record, WriteState};
+use test_support::wait_until;
+
+/// Long enough that no periodic refresh runs during a test: the producer is stale until a fence refuses it.
+const LEASE: Duration = Duration::from_secs(60);
+
+fn keyed(round: usize, keys: usize) -> Vec<Record> {
+    (0..keys)
+        .map(|k| {
+            Record::with_key(format!("key-{k}"))
+                .field("key", format!("key-{k}"))
+                .field("round", round.to_string())
+        })
+        .collect()
+}
+
+/// A stream of 4 shards grown to 8, every old shard sealed at the new routing version; returns that version.
+async fn reshard(env: &Env, old_version: u64) -> u64 {
+    env.add_shards(4).await;
+    let sealed = old_version + 1;
+    fence(&env.redis, 4, sealed).await;
+    sealed
+}
+
+#[tokio::test]
+async fn a_stale_producer_is_refused_writes_nothing_and_refreshes_at_once() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().build().unwrap();
+    let before = producer.ready().await.unwrap();
+    assert_eq!(before.shard_count, 4);
+    let sealed = reshard(&env, before.version.0).await;
+
+    let err = producer.send_batch(keyed(0, 50)).await.unwrap_err();
+    assert_eq!(err.count(WriteState::NotWritten), 50, "{err}");
+    for outcome in err.outcomes() {
+        match outcome.error() {
+            Some(PublishError::Fenced {
+                routing_version, fence, ..
+            }) => {
+                assert_eq!(*routing_version, before.version);
+                assert_eq!(fence.0, sealed);
+            }
+            other => panic!("expected Fenced, got {other:?}"),
+        }
+        assert!(outcome.error().unwrap().is_retryable());
+    }
+    assert_eq!(total_len(&env.redis, 8).await, 0, "a refused batch writes nothing");
+
+    // The refusal refreshed the routing at once (the lease alone would keep the old one for a minute).
+    wait_until(DEADLINE, "the producer adopts the new routing", || {
+        let routing = producer.routing();
+        async move { routing.is_some_and(|r| r.version.0 >= sealed && r.shard_count == 8) }
+    })
+    .await;
+    let published = producer.send_batch(keyed(1, 50)).await.unwrap();
+    for (k, p) in published.iter().enumerate() {
+        assert_eq!(p.shard, shard_for_key(format!("key-{k}").as_bytes(), 8));
+    }
+    assert_eq!(total_len(&env.redis, 8).await, 50);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn reroute_fenced_sends_the_refused_records_again_with_the_new_routing_in_order() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().reroute_fenced(true).build().unwrap();
+    let before = producer.ready().await.unwrap();
+    let keys = 200;
+    producer.send_batch(keyed(0, keys)).await.unwrap();
+    let sealed = reshard(&env, before.version.0).await;
+
+    // The producer still routes with 4 shards: every call is refused, refreshed, re-routed and written.
+    for round in 1..=3 {
+        let published = producer.send_batch(keyed(round, keys)).await.unwrap();
+        for (k, p) in published.iter().enumerate() {
+            assert_eq!(
+                p.shard,
+                shard_for_key(format!("key-{k}").as_bytes(), 8),
+                "round {round} key {k}"
+            );
+            assert!(p.routing_version.0 >= sealed);
+        }
+    }
+    assert_eq!(
+        total_len(&env.redis, 8).await,
+        4 * keys as u64,
+        "nothing lost, nothing twice"
+    );
+    // Per key: round 0 in its old shard, rounds 1..3 in its new shard, in order (a key that stays keeps one shard).
+    for shard in 0..8u32 {
+        let keys_here = field_values(&env.redis, shard, "key").await;
+        let rounds = field_values(&env.redis, shard, "round").await;
+        let mut last: std::collections::HashMap<String, u32> = Default::default();
+        for (k, r) in keys_here.into_iter().zip(rounds) {
+            let r: u32 = r.parse().unwrap();
+            if let Some(prev) = last.insert(k.clone(), r) {
+                assert!(r > prev, "shard {shard}: {k} round {r} after {prev}");
+            }
+        }
+    }
+    // Keys that moved left their old shard at the seal: only round 0 is there.
+    for k in 0..keys {
+        let key = format!("key-{k}");
+        let old = shard_for_key(key.as_bytes(), 4);
+        let new = shard_for_key(key.as_bytes(), 8);
+        if old != new {
+            assert!(new.0 >= 4, "jump hash moves keys only to new shards");
+        }
+    }
+    for shard in 0..4 {
+        assert!(xlen(&env.redis, shard).await >= (keys / 8) as u64);
+    }
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_the_fence_a_stale_producer_keeps_writing_moved_keys_to_their_old_shard() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().fencing(false).build().unwrap();
+    let before = producer.ready().await.unwrap();
+    reshard(&env, before.version.0).await;
+    let published = producer.send_batch(keyed(0, 100)).await.unwrap();
+    let moved = published
+        .iter()
+        .enumerate()
+        .filter(|(k, p)| p.shard != shard_for_key(format!("key-{k}").as_bytes(), 8))
+        .count();
+    assert!(
+        moved > 0,
+        "the plain path writes moved keys to the old shards: what the fence prevents"
+    );
+    assert!(published.iter().all(|p| p.shard < ShardId(4)));
+    producer.close().await.unwrap();
+}
