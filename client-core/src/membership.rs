@@ -113,6 +113,34 @@ impl Membership {
         }
     }
 
+    /// A member rebuilt from its parts, for drivers that keep the state themselves (the wire-level test members
+    /// of the scenario suite) and let these rules decide the next state. Shards listed twice take the last
+    /// state given (`reading`, then `draining`, then `revoked`); readers start with token 0.
+    pub fn resume(
+        member_id: MemberId,
+        instance_id: String,
+        epoch: MemberEpoch,
+        metadata_version: MetadataVersion,
+        max_observed: MetadataVersion,
+        shards: [&[ShardId]; 3],
+    ) -> Self {
+        let mut m = Membership::new(member_id, instance_id, max_observed);
+        m.epoch = epoch;
+        m.metadata_version = metadata_version;
+        m.joined = !epoch.is_join();
+        let [reading, draining, revoked] = shards;
+        for (list, state) in [
+            (reading, ShardState::Reading),
+            (draining, ShardState::Draining),
+            (revoked, ShardState::Revoked),
+        ] {
+            for &shard in list {
+                m.shards.insert(shard, state);
+            }
+        }
+        m
+    }
+
     /// The next heartbeat (a join while the epoch is 0).
     pub fn request(&self) -> HeartbeatRequest {
         HeartbeatRequest {
@@ -601,6 +629,30 @@ mod tests {
         assert_eq!(req.metadata_version, MetadataVersion(6));
         assert!(req.owned.is_empty() && req.revoking.is_empty());
         assert!(!m.is_joined());
+    }
+
+    #[test]
+    fn a_resumed_member_sends_what_it_was_given() {
+        let m = Membership::resume(
+            MemberId::new("m1").unwrap(),
+            "inst-1".into(),
+            MemberEpoch(4),
+            MetadataVersion(7),
+            MetadataVersion(9),
+            [&ids(&[0, 1]), &ids(&[2]), &ids(&[3])],
+        );
+        let req = m.request();
+        assert_eq!(
+            (req.member_epoch, req.metadata_version),
+            (MemberEpoch(4), MetadataVersion(7))
+        );
+        assert_eq!(req.max_observed_version, MetadataVersion(9));
+        assert_eq!(req.owned, ids(&[0, 1]));
+        assert_eq!(
+            revoking(&m),
+            vec![(2, RevokeState::Draining), (3, RevokeState::Revoked)]
+        );
+        assert!(m.is_joined());
     }
 
     #[test]
