@@ -25,6 +25,8 @@ pub enum Bug {
     /// A REVOKED ack in a request sent before the drain instruction (its client stopped when its lease ran out,
     /// then read the shard again) releases the shard: fixed by `revoke_since_version`.
     LateRevokedAck,
+    /// Members whose lease ran out are never expired: a crashed member keeps its shards (liveness).
+    NoExpiry,
 }
 
 thread_local! {
@@ -348,6 +350,16 @@ mod tests {
         let c = run(&config).expect_err("the injected bug is found");
         assert!(c.violation.contains("held under valid leases"), "{c}");
         assert!(c.trace.iter().any(|l| l.contains("late")), "{c}");
+    }
+
+    #[test]
+    fn model_check_finds_a_group_that_never_expires_a_member() {
+        inject(Bug::NoExpiry);
+        let mut config = Config::ci();
+        config.depth = 1;
+        let c = run(&config).expect_err("the injected bug is found");
+        assert!(c.violation.contains("liveness"), "{c}");
+        assert!(c.trace.iter().any(|l| l.contains("crashes")), "{c}");
     }
 
     /// A finding of the checker, kept as a test until the core tells a leave from before a rejoin: a client that

@@ -338,10 +338,10 @@ impl World {
                 let dup = matches!(action, Action::Duplicate(_));
                 let f = self.net[i].clone();
                 let answer = self.deliver(i, dup)?;
-                let what = if dup { "a duplicate of" } else { "" };
+                let what = if dup { "a duplicate of " } else { "" };
                 let late = if f.current { "" } else { " (late: nobody waits for it)" };
                 format!(
-                    "coordinator handles {what} {}{late} sent at {} -> {answer}",
+                    "coordinator handles {what}{}{late} sent at {} -> {answer}",
                     describe_request(&f.req),
                     f.sent_at
                 )
