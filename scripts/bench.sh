@@ -43,7 +43,7 @@ fi
 echo "== building (release)"
 cargo build --release -p examples --bin consumer_bench --bin latency_bench --bin producer_bench
 if wants heartbeat || wants assignor; then
-  cargo bench -p redis-stream-coord-server --no-run
+  cargo bench -p coord-server --no-run
 fi
 
 echo
@@ -57,12 +57,12 @@ started=$(date +%s)
 
 if wants heartbeat; then
   echo
-  cargo bench -q -p redis-stream-coord-server --bench heartbeat 2>/dev/null
+  cargo bench -q -p coord-server --bench heartbeat 2>/dev/null
 fi
 if wants assignor; then
   echo
   echo "## Assignor"
-  cargo bench -q -p redis-stream-coord-server --bench assignor 2>/dev/null
+  cargo bench -q -p coord-server --bench assignor 2>/dev/null
 fi
 if wants producer; then
   echo

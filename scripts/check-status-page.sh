@@ -25,7 +25,7 @@ for tool in curl python3 "$REDIS_BIN"; do
   command -v "$tool" >/dev/null 2>&1 || missing "$tool is not on PATH"
 done
 command -v "$CHROMIUM" >/dev/null 2>&1 || missing "$CHROMIUM is not on PATH (Debian: apt-get install -y chromium)"
-[ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p redis-stream-coord-server' first"
+[ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p coord-server' first"
 
 WORK=$(mktemp -d)
 PIDS=()

@@ -35,7 +35,7 @@ missing() {
 
 command -v python3 >/dev/null 2>&1 || missing "python3 is not on PATH (Debian/Ubuntu: apt-get install -y python3 python3-venv)"
 command -v "$REDIS_BIN" >/dev/null 2>&1 || missing "redis-server is not on PATH (apt-get install -y redis-server, or set REDIS_SERVER_BIN)"
-[ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p redis-stream-coord-server' first (or set COORD_SERVER_BIN)"
+[ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p coord-server' first (or set COORD_SERVER_BIN)"
 
 if [ "$("$VENV/bin/st" --version 2>/dev/null | awk '{print $NF}')" != "$ST_VERSION" ]; then
   echo "== installing schemathesis $ST_VERSION into $VENV"

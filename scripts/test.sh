@@ -69,7 +69,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== SDKs with no features (metrics off)"
 # Not a repeat of the run above: within the workspace, features unify, so the SDKs are only ever linted with
 # `metrics` on there. This run lints the code compiled when `metrics` is off (its cfg branches and imports).
-cargo clippy -p redis-stream-consumer -p redis-stream-producer --all-targets --no-default-features -- -D warnings
+cargo clippy -p stream-consumer -p stream-producer --all-targets --no-default-features -- -D warnings
 done_steps+=(clippy)
 echo "== tests"
 run_tests
@@ -78,7 +78,7 @@ cargo test --workspace --doc 2>&1 | tee "$log"
 done_steps+=("$(count_tests) doc tests")
 echo "== OpenAPI conformance (schemathesis against the debug coord-server)"
 # The tests above built it already; this only makes sure when they were skipped.
-cargo build -p redis-stream-coord-server --bin coord-server
+cargo build -p coord-server --bin coord-server
 scripts/schemathesis.sh
 done_steps+=(schemathesis)
 echo "== status page in headless Chromium"

@@ -9,6 +9,8 @@ use protocol::messages::{ErrorResponse, HeartbeatRequest, HeartbeatResponse, Rou
 use protocol::names::{GroupName, StreamName};
 use protocol::redact::redact_url;
 use protocol::{MemberEpoch, Status};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use thiserror::Error;
@@ -70,6 +72,44 @@ impl CoordError {
     /// Whether the member must stop everything and rejoin with epoch 0.
     pub fn requires_rejoin(&self) -> bool {
         self.status().is_some_and(Status::requires_rejoin)
+    }
+}
+
+/// The answer of a [`CoordTransport`] call.
+pub type CoordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, CoordError>> + Send + 'a>>;
+
+/// The coordinator calls the SDKs' drivers make: the consumer's heartbeat loop and the producer's routing
+/// refresher talk to the coordinator only through this, so their schedules (lease expiry, backoff, refresh times)
+/// can be tested under paused Tokio time against an in-memory coordinator (`testing::FakeCoord`, feature
+/// `test-util`) instead of HTTP. [`CoordClient`] is the HTTP implementation.
+///
+/// Both calls are idempotent on the coordinator side, and cancel safe: a dropped call may or may not have reached
+/// the coordinator.
+pub trait CoordTransport: Send + Sync + std::fmt::Debug {
+    /// Sends a heartbeat (join with epoch 0, leave with epoch -1). See [`CoordClient::heartbeat`].
+    fn heartbeat<'a>(
+        &'a self,
+        stream: &'a StreamName,
+        group: &'a GroupName,
+        req: &'a HeartbeatRequest,
+    ) -> CoordFuture<'a, HeartbeatResponse>;
+
+    /// Fetches a stream's routing. See [`CoordClient::routing`].
+    fn routing<'a>(&'a self, stream: &'a StreamName, query: RoutingQuery) -> CoordFuture<'a, RoutingResponse>;
+}
+
+impl CoordTransport for CoordClient {
+    fn heartbeat<'a>(
+        &'a self,
+        stream: &'a StreamName,
+        group: &'a GroupName,
+        req: &'a HeartbeatRequest,
+    ) -> CoordFuture<'a, HeartbeatResponse> {
+        Box::pin(CoordClient::heartbeat(self, stream, group, req))
+    }
+
+    fn routing<'a>(&'a self, stream: &'a StreamName, query: RoutingQuery) -> CoordFuture<'a, RoutingResponse> {
+        Box::pin(CoordClient::routing(self, stream, query))
     }
 }
 

@@ -10,7 +10,8 @@
 //!   state) built from coordinator answers; pure, driven by the consumer SDK and by every test model.
 //! * [`lease`]: the assignment lease counted from the heartbeat's send time; pure and time-generic.
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
-//!   `COORDINATOR_TERMINATING`, typed errors.
+//!   `COORDINATOR_TERMINATING`, typed errors; and [`CoordTransport`], the calls the SDKs' drivers make, with the
+//!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
 #![warn(missing_docs)]
 
 pub mod coord_client;
@@ -22,7 +23,7 @@ pub mod redis_check;
 pub mod testing;
 pub mod version_store;
 
-pub use coord_client::{CoordClient, CoordError};
+pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
 pub use redis_check::{check_redis, redact_url, RedisCapabilities, RedisCheckError, RedisRequirements};
 pub use version_store::{

@@ -1,6 +1,6 @@
 //! Assignor benchmark: target computation for 100/1,000 members x 1,024/50,000 shards, full (from nothing) and
 //! incremental (one member joins a balanced group), plus shards moved on that join against the minimum possible.
-//! Run: `cargo bench -p redis-stream-coord-server --bench assignor`. Goal (issue 7): 1,000 x 50,000 <= 20 ms.
+//! Run: `cargo bench -p coord-server --bench assignor`. Goal (issue 7): 1,000 x 50,000 <= 20 ms.
 
 use coord_server::state_machine::assignor::assign;
 use protocol::names::MemberId;

@@ -6,7 +6,7 @@
 //! `INFO commandstats` and the hash revision); the aggregate size; and, as the same-run baseline, the raw Redis
 //! round trip so the heartbeat cost reads as a ratio (a heartbeat is two script round trips).
 //!
-//! Run: `cargo bench -p redis-stream-coord-server --bench heartbeat` (about 30 s).
+//! Run: `cargo bench -p coord-server --bench heartbeat` (about 30 s).
 //! Goals (issue 7): p99 <= 5 ms at the default rate; >= 5,000 heartbeats/s.
 
 use coord_server::server::CoordinatorHandle;

@@ -34,6 +34,8 @@ use crate::stats::Stats;
 use crate::store::{self, Cached, Committed, LivenessScope, Loaded, SectionKeys, Store, Write};
 use crate::traces::{self, Absence};
 
+mod reshard;
+
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
 
@@ -331,19 +333,34 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
+        // Resharding: seal what a growth left unsealed before the group adopts it (see `reshard`).
+        let routing = match routing {
+            Some(r) => Some(self.seal_growths(stream, &r).await.unwrap_or_else(|e| {
+                warn!(stream = %stream, error = %e, "sealing parents failed; retried next tick");
+                r
+            })),
+            None => None,
+        };
+        let mut needs = Vec::new();
         self.group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
             self.inner.stats.metrics().observe_group(meta, live, clock.now_ms);
-            Ok(state_machine::apply(
+            let t = state_machine::apply(
                 meta,
                 live,
                 Input::Tick {
                     routing: routing.as_ref(),
                 },
                 clock,
-            ))
+            );
+            needs = state_machine::reshard::needs(t.next.as_ref().unwrap_or(meta));
+            Ok(t)
         })
         .instrument(spans::section("tick", stream, Some(group)))
         .await?;
+        // The tick's own work is recorded; what the reshard observation could not read is looked at next tick.
+        if let Err(e) = self.observe_reshards(stream, group, needs).await {
+            warn!(stream = %stream, group = %group, error = %e, "reshard observation failed; retried next tick");
+        }
         Ok(())
     }
 
@@ -468,7 +485,8 @@ impl Coordinator {
             .await
     }
 
-    /// Grows a stream by `count` shards. Groups adopt the new routing on their next tick.
+    /// Grows a stream by `count` shards and seals every old shard (the parents, see `docs/resharding.md`).
+    /// Groups adopt the new routing on their next tick and read the new shards once they drained the parents.
     ///
     /// # Errors
     /// [`Error::RevisionConflict`] when `if_match` is stale; [`Error::MetadataUnavailable`] when the stream has
@@ -502,6 +520,10 @@ impl Coordinator {
             .await?;
         let routing = routing.expect("add_shards always writes");
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
+        // Seal the parents now; what fails here the tick finishes (the growth is recorded as unsealed).
+        if let Err(e) = self.seal_growths(stream, &routing).await {
+            warn!(stream = %stream, error = %e, "sealing parents failed; the tick retries");
+        }
         Ok(routing_description(&routing, rev))
     }
 

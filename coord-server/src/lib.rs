@@ -4,6 +4,7 @@
 //! # Layout
 //! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
 //! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
+//! * [`store_reshard`]: the seal script of a parent shard and the drain observation of a group.
 //! * [`coordinator`]: critical sections (local lock, shutdown gate, mutex, load, decide, write, answer).
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
@@ -37,6 +38,7 @@ pub mod startup;
 pub mod state_machine;
 pub mod stats;
 pub mod store;
+pub mod store_reshard;
 pub mod tick;
 pub mod traces;
 

@@ -138,6 +138,12 @@ pub mod names {
     pub const LAG_SCRAPE_ERRORS: &str = "redis_stream_coord_lag_scrape_errors_total";
     /// Gauge: duration of the last lag scrape, in seconds.
     pub const LAG_SCRAPE_DURATION: &str = "redis_stream_coord_lag_scrape_duration_seconds";
+    /// Histogram per group: how long the children of a growth were held (from the group's adoption of the growth
+    /// until every parent was drained up to its seal), in seconds.
+    pub const RESHARD_CHILDREN_WAIT: &str = "redis_stream_coord_reshard_children_wait_seconds";
+    /// Gauge per group: parents of open reshards the group has not yet drained up to their seal (0 when no
+    /// growth is open).
+    pub const RESHARD_PARENTS_NOT_DRAINED: &str = "redis_stream_coord_group_reshard_parents_not_drained";
 
     /// Every name above.
     pub const ALL: &[&str] = &[
@@ -178,6 +184,8 @@ pub mod names {
         SHARD_LENGTH,
         LAG_SCRAPE_ERRORS,
         LAG_SCRAPE_DURATION,
+        RESHARD_CHILDREN_WAIT,
+        RESHARD_PARENTS_NOT_DRAINED,
     ];
 }
 
@@ -191,6 +199,9 @@ pub const LAG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const LAG_MAX_SHARDS_PER_STREAM: u32 = 1024;
 /// Commands per pipeline of the lag scrape.
 const LAG_PIPELINE: usize = 256;
+/// Buckets of [`names::RESHARD_CHILDREN_WAIT`], in seconds: a drain takes from one tick to as long as consumers
+/// lag.
+const RESHARD_WAIT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
 /// Buckets of [`names::MUTEX_WAIT`]: from an uncontended round trip to the critical-section deadline.
 const MUTEX_WAIT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -258,6 +269,11 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(names::MUTEX_WAIT.to_owned()), MUTEX_WAIT_BUCKETS)
             .expect("the bucket list is not empty")
+            .set_buckets_for_metric(
+                Matcher::Full(names::RESHARD_CHILDREN_WAIT.to_owned()),
+                RESHARD_WAIT_BUCKETS,
+            )
+            .expect("the bucket list is not empty")
             .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
             .build_recorder();
         let handle = recorder.handle();
@@ -299,6 +315,15 @@ impl Metrics {
             );
             describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
             describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
+            describe_histogram!(
+                names::RESHARD_CHILDREN_WAIT,
+                Unit::Seconds,
+                "How long the children of a growth were held per group"
+            );
+            describe_gauge!(
+                names::RESHARD_PARENTS_NOT_DRAINED,
+                "Parents of open reshards not yet drained per group"
+            );
             describe_counter!(names::MUTEX_BUSY, "Mutex tries that found it held");
             describe_counter!(
                 names::HEARTBEAT_BATCHES,
@@ -445,6 +470,10 @@ impl Metrics {
                 Event::CorrectionOpened { .. } => {
                     counter!(names::CORRECTIONS_OPENED, "stream" => s.clone(), "group" => g.clone()).increment(1)
                 }
+                Event::ChildrenReleased { waited_ms, .. } => {
+                    histogram!(names::RESHARD_CHILDREN_WAIT, "stream" => s.clone(), "group" => g.clone())
+                        .record(*waited_ms as f64 / 1000.0)
+                }
                 _ => {}
             }
             counter!(names::GROUP_EVENTS, "stream" => s, "group" => g, "event" => kind).increment(1);
@@ -505,6 +534,8 @@ impl Metrics {
             gauge!(names::CORRECTION_OPEN, &labels).set(if meta.correction.is_some() { 1.0 } else { 0.0 });
             gauge!(names::CORRECTION_AGE, &labels).set(secs(correction_age));
             gauge!(names::METADATA_VERSION, &labels).set(meta.metadata_version.0 as f64);
+            gauge!(names::RESHARD_PARENTS_NOT_DRAINED, &labels)
+                .set(crate::state_machine::reshard::parents_not_drained(meta) as f64);
             if first_sight {
                 for name in [
                     names::MEMBERS_EXPIRED,
@@ -514,6 +545,8 @@ impl Metrics {
                 ] {
                     counter!(name, &labels).increment(0);
                 }
+                // Registered empty, so the family is there before the first growth.
+                let _ = histogram!(names::RESHARD_CHILDREN_WAIT, &labels);
             }
         });
     }

@@ -12,6 +12,7 @@
 //! * [`status`]: the status every response carries.
 //! * [`messages`]: HTTP request and response bodies.
 //! * [`metadata`]: the documents stored in Redis (group aggregate, stream routing).
+//! * [`reshard`]: the growth records: seal positions of parent shards, a group's drained parents.
 //! * [`error`]: decode and name errors.
 //! * [`redact`]: `redact_url`, the one way every crate prints a URL that may carry a password.
 //!
@@ -32,6 +33,7 @@ pub mod messages;
 pub mod metadata;
 pub mod names;
 pub mod redact;
+pub mod reshard;
 pub mod routing;
 pub mod status;
 pub mod version;

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::DecodeError;
 use crate::names::{GroupName, MemberId, StreamName};
+use crate::reshard::{GroupReshard, Growth, MAX_RECORDED_GROWTHS};
 use crate::version::{AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId};
 
 /// Schema version of [`GroupMetadata`] written by this build.
@@ -114,6 +115,10 @@ pub struct GroupMetadata {
     /// The open metadata correction round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correction: Option<CorrectionRound>,
+    /// Growths adopted and not finished, oldest first: their children are held (see `docs/resharding.md`).
+    /// Absent when none is open, so a group that never grew writes exactly what older builds wrote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reshards: Vec<GroupReshard>,
 }
 
 /// What Redis records about one member.
@@ -207,6 +212,7 @@ impl GroupMetadata {
             members: BTreeMap::new(),
             shards: vec![ShardRecord::default(); shard_count as usize],
             correction: None,
+            reshards: Vec::new(),
         }
     }
 
@@ -259,6 +265,24 @@ impl GroupMetadata {
             )));
         }
         self.timings.validate().map_err(DecodeError::Inconsistent)?;
+        if self.reshards.len() > MAX_RECORDED_GROWTHS {
+            return Err(DecodeError::Inconsistent(format!(
+                "{} open reshards, at most {MAX_RECORDED_GROWTHS}",
+                self.reshards.len()
+            )));
+        }
+        for r in &self.reshards {
+            r.check(self.shard_count).map_err(DecodeError::Inconsistent)?;
+        }
+        if self
+            .reshards
+            .windows(2)
+            .any(|w| w[0].routing_version >= w[1].routing_version)
+        {
+            return Err(DecodeError::Inconsistent(
+                "reshards are not in routing-version order".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -279,6 +303,10 @@ pub struct StreamRouting {
     pub routing_lease_ms: u64,
     /// Redis time (ms) the routing was created.
     pub created_at_ms: u64,
+    /// The last growths (add-shards), oldest first, with their parents' seal positions (at most
+    /// [`MAX_RECORDED_GROWTHS`]). Absent for a stream that never grew under this build.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub growths: Vec<Growth>,
 }
 
 /// Default routing lease given to producers.
@@ -294,6 +322,7 @@ impl StreamRouting {
             shard_count,
             routing_lease_ms: DEFAULT_ROUTING_LEASE_MS,
             created_at_ms: now_ms,
+            growths: Vec::new(),
         }
     }
 
@@ -320,6 +349,29 @@ impl StreamRouting {
                 "shardCount {} out of range",
                 r.shard_count
             )));
+        }
+        if r.growths.len() > MAX_RECORDED_GROWTHS {
+            return Err(DecodeError::Inconsistent(format!(
+                "{} growths recorded, at most {MAX_RECORDED_GROWTHS}",
+                r.growths.len()
+            )));
+        }
+        for g in &r.growths {
+            g.check().map_err(DecodeError::Inconsistent)?;
+            if g.shard_count > r.shard_count || g.routing_version > r.routing_version {
+                return Err(DecodeError::Inconsistent(format!(
+                    "growth {} is beyond the routing (version {}, {} shards)",
+                    g.routing_version, r.routing_version, r.shard_count
+                )));
+            }
+        }
+        if r.growths
+            .windows(2)
+            .any(|w| w[0].routing_version >= w[1].routing_version)
+        {
+            return Err(DecodeError::Inconsistent(
+                "growths are not in routing-version order".into(),
+            ));
         }
         Ok(r)
     }

@@ -245,6 +245,7 @@ fn stored_documents() {
             synced: BTreeSet::from([member("a")]),
             claims: BTreeMap::new(),
         }),
+        reshards: Vec::new(),
     };
     golden("group-metadata", &meta);
     golden(

@@ -6,7 +6,7 @@
 //! ```text
 //! VERSION_REDIS_URL=redis://durable:6379 REDIS_URL=redis://127.0.0.1:6379 \
 //! COORDINATOR_URL=http://127.0.0.1:7400 \
-//!     cargo run -p redis-stream-consumer --example custom_version_store -- orders billing
+//!     cargo run -p stream-consumer --example custom_version_store -- orders billing
 //! ```
 //!
 //! The two rules of the SPI: `load` returns 0 when nothing is stored, and `store` is monotonic (a lower value

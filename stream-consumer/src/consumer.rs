@@ -15,13 +15,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{ConsumerBuilder, ConsumerConfig};
 use crate::error::ConsumerError;
 use crate::handler::{DynHandler, DynListener, NoListener};
-use crate::heartbeat::Driver;
 use crate::lease::LeaseView;
 use crate::membership::Membership;
 use crate::metrics::ConsumerMetrics;
 use crate::shard_reader::ReaderShared;
+use crate::supervisor::Driver;
 use crate::version_store::{version_key, SharedVersionStore};
-use client_core::{PersistPolicy, VersionPersister};
+use client_core::{CoordClient, CoordTransport, PersistPolicy, VersionPersister};
 
 /// A consumer group member, configured and not yet running.
 ///
@@ -247,7 +247,7 @@ impl Consumer {
     /// Not cancel safe: dropping the future stops every task at once, like a crash (no leave; the coordinator
     /// moves the shards when the member TTL runs out). Cancel `shutdown` instead.
     pub async fn run(self, shutdown: CancellationToken) -> Result<CloseReport, ConsumerError> {
-        self.run_with(shutdown, CancellationToken::new(), false).await
+        self.run_with(shutdown, CancellationToken::new(), false, None).await
     }
 
     /// Checks the shard streams' Redis (see [`run`](Consumer::run)), then runs the consumer on a background task
@@ -272,11 +272,23 @@ impl Consumer {
     }
 
     fn spawn_checked(self, checked: bool) -> ConsumerHandle {
+        self.spawn_on(checked, None)
+    }
+
+    /// Runs the consumer against `transport` instead of the coordinator's HTTP API, without the Redis start-up
+    /// check (the tests of the supervisor's schedules, under paused time).
+    #[cfg(test)]
+    pub(crate) fn spawn_with_transport(self, transport: Arc<dyn CoordTransport>) -> ConsumerHandle {
+        self.spawn_on(true, Some(transport))
+    }
+
+    /// Spawns the consumer with the coordinator `transport` (the HTTP client when `None`).
+    fn spawn_on(self, checked: bool, transport: Option<Arc<dyn CoordTransport>>) -> ConsumerHandle {
         let shutdown = CancellationToken::new();
         let kill = CancellationToken::new();
         let status = self.status();
         let member_id = self.config.member_id.clone();
-        let task = tokio::spawn(self.run_with(shutdown.clone(), kill.clone(), checked));
+        let task = tokio::spawn(self.run_with(shutdown.clone(), kill.clone(), checked, transport));
         ConsumerHandle {
             member_id,
             shutdown,
@@ -291,6 +303,7 @@ impl Consumer {
         shutdown: CancellationToken,
         kill: CancellationToken,
         checked: bool,
+        transport: Option<Arc<dyn CoordTransport>>,
     ) -> Result<CloseReport, ConsumerError> {
         let c = &self.config;
         let key = version_key(&c.stream, &c.group);
@@ -314,7 +327,7 @@ impl Consumer {
             conn,
             handler: Arc::clone(&self.handler),
             listener: Arc::clone(&self.listener),
-            lease: Arc::new(LeaseView::new(Instant::now())),
+            lease: Arc::new(LeaseView::new(crate::lease::now())),
             start_from: c.start_from,
             read_block: c.timings.read_block,
             batch_size: c.batch_size,
@@ -337,8 +350,20 @@ impl Consumer {
             PersistPolicy::default(),
             Arc::new(self.metrics.clone()),
         ));
+        let transport = match transport {
+            Some(t) => t,
+            None => Arc::new(
+                CoordClient::new(
+                    c.coordinator_urls.clone(),
+                    c.timings.request_timeout,
+                    c.coordinator_token.clone(),
+                )
+                .map_err(ConsumerError::CoordinatorClient)?,
+            ),
+        };
         let driver = Driver {
             config: Arc::clone(&self.config),
+            transport,
             shared,
             listener: Arc::clone(&self.listener),
             persister: Arc::clone(&persister),

@@ -89,6 +89,9 @@ thread_local! {
 /// than keeping it. Holding the lease until this instant does not make a side effect safe on its own; fence it
 /// (see the fencing token on [`Message`](crate::Message)).
 ///
+/// The instant is on Tokio's clock, given as a [`std::time::Instant`]: the same as `Instant::now()` normally, and
+/// under Tokio's paused time (tests) to be compared with `tokio::time::Instant::now().into_std()`.
+///
 /// # Example
 /// A handler that skips a slow side call it could not finish under the lease, instead of being dropped in it:
 /// ```no_run

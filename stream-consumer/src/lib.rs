@@ -118,7 +118,8 @@
 //! * `lease`: the pure assignment lease of `client_core::lease` (counted from the heartbeat's send time), the
 //!   lease view the readers share and the combinator that polls a handler under the lease end.
 //! * `in_flight`: per-shard in-flight counters.
-//! * `heartbeat`: the heartbeat loop; drives membership, lease and readers.
+//! * `supervisor`: the member supervisor; heartbeats (`supervisor::heartbeat`), drives membership and lease,
+//!   starts and stops the readers (`supervisor::readers`).
 //! * `shard_reader`: one task per shard: claim pending entries, blocking reads, handler, ack, retry,
 //!   dead-letter.
 //! * `stream_reply`: parsing of `XREADGROUP` / `XAUTOCLAIM` / `XPENDING` replies.
@@ -143,7 +144,6 @@ mod consumer;
 pub mod dead_letter;
 mod error;
 mod handler;
-mod heartbeat;
 mod in_flight;
 mod lease;
 mod membership;
@@ -153,6 +153,7 @@ mod outcome;
 mod pull;
 mod shard_reader;
 mod stream_reply;
+mod supervisor;
 pub mod version_store;
 
 pub use config::{ConsumerBuilder, ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, DEFAULT_MAX_DELIVERIES};

@@ -31,7 +31,7 @@
 //! one round trip per entry): one `XACK` carrying every entry handled since the last one, sent with the next
 //! read (same connection, same round trip, its answer awaited separately), at the end of a claim batch, before
 //! a retry pause, before the reader stops or waits for its lease, and, within a read, as soon as an entry
-//! finishes [`ACK_WINDOW`] or more after the oldest unacknowledged success. Until its answer the entry counts as
+//! finishes [`ack_batch::ACK_WINDOW`] or more after the oldest unacknowledged success. Until its answer the entry counts as
 //! in flight. The `XACK` is retried until it succeeds while the shard is ours (an entry left pending under this
 //! member would not be delivered again while it keeps the shard); a killed reader tries once, briefly. A crash
 //! can thus re-deliver up to one read's handled entries (at most `batch_size`), where one-ack-per-entry
@@ -41,8 +41,20 @@
 //! each retry is recorded as a delivery in Redis (`XCLAIM` to this member, which increments the delivery count)
 //! so the count survives a crash. An entry whose delivery count exceeds `max_deliveries` goes to the dead-letter
 //! stream (see [`crate::dead_letter`]).
+//!
+//! # Layout
+//! This file is the task: what it waits for, sends and retries. What can be decided without I/O is in the
+//! submodules: [`ack_batch`] (which entries the next `XACK` carries, and when it must go out), [`retry`]
+//! (acknowledge, dead-letter, or retry after which delay), [`commands`] (every Redis command the reader sends,
+//! and the pairing of a claim batch with its delivery counts) and [`health`] (how long the reader has failed to
+//! reach Redis).
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+mod ack_batch;
+mod commands;
+mod health;
+mod retry;
+
+use backon::ExponentialBackoff;
 use futures::FutureExt;
 use protocol::keys;
 use protocol::names::{GroupName, MemberId, StreamName};
@@ -51,7 +63,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -60,18 +72,17 @@ use crate::config::StartPosition;
 use crate::dead_letter;
 use crate::handler::{DynHandler, DynListener};
 use crate::in_flight::{InFlight, InFlightGuard};
-use crate::lease::{LeaseExpired, LeaseView, UnderLease};
+use crate::lease::{now, LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
-use crate::outcome::{Outcome, MAX_RETRY_DELAY};
 use crate::stream_reply::{self, RawEntry};
+use ack_batch::AckBatch;
+use commands::{with_delivery_counts, ShardCommands};
+pub(crate) use health::ReadHealth;
+use retry::{jittered, Decision, Retries};
 
 /// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
 const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
-
-/// Within one read, the batched `XACK` goes out as soon as an entry finishes this long or more after the oldest
-/// handled-but-unacknowledged one (so slow handlers do not hold a whole read's acknowledgements back).
-const ACK_WINDOW: Duration = Duration::from_millis(10);
 
 /// Everything the readers of one consumer share.
 pub(crate) struct ReaderShared {
@@ -119,32 +130,6 @@ pub(crate) struct ReaderControl {
     pub kill: CancellationToken,
 }
 
-/// Whether a reader can reach Redis, shared with the heartbeat loop: a member whose reader has failed to read for
-/// longer than [`Timings::read_failure_timeout`](crate::Timings::read_failure_timeout) gives its shards back.
-#[derive(Debug, Default)]
-pub(crate) struct ReadHealth {
-    /// Since when every Redis command of the reader failed; `None` after a success.
-    failing_since: Mutex<Option<Instant>>,
-}
-
-impl ReadHealth {
-    /// How long the reader has been failing at `now`, if it is.
-    pub(crate) fn failing_for(&self, now: Instant) -> Option<Duration> {
-        self.lock().map(|since| now.saturating_duration_since(since))
-    }
-
-    fn set(&self, failing_since: Option<Instant>) {
-        *self.lock() = failing_since;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        // Plain data: a panic elsewhere cannot leave it inconsistent.
-        self.failing_since
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 /// How a reader ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReaderExit {
@@ -168,8 +153,12 @@ pub(crate) async fn run(
 ) -> ReaderExit {
     let mut reader = Reader {
         stream: Arc::new(shared.stream.clone()),
-        key: keys::shard_stream(&shared.stream, shard),
-        dead_letter_key: keys::dead_letter_stream(&shared.stream, shard),
+        cmds: ShardCommands::new(
+            keys::shard_stream(&shared.stream, shard),
+            keys::dead_letter_stream(&shared.stream, shard),
+            shared.group.clone(),
+            shared.member_id.clone(),
+        ),
         shared,
         shard,
         fencing_token,
@@ -180,9 +169,8 @@ pub(crate) async fn run(
         dedicated: None,
         blocked_client: None,
         redis_backoff: None,
-        unacked: Vec::new(),
-        unacked_since: None,
-        last_claim: Instant::now(),
+        acks: AckBatch::default(),
+        last_claim: now(),
     };
     let exit = tokio::select! {
         biased;
@@ -196,9 +184,9 @@ pub(crate) async fn run(
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(id)).await;
         }
         // Entries handled but not yet acknowledged: one brief try; if it fails they are delivered again.
-        if !reader.unacked.is_empty() && reader.within_lease() {
+        if !reader.acks.is_empty() && reader.within_lease() {
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.send_acks()).await;
-            reader.unacked.clear();
+            reader.acks.clear();
         }
     }
     debug!(shard = %shard, ?exit, "shard reader stopped");
@@ -212,8 +200,8 @@ struct Reader {
     shard: ShardId,
     /// The token of this assignment, carried by every message.
     fencing_token: FencingToken,
-    key: String,
-    dead_letter_key: String,
+    /// The keys and names of this shard's commands.
+    cmds: ShardCommands,
     stop: CancellationToken,
     in_flight: Arc<InFlight>,
     health: Arc<ReadHealth>,
@@ -226,36 +214,13 @@ struct Reader {
     /// Backoff after Redis errors; reset by a success.
     redis_backoff: Option<ExponentialBackoff>,
     /// Entries handled and not yet acknowledged (still in flight), for the next batched `XACK`.
-    unacked: Vec<(EntryId, InFlightGuard)>,
-    /// When the oldest of `unacked` was handled.
-    unacked_since: Option<Instant>,
+    acks: AckBatch<InFlightGuard>,
     /// When the last claim of pending entries finished (see [`ReaderShared::reclaim_every`]).
     last_claim: Instant,
 }
 
-fn jittered(min: Duration, max: Duration) -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(min)
-        .with_max_delay(max)
-        .with_jitter()
-        // backon without its `std` feature seeds every generator alike; readers must not retry in lockstep.
-        .with_jitter_seed(rand::random())
-        .without_max_times()
-        .build()
-}
-
 fn is_nogroup(e: &RedisError) -> bool {
     e.code() == Some("NOGROUP")
-}
-
-fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        format!("handler panicked: {s}")
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        format!("handler panicked: {s}")
-    } else {
-        "handler panicked".to_owned()
-    }
 }
 
 impl Reader {
@@ -289,7 +254,7 @@ impl Reader {
 
     /// Whether the shard may still be read or handled: not revoking and within the lease.
     fn may_handle(&self) -> bool {
-        !self.stop.is_cancelled() && self.shared.lease.is_valid_at(Instant::now())
+        !self.stop.is_cancelled() && self.shared.lease.is_valid_at(now())
     }
 
     /// Whether anything may still be sent to Redis for this shard (acknowledgements, claims, dead letters,
@@ -318,7 +283,7 @@ impl Reader {
             .unwrap_or(max);
         if !self.failing {
             self.failing = true;
-            self.health.set(Some(Instant::now()));
+            self.health.set(Some(now()));
         }
         warn!(shard = %self.shard, group = %self.shared.group, error = %e, retry_in = ?delay, "{what} failed");
         self.pause(delay).await
@@ -334,7 +299,7 @@ impl Reader {
 
     /// Waits while the lease is not valid (the heartbeat loop is about to stop this reader). `false` when stopped.
     async fn wait_for_lease(&self) -> bool {
-        while !self.shared.lease.is_valid_at(Instant::now()) {
+        while !self.shared.lease.is_valid_at(now()) {
             if !self.pause(Duration::from_millis(20)).await {
                 return false;
             }
@@ -349,17 +314,14 @@ impl Reader {
                 return false;
             }
             let mut conn = self.shared.conn.clone();
-            let r: Result<Value, RedisError> = redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(&self.key)
-                .arg(self.shared.group.as_str())
-                .arg(self.shared.start_from.group_create_id())
-                .arg("MKSTREAM")
+            let r: Result<Value, RedisError> = self
+                .cmds
+                .create_group(self.shared.start_from.group_create_id())
                 .query_async(&mut conn)
                 .await;
             match r {
                 Ok(_) => {
-                    debug!(shard = %self.shard, key = %self.key, "created the consumer group");
+                    debug!(shard = %self.shard, key = %self.cmds.key, "created the consumer group");
                     self.redis_ok();
                     return true;
                 }
@@ -416,7 +378,7 @@ impl Reader {
             }
             self.flush_acks().await;
             if next == "0-0" {
-                self.last_claim = Instant::now();
+                self.last_claim = now();
                 return true;
             }
             cursor = next;
@@ -426,14 +388,9 @@ impl Reader {
     /// One `XAUTOCLAIM` batch, with the delivery count of each claimed entry (from `XPENDING`).
     async fn claim_batch(&mut self, cursor: &str) -> Result<(String, Vec<(RawEntry, u32)>), RedisError> {
         let mut conn = self.shared.conn.clone();
-        let reply: Value = redis::cmd("XAUTOCLAIM")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg(0)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(self.shared.batch_size)
+        let reply: Value = self
+            .cmds
+            .auto_claim(cursor, self.shared.batch_size)
             .query_async(&mut conn)
             .await?;
         let claim = stream_reply::auto_claim(reply).map_err(reply_error)?;
@@ -445,15 +402,7 @@ impl Reader {
             (Some(first), Some(last)) => self.delivery_counts(first.id, last.id, entries.len()).await?,
             _ => HashMap::new(),
         };
-        let with_counts = entries
-            .into_iter()
-            .map(|e| {
-                // XAUTOCLAIM counted this delivery; 2 is the least a re-delivered entry can have.
-                let count = counts.get(&e.id).copied().unwrap_or(2);
-                (e, count)
-            })
-            .collect();
-        Ok((claim.next, with_counts))
+        Ok((claim.next, with_delivery_counts(entries, &counts)))
     }
 
     async fn delivery_counts(
@@ -463,15 +412,7 @@ impl Reader {
         n: usize,
     ) -> Result<HashMap<EntryId, u32>, RedisError> {
         let mut conn = self.shared.conn.clone();
-        let reply: Value = redis::cmd("XPENDING")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(first.to_string())
-            .arg(last.to_string())
-            .arg(n)
-            .arg(self.shared.member_id.as_str())
-            .query_async(&mut conn)
-            .await?;
+        let reply: Value = self.cmds.delivery_counts(first, last, n).query_async(&mut conn).await?;
         let rows = stream_reply::pending_rows(&reply).map_err(reply_error)?;
         Ok(rows.into_iter().map(|r| (r.id, r.delivery_count)).collect())
     }
@@ -518,7 +459,7 @@ impl Reader {
     /// Step 4: new entries. Returns `false` when stopped, `true` after a failed read (claim again first).
     async fn read_new(&mut self) -> bool {
         loop {
-            if self.last_claim.elapsed() >= self.shared.reclaim_every {
+            if now().saturating_duration_since(self.last_claim) >= self.shared.reclaim_every {
                 // Claim again (entries a late read handed to a dead member); acks go out first so nothing this
                 // reader handled is claimed back.
                 self.flush_acks().await;
@@ -587,23 +528,10 @@ impl Reader {
             // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
             return Ok(Vec::new());
         }
-        let block_ms = u64::try_from(self.shared.read_block.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg("COUNT")
-            .arg(self.shared.batch_size)
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(">");
-        let ack = (!self.unacked.is_empty()).then(|| {
+        let cmd = self.cmds.read_new(self.shared.batch_size, self.shared.read_block);
+        let ack = (!self.acks.is_empty()).then(|| {
             let mut ack_conn = conn.clone();
-            let xack = self.xack_cmd();
+            let xack = self.cmds.ack(self.acks.ids());
             async move { xack.query_async::<i64>(&mut ack_conn).await }
         });
         let mut ack_done = ack.is_none();
@@ -619,8 +547,7 @@ impl Reader {
                 r = &mut ack, if !ack_done => {
                     ack_done = true;
                     if let Some(Ok(_)) = r {
-                        self.unacked.clear();
-                        self.unacked_since = None;
+                        self.acks.clear();
                     }
                 }
                 r = &mut read => break r,
@@ -641,8 +568,7 @@ impl Reader {
         if !ack_done {
             // Sent before the read on the same connection: answered by now (or failed with it).
             if let Some(Ok(_)) = ack.await {
-                self.unacked.clear();
-                self.unacked_since = None;
+                self.acks.clear();
             }
         }
         stream_reply::read_group(reply?).map_err(reply_error)
@@ -665,20 +591,15 @@ impl Reader {
             delivery_count,
             fencing_token: self.fencing_token,
         };
-        let mut backoff: Option<ExponentialBackoff> = None;
-        let mut requested_delay = None;
+        let mut retries = Retries::new(self.shared.max_deliveries, self.shared.retry_min, self.shared.retry_max);
         loop {
-            if message.delivery_count > self.shared.max_deliveries {
-                let why = format!(
-                    "delivered {} times, more than max_deliveries ({})",
-                    message.delivery_count, self.shared.max_deliveries
-                );
+            if let Some(why) = retries.exhausted(message.delivery_count) {
                 self.dead_letter(&message, &why).await;
                 return;
             }
             let attempt = AssertUnwindSafe(self.shared.handler.handle(message.clone())).catch_unwind();
-            let outcome = match UnderLease::new(Arc::clone(&self.shared.lease), attempt).await {
-                Ok(outcome) => outcome,
+            let result = match UnderLease::new(Arc::clone(&self.shared.lease), attempt).await {
+                Ok(result) => result,
                 Err(LeaseExpired) => {
                     // Dropped unfinished: its result would not count, and nothing is acknowledged for it.
                     self.shared.metrics.handler_expired();
@@ -688,38 +609,25 @@ impl Reader {
                     return;
                 }
             };
-            let error = match outcome {
-                Ok(Ok(())) => {
+            let delay = match retries.decide(message.delivery_count, result) {
+                Decision::Acknowledge => {
                     self.shared.metrics.entry_handled();
                     self.acknowledge(message.id, in_flight).await;
                     return;
                 }
-                Ok(Err(e)) => match e.downcast_ref::<Outcome>() {
-                    Some(Outcome::DeadLetter(why)) => {
-                        self.dead_letter(&message, why).await;
-                        return;
-                    }
-                    Some(Outcome::RetryAfter(d)) => {
-                        requested_delay = Some((*d).min(MAX_RETRY_DELAY));
-                        e.to_string()
-                    }
-                    None => e.to_string(),
-                },
-                Err(panic) => panic_message(panic),
-            };
-            self.shared.metrics.handler_failed();
-            warn!(shard = %self.shard, id = %message.id, deliveries = message.delivery_count, error = %error,
-                "handler failed");
-            if message.delivery_count >= self.shared.max_deliveries {
-                self.dead_letter(&message, &error).await;
-                return;
-            }
-            let delay = match requested_delay.take() {
-                Some(d) => d,
-                None => backoff
-                    .get_or_insert_with(|| jittered(self.shared.retry_min, self.shared.retry_max))
-                    .next()
-                    .unwrap_or(self.shared.retry_max),
+                Decision::DeadLetter(why) => {
+                    self.dead_letter(&message, &why).await;
+                    return;
+                }
+                Decision::Exhausted(error) => {
+                    self.failed(&message, &error);
+                    self.dead_letter(&message, &error).await;
+                    return;
+                }
+                Decision::Retry { delay, error } => {
+                    self.failed(&message, &error);
+                    delay
+                }
             };
             // The entries handled before this one are not held back by its retries.
             self.flush_acks().await;
@@ -735,6 +643,13 @@ impl Reader {
         }
     }
 
+    /// A failed attempt (not a dead letter the handler asked for): counted and logged.
+    fn failed(&self, message: &Message, error: &str) {
+        self.shared.metrics.handler_failed();
+        warn!(shard = %self.shard, id = %message.id, deliveries = message.delivery_count, error = %error,
+            "handler failed");
+    }
+
     /// Counts a retry as a delivery in Redis (`XCLAIM` to this member with min-idle 0 increments the count).
     /// `Some(false)` when the entry is gone or the lease ran out (nothing more to do here); `None` when Redis could
     /// not be asked.
@@ -743,14 +658,7 @@ impl Reader {
             return Some(false);
         }
         let mut conn = self.shared.conn.clone();
-        let r: Result<Value, RedisError> = redis::cmd("XCLAIM")
-            .arg(&self.key)
-            .arg(self.shared.group.as_str())
-            .arg(self.shared.member_id.as_str())
-            .arg(0)
-            .arg(id.to_string())
-            .query_async(&mut conn)
-            .await;
+        let r: Result<Value, RedisError> = self.cmds.count_retry(id).query_async(&mut conn).await;
         match r.map(|v| stream_reply::entries("XCLAIM", v)) {
             Ok(Ok(entries)) => Some(entries.iter().any(|e| e.id == id && e.fields.is_some())),
             Ok(Err(e)) => {
@@ -780,12 +688,10 @@ impl Reader {
     }
 
     /// Queues a handled entry for the next batched `XACK` (it stays in flight until then); sends the batch at
-    /// once when its oldest entry has waited [`ACK_WINDOW`]. (The queue holds at most one read's or one claim
+    /// once when its oldest entry has waited [`ack_batch::ACK_WINDOW`]. (The queue holds at most one read's or one claim
     /// batch's entries: `batch_size`.)
     async fn acknowledge(&mut self, id: EntryId, in_flight: InFlightGuard) {
-        let since = *self.unacked_since.get_or_insert_with(Instant::now);
-        self.unacked.push((id, in_flight));
-        if since.elapsed() >= ACK_WINDOW {
+        if self.acks.push(id, in_flight, now()) {
             self.flush_acks().await;
         }
     }
@@ -793,13 +699,13 @@ impl Reader {
     /// One `XACK` of every queued entry, retried until it succeeds while the shard is ours; then they are no
     /// longer in flight. A lost ack only means the entries are delivered again (at-least-once).
     async fn flush_acks(&mut self) {
-        if self.unacked.is_empty() {
+        if self.acks.is_empty() {
             return;
         }
         let mut attempts_after_stop = 3;
         loop {
             if !self.within_lease() {
-                debug!(shard = %self.shard, entries = self.unacked.len(),
+                debug!(shard = %self.shard, entries = self.acks.len(),
                     "lease ran out: acknowledgements not sent; the entries are delivered again");
                 break;
             }
@@ -810,33 +716,21 @@ impl Reader {
                 }
                 Err(e) => {
                     if !self.retry_after("XACK", &e, &mut attempts_after_stop).await {
-                        warn!(shard = %self.shard, entries = self.unacked.len(),
+                        warn!(shard = %self.shard, entries = self.acks.len(),
                             "entries left unacknowledged; they will be delivered again");
                         break;
                     }
                 }
             }
         }
-        self.unacked.clear();
-        self.unacked_since = None;
+        self.acks.clear();
     }
 
     /// `XACK <shard> <group> <every queued id>`, once.
     async fn send_acks(&self) -> Result<(), RedisError> {
         let mut conn = self.shared.conn.clone();
-        let _acked: i64 = self.xack_cmd().query_async(&mut conn).await?;
+        let _acked: i64 = self.cmds.ack(self.acks.ids()).query_async(&mut conn).await?;
         Ok(())
-    }
-
-    /// `XACK <shard> <group> <every queued id>`.
-    fn xack_cmd(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.key).arg(self.shared.group.as_str());
-        let mut buf = [0u8; ENTRY_ID_MAX_LEN];
-        for (id, _) in &self.unacked {
-            cmd.arg(entry_id_arg(*id, &mut buf));
-        }
-        cmd
     }
 
     /// Appends the entry to the shard's dead-letter stream and acknowledges it, atomically.
@@ -850,23 +744,13 @@ impl Reader {
                 return;
             }
             let mut conn = self.shared.conn.clone();
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            let xadd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
-            for (k, v) in &fields {
-                xadd.arg(k.as_slice()).arg(v.as_slice());
-            }
-            pipe.cmd("XACK")
-                .arg(&self.key)
-                .arg(self.shared.group.as_str())
-                .arg(message.id.to_string())
-                .ignore();
-            let r: Result<(String,), RedisError> = pipe.query_async(&mut conn).await;
+            let r: Result<(String,), RedisError> =
+                self.cmds.dead_letter(message.id, &fields).query_async(&mut conn).await;
             match r {
                 Ok((dead_letter_id,)) => {
                     self.redis_ok();
                     self.shared.metrics.dead_lettered();
-                    warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.dead_letter_key,
+                    warn!(shard = %self.shard, id = %message.id, %dead_letter_id, key = %self.cmds.dead_letter_key,
                         "entry dead-lettered");
                     return;
                 }
@@ -881,51 +765,6 @@ impl Reader {
     }
 }
 
-/// Longest `<ms>-<seq>`: two 20-digit numbers and the dash.
-const ENTRY_ID_MAX_LEN: usize = 41;
-
-/// `<ms>-<seq>`, formatted into `buf` without allocating (an acknowledgement carries one per entry; `to_string`
-/// was a visible share of the read loop's CPU).
-fn entry_id_arg(id: EntryId, buf: &mut [u8; ENTRY_ID_MAX_LEN]) -> &[u8] {
-    let mut at = buf.len();
-    for (i, mut n) in [id.seq, id.ms].into_iter().enumerate() {
-        if i == 1 {
-            at -= 1;
-            buf[at] = b'-';
-        }
-        loop {
-            at -= 1;
-            buf[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-    }
-    &buf[at..]
-}
-
 fn reply_error(e: stream_reply::ReplyError) -> RedisError {
     RedisError::from((redis::ErrorKind::Parse, "unexpected stream reply", e.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entry_id_arg_matches_display() {
-        let mut buf = [0u8; ENTRY_ID_MAX_LEN];
-        for (ms, seq) in [
-            (0, 0),
-            (1, 0),
-            (0, 9),
-            (1_700_000_000_123, 42),
-            (u64::MAX, u64::MAX),
-            (10, 100),
-        ] {
-            let id = EntryId { ms, seq };
-            assert_eq!(entry_id_arg(id, &mut buf), id.to_string().as_bytes());
-        }
-    }
 }

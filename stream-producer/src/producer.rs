@@ -131,7 +131,7 @@ impl Producer {
         });
         let refresher = Arc::new(Refresher::new(
             config.stream.clone(),
-            client,
+            Arc::new(client),
             store,
             cache,
             stats.clone(),

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use client_core::{
-    CoordClient, ObservedVersion, PersistObserver, SharedVersionStore, VersionPersister, VersionStoreError,
+    CoordTransport, ObservedVersion, PersistObserver, SharedVersionStore, VersionPersister, VersionStoreError,
 };
 use protocol::names::StreamName;
 use protocol::RoutingVersion;
@@ -37,6 +37,12 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{PublishError, RefreshError};
 use crate::routing_cache::{Applied, PublishRoute, RoutingCache, RoutingInfo, Unavailable};
 use crate::stats::Stats;
+
+/// Now, on Tokio's clock (so tests under paused time move it; equal to [`Instant::now`] otherwise). The routing
+/// cache is pure and takes this as an argument.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// State only the refresh in flight touches.
 #[derive(Debug, Default)]
@@ -62,7 +68,8 @@ impl PersistObserver for StoreObserver {
 /// Fetches routing and keeps the cache current.
 pub(crate) struct Refresher {
     stream: StreamName,
-    client: CoordClient,
+    /// The coordinator: the HTTP client in production, an in-memory fake in the tests.
+    client: Arc<dyn CoordTransport>,
     store: SharedVersionStore,
     /// What every client of the process observed for this stream's routing.
     observed: ObservedVersion,
@@ -92,7 +99,7 @@ impl std::fmt::Debug for Refresher {
 impl Refresher {
     pub(crate) fn new(
         stream: StreamName,
-        client: CoordClient,
+        client: Arc<dyn CoordTransport>,
         store: SharedVersionStore,
         cache: RoutingCache,
         stats: Arc<Stats>,
@@ -120,7 +127,7 @@ impl Refresher {
 
     /// The routing usable now, if any.
     pub(crate) fn current(&self) -> Option<RoutingInfo> {
-        self.cache().route(Instant::now()).ok()
+        self.cache().route(now()).ok()
     }
 
     /// The highest routing version observed.
@@ -145,14 +152,14 @@ impl Refresher {
     /// Cancel safe: a dropped call drops its refresh (if it was the one running); the next caller starts over.
     pub(crate) async fn routing_for_publish(&self) -> Result<RoutingInfo, PublishError> {
         self.check_process_version();
-        let decision = self.cache().for_publish(Instant::now());
+        let decision = self.cache().for_publish(now());
         let refused = match decision {
             PublishRoute::Use(info) => return Ok(self.used(info)),
             PublishRoute::Refuse(why) => why,
             PublishRoute::RefreshFirst => {
                 self.refresh_if(|c, now| matches!(c.for_publish(now), PublishRoute::RefreshFirst))
                     .await;
-                match self.cache().route(Instant::now()) {
+                match self.cache().route(now()) {
                     Ok(info) => return Ok(self.used(info)),
                     Err(why) => why,
                 }
@@ -161,7 +168,7 @@ impl Refresher {
         self.stats.routing_refusals.fetch_add(1, Ordering::Relaxed);
         let m = &self.stats.metrics;
         m.refused(matches!(refused, Unavailable::Expired { .. }));
-        m.cache(self.cache().gauges_at(Instant::now()));
+        m.cache(self.cache().gauges_at(now()));
         Err(self.unavailable(refused))
     }
 
@@ -206,14 +213,14 @@ impl Refresher {
     /// Cancel safe: the cache is only changed after the answer arrived, in one synchronous step.
     async fn refresh_if(&self, needed: impl Fn(&RoutingCache, Instant) -> bool) {
         let mut flight = self.flight.lock().await;
-        if !needed(&self.cache(), Instant::now()) {
+        if !needed(&self.cache(), now()) {
             return;
         }
         if let Err(e) = self.refresh_locked(&mut flight).await {
             tracing::debug!(stream = %self.stream, error = %e, "routing refresh failed");
             self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.refresh_failed();
-            self.cache().refresh_failed(Instant::now());
+            self.cache().refresh_failed(now());
             *self
                 .last_error
                 .lock()
@@ -221,7 +228,7 @@ impl Refresher {
         }
         // After every attempt, failed or not: during an outage the background retries keep the age growing and
         // the lease going down in the gauges even when nothing is published.
-        let gauges = self.cache().gauges_at(Instant::now());
+        let gauges = self.cache().gauges_at(now());
         self.stats.metrics.cache(gauges);
     }
 
@@ -242,7 +249,7 @@ impl Refresher {
         self.cache().observe_max(RoutingVersion(shared_max));
         let query = self.cache().query();
         // The lease starts here, before the request leaves: never later than the coordinator's own clock start.
-        let sent_at = Instant::now();
+        let sent_at = now();
         let resp = self.client.routing(&self.stream, query).await?;
         let applied = self.cache().apply(&resp, sent_at);
         self.record(applied);
@@ -306,7 +313,7 @@ impl Refresher {
     /// Stops at the next await after `cancel` fires; a refresh in flight is dropped, which is harmless.
     pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
         loop {
-            let next = self.cache().next_refresh_at(Instant::now());
+            let next = self.cache().next_refresh_at(now());
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep_until(next.into()) => {}
@@ -318,5 +325,175 @@ impl Refresher {
                 _ = self.refresh_if(|c, now| c.refresh_due(now)) => {}
             }
         }
+    }
+}
+
+/// The refresher's schedules under paused Tokio time, against an in-memory coordinator: exact instants, no
+/// wall-clock sleeps.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing_cache::RetryPolicy;
+    use client_core::testing::{FakeCoord, Reply};
+    use client_core::MemoryVersionStore;
+    use protocol::messages::RoutingResponse;
+    use protocol::Status;
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+    const RETRY: RetryPolicy = RetryPolicy {
+        min: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+    };
+
+    fn answer(version: u64, lease_ms: u64, refresh_ms: u64) -> RoutingResponse {
+        RoutingResponse {
+            status: Status::Ok,
+            stream: StreamName::new("orders").unwrap(),
+            routing_version: RoutingVersion(version),
+            shard_count: 4,
+            routing_lease_ms: lease_ms,
+            refresh_interval_ms: refresh_ms,
+        }
+    }
+
+    fn refresher(fake: &FakeCoord) -> Arc<Refresher> {
+        let stream = StreamName::new("orders").unwrap();
+        Arc::new(Refresher::new(
+            stream.clone(),
+            Arc::new(fake.clone()),
+            SharedVersionStore::new(MemoryVersionStore::default()),
+            RoutingCache::new(RETRY),
+            Arc::new(Stats::new(&stream)),
+        ))
+    }
+
+    /// Arrival times of the routing queries, relative to `t0`.
+    fn query_times(fake: &FakeCoord, t0: tokio::time::Instant) -> Vec<Duration> {
+        fake.routing_queries().iter().map(|(at, _)| *at - t0).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_of_a_slow_answer_counts_from_the_send_time() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::answer(answer(1, 2000, 600)).after(800 * MS));
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let info = r.routing_for_publish().await.unwrap();
+        assert_eq!(t0.elapsed(), 800 * MS, "waited for the answer");
+        assert_eq!(
+            info.lease_remaining,
+            1200 * MS,
+            "2000 ms from the send, 800 ms of it spent waiting"
+        );
+        assert_eq!(info.age, 800 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_refreshes_follow_the_refresh_interval_from_each_send() {
+        let fake = FakeCoord::new();
+        // The answer takes 40 ms: the next refresh is planned from the send, not from the answer.
+        fake.on_routing(|_| Reply::answer(answer(1, 1500, 300)).after(40 * MS));
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&r).run(cancel.clone()));
+        tokio::time::sleep(1000 * MS).await;
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(
+            query_times(&fake, t0),
+            vec![Duration::ZERO, 300 * MS, 600 * MS, 900 * MS]
+        );
+        assert_eq!(r.stats.refreshes.load(Ordering::Relaxed), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_refresh_interval_is_capped_at_half_the_lease() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::answer(answer(1, 400, 60_000)));
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&r).run(cancel.clone()));
+        tokio::time::sleep(500 * MS).await;
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(query_times(&fake, t0), vec![Duration::ZERO, 200 * MS, 400 * MS]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_refreshes_back_off_exponentially_and_the_routing_expires_at_its_lease_end() {
+        let fake = FakeCoord::new();
+        let mut n = 0;
+        fake.on_routing(move |_| {
+            n += 1;
+            if n == 1 {
+                Reply::answer(answer(1, 1000, 300))
+            } else {
+                Reply::unreachable()
+            }
+        });
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&r).run(cancel.clone()));
+        tokio::time::sleep(999 * MS).await;
+        assert!(r.current().is_some(), "usable until the lease end");
+        tokio::time::sleep(MS).await;
+        assert!(
+            r.current().is_none(),
+            "expired exactly 1000 ms after the send of the last success"
+        );
+        let err = r.routing_for_publish().await.unwrap_err();
+        assert!(matches!(err, PublishError::RoutingExpired { .. }), "{err}");
+        cancel.cancel();
+        task.await.unwrap();
+        // Due at 300 ms, then 50, 100, 200 after each failure; the next (400 ms, the cap) would be at 1050 ms, so
+        // the publish at 1000 ms is refused without a request of its own.
+        assert_eq!(query_times(&fake, t0), [0, 300, 350, 450, 650].map(|ms| ms * MS));
+        assert_eq!(r.stats.refresh_failures.load(Ordering::Relaxed), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_publishes_share_one_refresh() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::answer(answer(1, 60_000, 30_000)).after(500 * MS));
+        let r = refresher(&fake);
+        let publishes: Vec<_> = (0..50)
+            .map(|_| {
+                let r = Arc::clone(&r);
+                tokio::spawn(async move { r.routing_for_publish().await })
+            })
+            .collect();
+        for p in publishes {
+            assert_eq!(p.await.unwrap().unwrap().version, RoutingVersion(1));
+        }
+        assert_eq!(
+            fake.routing_queries().len(),
+            1,
+            "one request for 50 publishes (single flight)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hint_of_a_newer_version_refreshes_at_once() {
+        let fake = FakeCoord::new();
+        let mut n = 0;
+        fake.on_routing(move |_| {
+            n += 1;
+            Reply::answer(answer(n, 60_000, 30_000))
+        });
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&r).run(cancel.clone()));
+        tokio::time::sleep(100 * MS).await;
+        r.hint_newer_version(RoutingVersion(2));
+        tokio::time::sleep(100 * MS).await;
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(query_times(&fake, t0), vec![Duration::ZERO, 100 * MS]);
+        assert_eq!(r.current().map(|i| i.version), Some(RoutingVersion(2)));
     }
 }

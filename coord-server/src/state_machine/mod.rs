@@ -16,6 +16,7 @@
 //! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
 //! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
+//! * [`reshard`]: growths: parents' seals, children held until the group drained their parents.
 //! * `heartbeat`, `tick`, `admin`: the inputs.
 
 pub mod assignor;
@@ -25,6 +26,7 @@ mod fencing;
 mod heartbeat;
 mod lease;
 mod reconcile;
+pub mod reshard;
 mod target;
 mod tick;
 
@@ -38,6 +40,8 @@ mod late_request_tests;
 mod model;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod reshard_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -97,6 +101,8 @@ pub enum Input<'a> {
     },
     /// Admin: fence a member now. It gets FENCED_MEMBER_EPOCH from now on; its shards move when its lease ends.
     FenceMember(&'a MemberId),
+    /// What the coordinator observed in Redis for the group's open reshards (seals taken, parents drained).
+    Reshard(&'a [reshard::Observation]),
 }
 
 /// The result of one input: what to write, then what to answer.
@@ -224,10 +230,45 @@ pub enum Event {
         /// The new shard count.
         shard_count: u32,
     },
-    /// A newer routing could not be adopted (fewer shards than the group has).
+    /// A newer routing could not be adopted (fewer shards than the group has, or too many open reshards).
     RoutingRefused {
         /// The refused routing version.
         version: RoutingVersion,
+    },
+    /// The group adopted a growth: its children are held until every parent is drained.
+    ReshardOpened {
+        /// The growth's routing version.
+        version: RoutingVersion,
+        /// Shards `0..parents` are the parents.
+        parents: u32,
+        /// Shards `parents..shard_count` are the children.
+        shard_count: u32,
+    },
+    /// The coordinator sealed a parent for the group (no seal was recorded), or sealed it again (its fence was
+    /// lost).
+    ParentSealed {
+        /// The growth.
+        version: RoutingVersion,
+        /// The parent.
+        shard: ShardId,
+        /// A second seal after a lost fence: the parent is drained again up to it.
+        again: bool,
+    },
+    /// The group drained a parent up to its seal.
+    ParentDrained {
+        /// The growth.
+        version: RoutingVersion,
+        /// The parent.
+        shard: ShardId,
+    },
+    /// Every parent of a growth is drained: its children became readable for the group.
+    ChildrenReleased {
+        /// The growth.
+        version: RoutingVersion,
+        /// How many children.
+        children: u32,
+        /// How long they were held (Redis time, from the adoption).
+        waited_ms: u64,
     },
 }
 
@@ -349,6 +390,7 @@ pub fn apply(meta: &GroupMetadata, liveness: &Liveness, input: Input<'_>, clock:
         Input::Heartbeat(req) => heartbeat::heartbeat(meta, liveness, req, clock),
         Input::Tick { routing } => tick::tick(meta, liveness, routing, clock),
         Input::FenceMember(id) => tick::fence_by_admin(meta, liveness, id, clock),
+        Input::Reshard(observed) => reshard::observe(meta, liveness, observed, clock),
     }
 }
 
@@ -422,13 +464,9 @@ pub fn create_group(
     )
 }
 
-/// The routing after adding `count` shards.
+/// The routing after adding `count` shards, with a growth record whose parents are still to be sealed.
 pub fn add_shards(routing: &StreamRouting, count: u32) -> StreamRouting {
-    StreamRouting {
-        shard_count: routing.shard_count.saturating_add(count),
-        routing_version: routing.routing_version.next(),
-        ..routing.clone()
-    }
+    reshard::grow(routing, count)
 }
 
 /// The admin view of a group.

@@ -4,7 +4,7 @@
 //! owner released it (REVOKED ack, expiry, or removal after fencing), and then at once to the target, in the same
 //! write. So for a member:
 //! * `assigned`: owner and target (and no predecessor incarnation may still read it): it may read;
-//! * `pending`: target but not owner (or held): it waits;
+//! * `pending`: target but not owner (or held, or a child whose parents the group has not drained): it waits;
 //! * `revoke`: owner but not target: it must drain (the DRAIN instruction).
 
 use protocol::metadata::GroupMetadata;
@@ -13,7 +13,7 @@ use protocol::{MetadataVersion, ShardId};
 use std::collections::BTreeSet;
 
 use super::lease::is_held;
-use super::{bounds, fencing, Event, Tx};
+use super::{bounds, fencing, reshard, Event, Tx};
 
 /// What one member may do with each shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,7 +35,8 @@ pub fn view(meta: &GroupMetadata, id: &MemberId, now_ms: u64) -> MemberView {
         let owner = s.owner.as_ref() == Some(id);
         let target = s.target.as_ref() == Some(id);
         match (owner, target) {
-            (true, true) if !held => v.assigned.push(shard),
+            // A child of an unfinished growth waits for its parents like a shard still being released.
+            (true, true) if !held && !reshard::is_held_child(meta, shard) => v.assigned.push(shard),
             (true, true) | (false, true) => v.pending.push(shard),
             (true, false) if !held => v.revoke.push(shard),
             // Held shards of a predecessor are neither readable nor revocable by this incarnation.

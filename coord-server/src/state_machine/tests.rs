@@ -342,6 +342,29 @@ fn tick_adopts_a_larger_routing_and_assigns_new_shards() {
     }));
     let r = h.send(&follow_up(&a, &[])).unwrap();
     assert_eq!(r.shard_count, 4);
+    // No growth record: the new shards wait for their parents (the coordinator seals them itself).
+    assert_eq!(ids(&r.assigned), vec![0, 1]);
+    assert_eq!(ids(&r.pending), vec![2, 3]);
+    let observed: Vec<_> = [0, 1]
+        .map(|p| super::reshard::Seal {
+            routing_version: RoutingVersion(2),
+            shard: ShardId(p),
+            position: protocol::reshard::EntryId::ZERO,
+        })
+        .into_iter()
+        .flat_map(|s| {
+            [
+                super::reshard::Observation::Sealed(s),
+                super::reshard::Observation::Drained {
+                    routing_version: s.routing_version,
+                    shard: s.shard,
+                    seal: s.position,
+                },
+            ]
+        })
+        .collect();
+    h.apply(Input::Reshard(&observed));
+    let r = h.send(&follow_up(&a, &[])).unwrap();
     assert_eq!(ids(&r.assigned), vec![0, 1, 2, 3]);
     // A routing with fewer shards is refused (shards are only added).
     let mut smaller = routing.clone();

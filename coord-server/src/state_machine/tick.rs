@@ -8,7 +8,8 @@
 //! * in a correction round, members still claiming a shard, or not yet synced, after the rebalance timeout are
 //!   fenced likewise;
 //! * a predecessor's hold that ended is cleared (its shards become the new incarnation's to read or revoke);
-//! * a different stream routing is adopted (shards are only ever added);
+//! * a different stream routing is adopted (shards are only ever added), opening a reshard that holds the new
+//!   shards until the group drained their parents (`reshard`), and seals the routing recorded are copied;
 //! * a correction round whose conditions hold is closed.
 
 use protocol::metadata::{GroupMetadata, ShardRecord, StreamRouting};
@@ -16,7 +17,7 @@ use protocol::names::MemberId;
 
 use super::lease::{is_expired, is_held, lease_end, rebalance_timed_out};
 use super::reconcile::settle;
-use super::{correction, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{correction, reshard, target, Answer, Clock, Event, Liveness, Transition, Tx};
 use protocol::Status;
 
 pub(super) fn tick(
@@ -87,7 +88,7 @@ pub(super) fn tick(
     // versions again, and a group holding out for a higher number would never read the shards producers now use.
     // Shards are never removed, so a routing with fewer shards is refused.
     if let Some(r) = routing.filter(|r| r.routing_version != meta.routing_version) {
-        if r.shard_count >= meta.shard_count {
+        if r.shard_count >= meta.shard_count && reshard::adopt(&mut tx, r, meta.shard_count, now) {
             let next = tx.get_mut();
             next.routing_version = r.routing_version;
             next.shards.resize(r.shard_count as usize, ShardRecord::default());
@@ -103,6 +104,11 @@ pub(super) fn tick(
             });
         }
     }
+
+    if let Some(r) = routing {
+        reshard::copy_seals(&mut tx, r);
+    }
+    reshard::release(&mut tx, now);
 
     if membership_changed {
         target::recompute(&mut tx, true);

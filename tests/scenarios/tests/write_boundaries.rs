@@ -335,7 +335,15 @@ async fn add_shards_killed_before_or_after_the_groups_adoption_converges() {
     );
     assert_eq!(s.api().describe_routing().await.unwrap().shard_count, 6, "added once");
     assert_eq!(s.describe().await.shard_count, 6, "the adoption is recorded");
-    let r = a.ok_retrying(&s.api()).await;
+    // The new shards are held until the new coordinator's tick observed the (empty) old ones drained.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let r = loop {
+        let r = a.ok_retrying(&s.api()).await;
+        if a.reading.len() == 6 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    };
     assert_eq!(r.shard_count, 6);
     assert_eq!(a.reading.len(), 6, "{r:?}");
     assert_no_split(&s.describe().await);

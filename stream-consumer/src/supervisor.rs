@@ -1,5 +1,17 @@
-//! The heartbeat loop: the one task that talks to the coordinator, owns the [`Membership`] and the
+//! The member supervisor: the one task that talks to the coordinator, owns the [`Membership`] and the
 //! [`Lease`], and starts and stops the shard readers.
+//!
+//! # Layout
+//! * this file: the loop itself (what it waits for, in which order), lease expiry, loss and rejoin, giving the
+//!   shards back when Redis is unreadable, close and abort, the published status.
+//! * [`heartbeat`]: one heartbeat call and what its answer or failure does (lease grant, assignment changes,
+//!   the next heartbeat's time, backoff).
+//! * [`readers`]: the bookkeeping of the running shard readers (start, exit, kill within a grace period, read
+//!   health).
+//!
+//! The submodules add methods to the loop's `State` and import only from this file, never the other way round.
+//! Every time is read from Tokio's clock ([`now`]), so `tests` (under `supervisor/`) drive the loop under paused
+//! time against an in-memory coordinator.
 //!
 //! # Ordering contract
 //! 1. Capture the monotonic send time, then send the heartbeat (join while the epoch is 0).
@@ -25,13 +37,13 @@
 //! 9. Close: stop new reads everywhere, wait for in-flight work up to the drain deadline (still heartbeating, so
 //!    the lease holds), kill what is left, report every shard `REVOKED` in one heartbeat, then leave (epoch -1).
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-use client_core::{CoordClient, CoordError};
-use futures::FutureExt;
-use protocol::messages::HeartbeatResponse;
+mod heartbeat;
+mod readers;
+
+use backon::ExponentialBackoff;
+use client_core::CoordTransport;
 use protocol::{ShardId, Status};
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -39,25 +51,22 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::ConsumerConfig;
 use crate::consumer::{check_redis, CloseReport, ConsumerStatus, HeartbeatCounters};
 use crate::error::ConsumerError;
 use crate::handler::DynListener;
 use crate::in_flight::InFlight;
-use crate::lease::{effective_lease, Lease};
+use crate::lease::{now, Lease};
 use crate::membership::{Membership, ShardState};
-use crate::metrics::failure_status;
-use crate::shard_reader::{self, ReadHealth, ReaderControl, ReaderExit, ReaderShared};
+use crate::shard_reader::{ReadHealth, ReaderControl, ReaderExit, ReaderShared};
 
-/// How long a killed reader may take to stop before its task is aborted.
-const KILL_GRACE: Duration = Duration::from_secs(3);
+/// Leave attempts on close (the member expires by TTL anyway if all fail).
+const LEAVE_ATTEMPTS: u32 = 3;
 /// Delay of a "prompt" heartbeat (after SYNC_METADATA, a drained shard, a rejoin): short, but a coordinator that
 /// kept asking for one could not spin the loop.
 const PROMPT_DELAY: Duration = Duration::from_millis(5);
-/// Leave attempts on close (the member expires by TTL anyway if all fail).
-const LEAVE_ATTEMPTS: u32 = 3;
 
 /// A running reader, as the loop sees it.
 struct ReaderHandle {
@@ -89,6 +98,8 @@ enum Flow {
 /// Everything the loop needs; built by [`crate::Consumer`].
 pub(crate) struct Driver {
     pub config: Arc<ConsumerConfig>,
+    /// The coordinator: the HTTP client in production, an in-memory fake in the tests.
+    pub transport: Arc<dyn CoordTransport>,
     pub shared: Arc<ReaderShared>,
     pub listener: Arc<dyn DynListener>,
     /// Persists the highest observed metadata version (retrying until the store takes it).
@@ -104,7 +115,7 @@ pub(crate) struct Driver {
 
 struct State {
     d: Driver,
-    client: Arc<CoordClient>,
+    client: Arc<dyn CoordTransport>,
     lease: Lease,
     readers: BTreeMap<ShardId, ReaderHandle>,
     next_generation: u64,
@@ -121,18 +132,10 @@ struct State {
     _kill_on_drop: DropGuard,
 }
 
-fn coord_client(config: &ConsumerConfig) -> Result<CoordClient, CoordError> {
-    CoordClient::new(
-        config.coordinator_urls.clone(),
-        config.timings.request_timeout,
-        config.coordinator_token.clone(),
-    )
-}
-
 impl Driver {
     /// Runs until `shutdown` (graceful close) or the kill token (abort).
     pub(crate) async fn run(self, shutdown: CancellationToken) -> Result<CloseReport, ConsumerError> {
-        let client = Arc::new(coord_client(&self.config).map_err(ConsumerError::CoordinatorClient)?);
+        let client = Arc::clone(&self.transport);
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let interval = self.config.timings.heartbeat_interval;
         let kill_on_drop = self.kill.clone().drop_guard();
@@ -174,7 +177,7 @@ impl Driver {
 impl State {
     /// `Ok(true)`: closing and every reader stopped; `Ok(false)`: aborted.
     async fn main_loop(&mut self, shutdown: &CancellationToken) -> Result<bool, ConsumerError> {
-        let mut next_at = Instant::now();
+        let mut next_at = now();
         let mut drain_deadline: Option<Instant> = None;
         loop {
             if self.closing && self.readers.is_empty() {
@@ -186,7 +189,7 @@ impl State {
                 _ = self.d.kill.cancelled() => return Ok(false),
                 _ = shutdown.cancelled(), if !self.closing => {
                     self.begin_close();
-                    drain_deadline = Instant::now().checked_add(self.d.config.timings.drain_timeout);
+                    drain_deadline = now().checked_add(self.d.config.timings.drain_timeout);
                     continue;
                 }
                 Some(ev) = self.exits_rx.recv() => {
@@ -231,146 +234,8 @@ impl State {
         } else {
             // No lease while readers run cannot happen (readers start only under a valid lease); treat it as
             // expired, which stops them.
-            Some(self.lease.expires_at().unwrap_or_else(Instant::now))
+            Some(self.lease.expires_at().unwrap_or_else(now))
         }
-    }
-
-    /// One heartbeat, watching the lease and reader exits while it is in flight.
-    async fn heartbeat(&mut self) -> Flow {
-        let req = self.d.membership.request();
-        let client = Arc::clone(&self.client);
-        let (stream, group) = (self.d.config.stream.clone(), self.d.config.group.clone());
-        let joining = req.member_epoch.is_join();
-        // Captured before sending: the lease counts from here (see `crate::lease`).
-        let sent_at = Instant::now();
-        let call = async move { client.heartbeat(&stream, &group, &req).await };
-        tokio::pin!(call);
-        // A shard drained while this heartbeat was in flight is reported by the next one, sent at once.
-        let mut drained_meanwhile = false;
-        let result = loop {
-            let lease_end = self.lease_watch();
-            tokio::select! {
-                biased;
-                _ = self.d.kill.cancelled() => return Flow::Aborted,
-                r = &mut call => break r,
-                Some(ev) = self.exits_rx.recv() => drained_meanwhile |= self.on_exit(ev),
-                _ = sleep_until_opt(lease_end) => self.expire_lease().await,
-            }
-        };
-        let flow = self.after_heartbeat(result, sent_at, joining).await;
-        match flow {
-            Flow::Next(_) if drained_meanwhile => Flow::Next(prompt()),
-            other => other,
-        }
-    }
-
-    async fn after_heartbeat(
-        &mut self,
-        result: Result<HeartbeatResponse, CoordError>,
-        sent_at: Instant,
-        joining: bool,
-    ) -> Flow {
-        match result {
-            Ok(resp) if resp.member_epoch.is_leave() => {
-                // Not a member any more (only a leave answers -1): same as UNKNOWN_MEMBER.
-                self.lost(Status::UnknownMember, "answer without a member epoch").await;
-                Flow::Next(prompt())
-            }
-            Ok(resp) => self.on_answer(resp, sent_at).await,
-            Err(e) if e.requires_rejoin() => {
-                let status = e.status().unwrap_or(Status::UnknownMember);
-                self.lost(status, &e.to_string()).await;
-                Flow::Next(prompt())
-            }
-            Err(e) => self.on_failure(e, joining),
-        }
-    }
-
-    async fn on_answer(&mut self, resp: HeartbeatResponse, sent_at: Instant) -> Flow {
-        self.count(resp.status);
-        let t = &self.d.config.timings;
-        self.backoff = None;
-        let lease = effective_lease(
-            Duration::from_millis(resp.assignment_lease_ms),
-            t.assignment_lease,
-            t.lease_safety_margin,
-        );
-        // The coordinator's interval, but never so long that the lease runs out between two heartbeats.
-        self.interval = Duration::from_millis(resp.heartbeat_interval_ms)
-            .min(lease / 2)
-            .max(Duration::from_millis(1));
-        self.lease.grant(sent_at, lease);
-        self.d.shared.lease.publish(&self.lease);
-        let was_joined = self.d.membership.is_joined();
-        let now = Instant::now();
-        let actions = self.d.membership.apply(&resp, self.lease.is_valid_at(now));
-        if !was_joined {
-            info!(group = %self.d.config.group, member_id = %resp.member_id, epoch = %resp.member_epoch,
-                metadata_version = %resp.metadata_version, "joined the group");
-        }
-        if !actions.drain.is_empty() || !actions.start.is_empty() {
-            self.d.shared.metrics.rebalanced();
-            info!(group = %self.d.config.group, member_id = %resp.member_id, status = %resp.status,
-                metadata_version = %resp.metadata_version, epoch = %resp.member_epoch,
-                drain = ?actions.drain, start = ?actions.start, pending = ?resp.pending, "assignment changed");
-        }
-        // Stop what is no longer ours before starting anything new.
-        for shard in &actions.drain {
-            if let Some(h) = self.readers.get(shard) {
-                h.ctl.stop.cancel();
-            }
-        }
-        for &shard in &actions.start {
-            self.start_reader(shard);
-        }
-        if let Some(v) = actions.max_observed_grew {
-            // Written in the background and retried until it succeeds: the loop that watches the lease never waits.
-            self.d.persister.observe(v.0);
-        }
-        self.d.routing_observed.raise(resp.routing_version.0);
-        self.publish();
-        if actions.prompt {
-            Flow::Next(prompt())
-        } else {
-            Flow::Next(sent_at + self.interval)
-        }
-    }
-
-    fn on_failure(&mut self, e: CoordError, joining: bool) -> Flow {
-        self.counters.failed += 1;
-        self.d.shared.metrics.heartbeat(failure_status(&e));
-        if let Some(status) = e.status() {
-            self.d.membership.record_status(status);
-        }
-        if !e.is_retryable() && joining && self.counters.answers() == 0 {
-            error!(group = %self.d.config.group, error = %e, "the coordinator refused the consumer");
-            return Flow::Fatal(ConsumerError::Coordinator(e));
-        }
-        let delay = self
-            .backoff
-            .get_or_insert_with(|| {
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_delay(self.interval)
-                    .with_jitter()
-                    .with_jitter_seed(rand::random())
-                    .without_max_times()
-                    .build()
-            })
-            .next()
-            .unwrap_or(self.interval)
-            .min(self.interval);
-        let now = Instant::now();
-        if joining {
-            // Nothing is read before a join is answered: there is no lease to read on within.
-            warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e, retry_in = ?delay,
-                "cannot join the group yet; retrying");
-        } else {
-            warn!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e, retry_in = ?delay,
-                lease_left = ?self.lease.remaining_at(now), "heartbeat failed; reading on within the lease");
-        }
-        self.publish();
-        Flow::Next(now + delay)
     }
 
     /// Fenced or forgotten: kill every reader, wait, report lost, rejoin (epoch 0) on the next heartbeat.
@@ -415,17 +280,6 @@ impl State {
         {
             warn!(group = %self.d.config.group, timeout = ?limit, "on_lost ran past listener_timeout; dropped");
         }
-    }
-
-    /// The shard whose reader has failed to reach Redis the longest, if that is longer than
-    /// `read_failure_timeout`.
-    fn unreadable(&self) -> Option<(ShardId, Duration)> {
-        let now = Instant::now();
-        self.readers
-            .iter()
-            .filter_map(|(&shard, h)| h.health.failing_for(now).map(|d| (shard, d)))
-            .max_by_key(|&(_, d)| d)
-            .filter(|&(_, d)| d >= self.d.config.timings.read_failure_timeout)
     }
 
     /// A reader could not read from Redis for too long: give every shard back so it moves to a member that can
@@ -493,112 +347,6 @@ impl State {
             }
         }
         self.publish();
-    }
-
-    fn start_reader(&mut self, shard: ShardId) {
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        let ctl = ReaderControl {
-            stop: CancellationToken::new(),
-            kill: self.d.kill.child_token(),
-        };
-        let in_flight = Arc::new(InFlight::default());
-        let health = Arc::new(ReadHealth::default());
-        let token = self.d.membership.token(shard);
-        let run = shard_reader::run(
-            Arc::clone(&self.d.shared),
-            shard,
-            token,
-            ctl.clone(),
-            Arc::clone(&in_flight),
-            Arc::clone(&health),
-        );
-        let tx = self.exits_tx.clone();
-        let task = self.tracker.spawn(async move {
-            // A bug in the reader must not leave the shard marked as read by nobody: report it stopped.
-            let exit = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
-                error!(shard = %shard, "shard reader panicked");
-                ReaderExit::Killed
-            });
-            let _ = tx.send(ReaderExitEvent {
-                shard,
-                generation,
-                exit,
-            });
-            exit
-        });
-        if let Some(old) = self.readers.insert(
-            shard,
-            ReaderHandle {
-                generation,
-                ctl,
-                task,
-                in_flight,
-                health,
-            },
-        ) {
-            // Cannot happen (a shard restarts only once its reader exited); never leave two readers.
-            old.ctl.kill.cancel();
-        }
-    }
-
-    /// A reader exited on its own (drained). Returns whether the shard became revoked (worth a prompt heartbeat).
-    fn on_exit(&mut self, ev: ReaderExitEvent) -> bool {
-        match self.readers.get(&ev.shard) {
-            Some(h) if h.generation == ev.generation => {
-                debug_assert_eq!(h.in_flight.current(), 0, "a stopped reader has nothing in flight");
-                self.readers.remove(&ev.shard);
-            }
-            // A killed reader, already accounted for.
-            _ => return false,
-        }
-        if ev.exit == ReaderExit::Killed && self.closing {
-            self.killed_on_close.insert(ev.shard);
-        }
-        let revoked = self.d.membership.reader_stopped(ev.shard);
-        if revoked {
-            debug!(shard = %ev.shard, "shard drained; reporting it revoked");
-        }
-        self.publish();
-        revoked
-    }
-
-    /// Kills the readers of `shards` and waits until they stopped (aborting stragglers).
-    async fn kill_readers(&mut self, shards: &[ShardId]) {
-        for shard in shards {
-            if let Some(h) = self.readers.get(shard) {
-                h.ctl.kill.cancel();
-            }
-        }
-        // One grace period for all of them; while waiting, the lease of the readers that keep running is watched.
-        let deadline = tokio::time::Instant::now() + KILL_GRACE;
-        let mut others_killed = false;
-        for shard in shards {
-            let Some(mut h) = self.readers.remove(shard) else {
-                continue;
-            };
-            loop {
-                let lease_end = if others_killed { None } else { self.lease_watch() };
-                tokio::select! {
-                    biased;
-                    r = tokio::time::timeout_at(deadline, &mut h.task) => {
-                        if r.is_err() {
-                            warn!(shard = %shard, "shard reader did not stop in time; aborting its task");
-                            h.task.abort();
-                        }
-                        break;
-                    }
-                    _ = sleep_until_opt(lease_end) => {
-                        // The lease ran out meanwhile: stop the others now; the main loop reports it (expiry).
-                        for other in self.readers.values() {
-                            other.ctl.kill.cancel();
-                        }
-                        others_killed = true;
-                    }
-                }
-            }
-            self.d.membership.reader_stopped(*shard);
-        }
     }
 
     /// After every reader stopped: report every shard revoked, then leave.
@@ -702,7 +450,7 @@ impl State {
     /// Publishes the status. The gauges are set first, so whoever sees the status can already read them.
     fn publish(&self) {
         let s = self.snapshot();
-        self.record_gauges(&s, self.lease.remaining_at(Instant::now()));
+        self.record_gauges(&s, self.lease.remaining_at(now()));
         self.d.status.send_replace(s);
     }
 
@@ -727,7 +475,7 @@ impl State {
 
 /// When a prompt heartbeat goes out: at once, but never in a tight loop.
 fn prompt() -> Instant {
-    Instant::now() + PROMPT_DELAY
+    now() + PROMPT_DELAY
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -736,3 +484,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,271 @@
+//! The seal script and the drain observation against a real `redis-server`: the fence is set (never lowered),
+//! the seal position is the last entry at that instant, atomically with concurrent fenced writers; add-shards
+//! seals every parent and records the positions in the routing.
+
+use coord_server::store_reshard::{drain_state, seal};
+use coord_server::{Config, Coordinator};
+use protocol::keys::{self, shard_fence_fields};
+use protocol::messages::CreateGroupRequest;
+use protocol::names::{GroupName, StreamName};
+use protocol::reshard::EntryId;
+use protocol::{RoutingVersion, ShardId};
+use redis::AsyncCommands;
+use test_support::RedisServer;
+
+/// A writer as the fenced publish script behaves: refused when the shard's fence is above its routing version.
+/// Each entry records the version its writer held.
+const FENCED_XADD: &str = r#"
+local fence = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+if fence > tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'v', ARGV[1])
+"#;
+
+fn stream() -> StreamName {
+    StreamName::new("orders").unwrap()
+}
+
+async fn fence_of(conn: &mut redis::aio::MultiplexedConnection, shard: u32) -> Option<String> {
+    conn.hget(
+        keys::shard_fence(&stream(), ShardId(shard)),
+        shard_fence_fields::ROUTING_VERSION,
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn seal_sets_the_fence_and_answers_the_last_entry() {
+    let redis = RedisServer::start().await;
+    let mut cm = redis.connection_manager().await;
+    let mut conn = redis.connection().await;
+    // An empty (missing) shard seals at 0-0.
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    assert_eq!((s.position, s.fence_before), (EntryId::ZERO, RoutingVersion(0)));
+    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
+
+    let key = keys::shard_stream(&stream(), ShardId(1));
+    let _: String = conn.xadd(&key, "5-1", &[("k", "a")]).await.unwrap();
+    let _: String = conn.xadd(&key, "7-3", &[("k", "b")]).await.unwrap();
+    let s = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(3)).await.unwrap();
+    assert_eq!(s.position, EntryId { ms: 7, seq: 3 });
+    // A deleted last entry still counts: the position is the last id generated, not the last one left.
+    let _: i64 = conn.xdel(&key, &["7-3"]).await.unwrap();
+    let again = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(2)).await.unwrap();
+    assert_eq!(again.position, EntryId { ms: 7, seq: 3 });
+    assert_eq!(again.fence_before, RoutingVersion(3));
+    assert_eq!(
+        fence_of(&mut conn, 1).await.as_deref(),
+        Some("3"),
+        "an older seal never lowers the fence"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_fence_is_refused_and_left_as_it_was() {
+    let redis = RedisServer::start().await;
+    let mut cm = redis.connection_manager().await;
+    let mut conn = redis.connection().await;
+    let fence = keys::shard_fence(&stream(), ShardId(0));
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "2x")
+        .await
+        .unwrap();
+    let err = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(3))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("CORRUPT"), "{err}");
+    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2x"));
+}
+
+#[tokio::test]
+async fn every_entry_after_the_seal_was_written_with_the_new_routing() {
+    let redis = RedisServer::start().await;
+    let mut cm = redis.connection_manager().await;
+    let key = keys::shard_stream(&stream(), ShardId(0));
+    let fence = keys::shard_fence(&stream(), ShardId(0));
+    let script = redis::Script::new(FENCED_XADD);
+    let mut writers = Vec::new();
+    for version in ["1", "1", "2"] {
+        let (mut c, script, key, fence) = (redis.connection().await, script.clone(), key.clone(), fence.clone());
+        writers.push(tokio::spawn(async move {
+            let mut written = 0u32;
+            for _ in 0..3_000 {
+                let id: Option<String> = script
+                    .key(&key)
+                    .key(&fence)
+                    .arg(version)
+                    .arg(shard_fence_fields::ROUTING_VERSION)
+                    .invoke_async(&mut c)
+                    .await
+                    .unwrap();
+                written += u32::from(id.is_some());
+            }
+            written
+        }));
+    }
+    // Seal while the writers run.
+    let mut conn = redis.connection().await;
+    test_support::wait_until(std::time::Duration::from_secs(10), "some entries", || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move { conn.xlen::<_, u64>(&key).await.unwrap() > 500 }
+    })
+    .await;
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&key).await.unwrap();
+    let (mut before, mut after, mut stale_after) = (0, 0, 0);
+    for e in &entries.ids {
+        let id: EntryId = e.id.parse().unwrap();
+        let v: String = e.get("v").unwrap();
+        if id <= s.position {
+            before += 1;
+        } else {
+            after += 1;
+            stale_after += u32::from(v == "1");
+        }
+    }
+    assert!(
+        before > 0 && after > 0,
+        "the seal fell inside the load: {before} before, {after} after"
+    );
+    assert_eq!(stale_after, 0, "a stale writer wrote after the seal");
+}
+
+#[tokio::test]
+async fn drain_state_sees_delivery_and_acknowledgement_up_to_the_seal() {
+    let redis = RedisServer::start().await;
+    let mut cm = redis.connection_manager().await;
+    let mut conn = redis.connection().await;
+    let group = GroupName::new("billing").unwrap();
+    let key = keys::shard_stream(&stream(), ShardId(0));
+    for i in 1..=3 {
+        let _: String = conn.xadd(&key, format!("{i}-0"), &[("k", "a")]).await.unwrap();
+    }
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    assert_eq!(s.position, EntryId { ms: 3, seq: 0 });
+    let _: String = conn.xadd(&key, "4-0", &[("k", "new")]).await.unwrap();
+    let st = stream();
+    let state = || {
+        let (mut cm, st, group) = (cm.clone(), st.clone(), group.clone());
+        async move { drain_state(&mut cm, &st, &group, ShardId(0), s.position).await }
+    };
+    let d = state().await.unwrap();
+    assert_eq!((d.fence, d.last_delivered), (RoutingVersion(2), None));
+    assert!(!d.drained(s.position), "no Redis group yet");
+    let _: () = conn.xgroup_create(&key, group.as_str(), "0").await.unwrap();
+    let read: redis::streams::StreamReadReply = conn
+        .xread_options(
+            &[&key],
+            &[">"],
+            &redis::streams::StreamReadOptions::default()
+                .group(group.as_str(), "c")
+                .count(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.keys[0].ids.len(), 3);
+    let d = state().await.unwrap();
+    assert_eq!(d.last_delivered, Some(EntryId { ms: 3, seq: 0 }));
+    assert!(!d.drained(s.position), "delivered, not acknowledged");
+    let _: i64 = conn.xack(&key, group.as_str(), &["1-0", "2-0"]).await.unwrap();
+    assert!(!state().await.unwrap().drained(s.position));
+    let _: i64 = conn.xack(&key, group.as_str(), &["3-0"]).await.unwrap();
+    assert!(state().await.unwrap().drained(s.position));
+}
+
+#[tokio::test]
+async fn add_shards_seals_every_parent_and_records_the_positions() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    coordinator
+        .create_group(
+            &stream(),
+            &GroupName::new("g").unwrap(),
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    let _: String = conn
+        .xadd(keys::shard_stream(&stream(), ShardId(1)), "9-9", &[("k", "a")])
+        .await
+        .unwrap();
+    let d = coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    assert_eq!(d.shard_count, 4);
+    for shard in 0..2 {
+        assert_eq!(fence_of(&mut conn, shard).await.as_deref(), Some("2"), "parent {shard}");
+    }
+    for shard in 2..4 {
+        assert_eq!(fence_of(&mut conn, shard).await, None, "a child has no fence");
+    }
+    let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+    let routing = protocol::metadata::StreamRouting::decode(&json).unwrap();
+    let g = &routing.growths[0];
+    assert_eq!((g.parents, g.shard_count), (2, 4));
+    assert_eq!(g.seals[&ShardId(0)], EntryId::ZERO);
+    assert_eq!(g.seals[&ShardId(1)], EntryId { ms: 9, seq: 9 });
+}
+
+#[tokio::test]
+async fn a_tick_finishes_the_seals_an_add_shards_could_not_take() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    let group = GroupName::new("g").unwrap();
+    coordinator
+        .create_group(
+            &stream(),
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    // A fence the seal script refuses: add-shards commits the growth, then cannot seal (as if it had died there).
+    let fence = keys::shard_fence(&stream(), ShardId(0));
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "x")
+        .await
+        .unwrap();
+    coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    let routing = || async {
+        let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+        protocol::metadata::StreamRouting::decode(&json).unwrap()
+    };
+    assert!(routing().await.growths[0].seals.is_empty(), "nothing recorded");
+    coordinator.tick_group(&stream(), &group).await.unwrap();
+    let d = coordinator.describe_group(&stream(), &group).await.unwrap();
+    assert_eq!(d.shard_count, 4, "adopted: the children are held, not hidden");
+    assert!(routing().await.growths[0].seals.is_empty(), "still refused");
+
+    // Repaired: the next tick seals both parents, records them, and (both empty) releases the children.
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "1")
+        .await
+        .unwrap();
+    coordinator.tick_group(&stream(), &group).await.unwrap();
+    let g = &routing().await.growths[0];
+    assert!(g.sealed(), "{g:?}");
+    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
+    let mut con = redis.connection().await;
+    let json: Vec<u8> = redis::cmd("HGET")
+        .arg(keys::group_metadata(&stream(), &group))
+        .arg(keys::fields::AGGREGATE)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let meta = protocol::metadata::GroupMetadata::decode(&json).unwrap();
+    assert!(
+        meta.reshards.is_empty(),
+        "empty parents are drained at once: {:?}",
+        meta.reshards
+    );
+}
