@@ -7,6 +7,9 @@
 //! * [`persist`]: persisting the highest observed version, retried until the store takes it, with the policy
 //!   for what a client does while its store fails.
 //! * [`redis_check`]: the Redis version and command check a client runs on its own Redis connection.
+//! * [`membership`]: the client's membership rules (epoch, versions, per-shard reading / draining / revoked
+//!   state) built from coordinator answers; pure, driven by the consumer SDK and by every test model.
+//! * [`lease`]: the assignment lease counted from the heartbeat's send time; pure and time-generic.
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
 //!   `COORDINATOR_TERMINATING`, typed errors; and [`CoordTransport`], the calls the SDKs' drivers make, with the
 //!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
@@ -14,6 +17,8 @@
 
 pub mod admin;
 pub mod coord_client;
+pub mod lease;
+pub mod membership;
 pub mod persist;
 pub mod redis_check;
 #[cfg(any(test, feature = "test-util"))]

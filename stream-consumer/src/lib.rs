@@ -114,9 +114,9 @@
 //! * `outcome`: [`Outcome`], handler outcomes beyond `Ok` and `Err` (retry after a delay, dead-letter now).
 //! * `pull`: [`MessageStream`] of [`PulledMessage`]s with explicit acks ([`ConsumerBuilder::build_stream`]).
 //! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
-//!   report).
-//! * `lease`: pure assignment-lease arithmetic, counted from the heartbeat's send time, and the combinator that
-//!   polls a handler under the lease end.
+//!   report): `client_core::membership`, shared with the test models.
+//! * `lease`: the pure assignment lease of `client_core::lease` (counted from the heartbeat's send time), the
+//!   lease view the readers share and the combinator that polls a handler under the lease end.
 //! * `in_flight`: per-shard in-flight counters.
 //! * `supervisor`: the member supervisor; heartbeats (`supervisor::heartbeat`), drives membership and lease,
 //!   starts and stops the readers (`supervisor::readers`).

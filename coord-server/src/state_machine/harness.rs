@@ -1,6 +1,7 @@
 //! Test harness for the pure core, in the role of Kafka's `GroupMetadataManagerTestContext`: it keeps the
 //! recorded metadata and liveness, a fake Redis clock, and applies transitions as the store would.
 
+use client_core::membership::Membership;
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
@@ -152,16 +153,17 @@ pub fn req(name: &str, epoch: i64, version: MetadataVersion, owned: &[u32], revo
     }
 }
 
-/// The heartbeat a well-behaved client sends after applying `last`: it reads what is assigned.
+/// The heartbeat a well-behaved client sends after applying `last`: it reads what is assigned and reports
+/// `revoked` as stopped. Built by the SDK's own rules ([`client_core::membership`]) from that state, so the
+/// request has the shape a real client's has; the script only decides what the client reads and acknowledges.
 pub fn follow_up(last: &HeartbeatResponse, revoked: &[u32]) -> HeartbeatRequest {
-    let owned: Vec<u32> = last.assigned.iter().map(|s| s.0).collect();
-    let mut r = req(
-        last.member_id.as_str(),
-        last.member_epoch.0,
+    Membership::resume(
+        last.member_id.clone(),
+        format!("{}-i", last.member_id),
+        last.member_epoch,
         last.metadata_version,
-        &owned,
-        revoked,
-    );
-    r.max_observed_version = last.metadata_version;
-    r
+        last.metadata_version,
+        [&last.assigned, &[], &shards(revoked)],
+    )
+    .request()
 }

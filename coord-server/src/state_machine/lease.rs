@@ -19,6 +19,11 @@ pub fn lease_end(id: &MemberId, member: &MemberRecord, liveness: &Liveness) -> u
 /// regression grace period, when liveness facts may have been lost with a Redis write).
 pub fn is_expired(id: &MemberId, member: &MemberRecord, liveness: &Liveness, clock: Clock) -> bool {
     let end = lease_end(id, member, liveness);
+    // The model check's injected bug (tests only): a group whose members never expire must fail its liveness.
+    #[cfg(test)]
+    if super::model::injected(super::model::Bug::NoExpiry) {
+        return false;
+    }
     clock.now_ms >= end && clock.now_ms >= clock.expiry_allowed_from_ms
 }
 

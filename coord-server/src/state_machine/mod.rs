@@ -42,6 +42,8 @@ mod harness;
 #[cfg(test)]
 mod late_request_tests;
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod reshard_tests;

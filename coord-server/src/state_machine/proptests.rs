@@ -1,5 +1,6 @@
 //! Property test: random sequences of joins, heartbeats, lost answers, drains, crashes, leaves, time, ticks,
-//! coordinator restarts and Redis rollbacks, against a model of the SDK's client rules. The network loses
+//! coordinator restarts and Redis rollbacks, with clients that run the SDK's own membership and lease rules
+//! ([`client_core::membership`], [`client_core::lease`] on logical time). The network loses
 //! answers, and also delays, duplicates and reorders requests: a request the client timed out (or a duplicate of
 //! one it got an answer to) reaches the coordinator later, in any order. After every step: no shard is read (or
 //! drained) by two clients whose leases are valid; every client that starts reading a shard holds a fencing token
@@ -7,11 +8,14 @@
 //! correction round unless Redis lost writes since it was sent; after a quiet period with stable membership no
 //! live client is fenced and every shard is read by exactly one live client.
 
+use client_core::lease::{Lease, Millis};
+use client_core::membership::{Membership, ShardState};
 use proptest::prelude::*;
-use protocol::messages::{HeartbeatRequest, RevokeState, RevokingShard};
+use protocol::messages::HeartbeatRequest;
 use protocol::names::MemberId;
-use protocol::{FencingToken, MemberEpoch, MetadataVersion, ShardId, Status};
-use std::collections::{BTreeMap, BTreeSet};
+use protocol::{FencingToken, MetadataVersion, ShardId};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::harness::{Harness, INTERVAL, TTL};
 use super::{Event, Input, Liveness, Outcome};
@@ -62,18 +66,36 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A consumer process, following the SDK's rules.
+/// A consumer process: the SDK's membership rules and lease, on the harness's clock.
 #[derive(Debug, Clone, Default)]
 struct Client {
-    alive: bool,
+    /// `None` while no process runs under this member id.
+    membership: Option<Membership>,
     incarnation: u32,
-    epoch: MemberEpoch,
-    version: MetadataVersion,
-    max_observed: MetadataVersion,
-    reading: BTreeSet<ShardId>,
-    draining: BTreeSet<ShardId>,
-    revoked: BTreeSet<ShardId>,
-    lease_until: u64,
+    /// What the version store keeps across processes.
+    stored_max: MetadataVersion,
+    lease: Lease<Millis>,
+}
+
+impl Client {
+    fn alive(&self) -> bool {
+        self.membership.is_some()
+    }
+
+    /// Shards with a reader (reading or draining).
+    fn with_reader(&self) -> Vec<ShardId> {
+        self.membership.as_ref().map_or_else(Vec::new, |m| {
+            let mut v = m.shards_in(ShardState::Reading);
+            v.extend(m.shards_in(ShardState::Draining));
+            v
+        })
+    }
+
+    fn reading(&self) -> Vec<ShardId> {
+        self.membership
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.shards_in(ShardState::Reading))
+    }
 }
 
 /// A request in the network, with the number of Redis rollbacks before it was sent.
@@ -113,28 +135,11 @@ impl World {
     }
 
     fn request(&self, m: u8) -> HeartbeatRequest {
-        let c = &self.clients[m as usize];
-        let revoking = c
-            .draining
-            .iter()
-            .map(|&shard| RevokingShard {
-                shard,
-                state: RevokeState::Draining,
-            })
-            .chain(c.revoked.iter().map(|&shard| RevokingShard {
-                shard,
-                state: RevokeState::Revoked,
-            }))
-            .collect();
-        HeartbeatRequest {
-            member_id: name(m),
-            instance_id: format!("m{m}-{}", c.incarnation),
-            member_epoch: c.epoch,
-            metadata_version: c.version,
-            max_observed_version: c.max_observed.max(c.version),
-            owned: c.reading.iter().copied().collect(),
-            revoking,
-        }
+        self.clients[m as usize]
+            .membership
+            .as_ref()
+            .expect("only a running client sends")
+            .request()
     }
 
     fn send_late(&mut self, req: HeartbeatRequest) {
@@ -179,10 +184,10 @@ impl World {
     }
 
     fn heartbeat_dup(&mut self, m: u8, lose: bool, dup: bool) {
-        if !self.clients[m as usize].alive {
+        if !self.clients[m as usize].alive() {
             return;
         }
-        let sent_at = self.h.now;
+        let sent_at = Millis(self.h.now);
         let req = self.request(m);
         if dup {
             self.send_late(req.clone());
@@ -191,47 +196,28 @@ impl World {
         if lose {
             return;
         }
+        let now = Millis(self.h.now);
         let c = &mut self.clients[m as usize];
         let reader = (m as usize, c.incarnation);
+        let membership = c.membership.as_mut().expect("alive");
         match t.outcome {
             Outcome::Heartbeat(r) => {
-                c.epoch = r.member_epoch;
-                c.version = r.metadata_version;
-                c.max_observed = c.max_observed.max(r.metadata_version);
-                c.lease_until = sent_at + r.assignment_lease_ms;
-                let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
-                let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
-                let stop: Vec<ShardId> = c.reading.difference(&assigned).copied().collect();
-                for s in stop {
-                    c.reading.remove(&s);
-                    c.draining.insert(s);
-                }
-                // Keep reporting REVOKED only while the coordinator still lists the shard to revoke.
-                c.revoked.retain(|s| revoke.contains(s));
-                // A revoke instruction for a shard we do not hold is acknowledged at once.
-                for s in &revoke {
-                    if !c.reading.contains(s) && !c.draining.contains(s) {
-                        c.revoked.insert(*s);
-                    }
-                }
-                if r.status == Status::Ok {
-                    for s in &assigned {
-                        c.draining.remove(s);
-                        c.revoked.remove(s);
-                        if c.reading.insert(*s) {
-                            let token = r.fencing_tokens.iter().find(|t| t.shard == *s).map(|t| t.token);
-                            let token = token.unwrap_or_else(|| panic!("no token for assigned shard {s}: {r:?}"));
-                            check_token(&mut self.readers, *s, reader, token);
-                        }
-                    }
+                c.lease.grant(sent_at, Duration::from_millis(r.assignment_lease_ms));
+                let actions = membership.apply(&r, c.lease.is_valid_at(now));
+                c.stored_max = c.stored_max.max(membership.max_observed());
+                for s in actions.start {
+                    assert!(
+                        r.fencing_tokens.iter().any(|t| t.shard == s),
+                        "no token for assigned shard {s}: {r:?}"
+                    );
+                    check_token(&mut self.readers, s, reader, membership.token(s));
                 }
             }
             Outcome::Rejected(r) => {
                 assert!(r.status.requires_rejoin(), "unexpected rejection {r:?}");
-                c.reading.clear();
-                c.draining.clear();
-                c.revoked.clear();
-                c.epoch = MemberEpoch::JOIN;
+                // The SDK stops every reader before it sends the join.
+                membership.lose_all();
+                c.lease.revoke();
             }
             Outcome::Done => unreachable!(),
         }
@@ -241,61 +227,54 @@ impl World {
         match *op {
             Op::Join(m) => {
                 let c = &mut self.clients[m as usize];
-                if !c.alive {
-                    let max = c.max_observed;
-                    *c = Client {
-                        alive: true,
-                        incarnation: c.incarnation + 1,
-                        max_observed: max,
-                        ..Client::default()
-                    };
+                if !c.alive() {
+                    c.incarnation += 1;
+                    c.membership = Some(Membership::new(
+                        name(m),
+                        format!("m{m}-{}", c.incarnation),
+                        c.stored_max,
+                    ));
+                    c.lease = Lease::default();
                 }
                 self.heartbeat(m, false);
             }
             Op::Heartbeat { m, lose, dup } => self.heartbeat_dup(m, lose, dup),
             Op::Delay(m) => {
-                if self.clients[m as usize].alive {
+                if self.clients[m as usize].alive() {
                     let req = self.request(m);
                     self.send_late(req);
                 }
             }
             Op::Deliver(i) => self.deliver(usize::from(i), history),
             Op::Drain(m) => {
-                let c = &mut self.clients[m as usize];
-                let done: Vec<ShardId> = std::mem::take(&mut c.draining).into_iter().collect();
-                c.revoked.extend(done);
+                if let Some(membership) = self.clients[m as usize].membership.as_mut() {
+                    for s in membership.shards_in(ShardState::Draining) {
+                        membership.reader_stopped(s);
+                    }
+                }
             }
             Op::Crash { m, keep_versions } => {
                 let c = &mut self.clients[m as usize];
-                let max = if keep_versions {
-                    c.max_observed.max(c.version)
-                } else {
-                    MetadataVersion(0)
-                };
-                *c = Client {
-                    alive: false,
-                    incarnation: c.incarnation,
-                    max_observed: max,
-                    ..Client::default()
-                };
+                c.membership = None;
+                c.lease = Lease::default();
+                if !keep_versions {
+                    c.stored_max = MetadataVersion(0);
+                }
             }
             Op::Leave(m) => {
-                if !self.clients[m as usize].alive {
+                let c = &mut self.clients[m as usize];
+                let Some(membership) = c.membership.as_mut() else {
                     return;
-                }
-                let c = &mut self.clients[m as usize];
-                c.reading.clear();
-                c.draining.clear();
-                let mut req = self.request(m);
-                req.member_epoch = MemberEpoch::LEAVE;
-                self.h.apply(Input::Heartbeat(&req));
-                let c = &mut self.clients[m as usize];
-                *c = Client {
-                    alive: false,
-                    incarnation: c.incarnation,
-                    max_observed: c.max_observed,
-                    ..Client::default()
                 };
+                // The SDK's close: nothing new starts, every reader stops, then the leave is sent.
+                membership.set_closing();
+                for s in membership.revoke_all() {
+                    membership.reader_stopped(s);
+                }
+                let req = membership.leave_request();
+                c.membership = None;
+                c.lease = Lease::default();
+                self.h.apply(Input::Heartbeat(&req));
             }
             Op::Advance(ms) => self.h.advance(u64::from(ms)),
             Op::Tick => {
@@ -319,24 +298,26 @@ impl World {
         self.expire_client_leases();
     }
 
-    /// The SDK rule: when the lease runs out without an answer, stop reading everything (in-flight work is cut).
+    /// The SDK rule: when the lease runs out without an answer, stop reading everything (in-flight work is cut
+    /// by the readers' own lease check).
     fn expire_client_leases(&mut self) {
-        let now = self.h.now;
+        let now = Millis(self.h.now);
         for c in &mut self.clients {
-            if c.alive && now >= c.lease_until && (!c.reading.is_empty() || !c.draining.is_empty()) {
-                let stopped: Vec<ShardId> = c.reading.iter().chain(c.draining.iter()).copied().collect();
-                c.reading.clear();
-                c.draining.clear();
-                c.revoked.extend(stopped);
+            if let Some(membership) = c.membership.as_mut() {
+                if !c.lease.is_valid_at(now) {
+                    for s in membership.revoke_all() {
+                        membership.reader_stopped(s);
+                    }
+                }
             }
         }
     }
 
     fn check_no_split(&self, history: &[Op]) {
         let mut readers: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
-        for (i, c) in self.clients.iter().enumerate().filter(|(_, c)| c.alive) {
-            for s in c.reading.iter().chain(c.draining.iter()) {
-                readers.entry(*s).or_default().push(i);
+        for (i, c) in self.clients.iter().enumerate() {
+            for s in c.with_reader() {
+                readers.entry(s).or_default().push(i);
             }
         }
         for (shard, who) in readers {
@@ -368,7 +349,7 @@ impl World {
             }
             let t = self.h.tick();
             let alive: Vec<MemberId> = (0..MEMBERS)
-                .filter(|&m| self.clients[m as usize].alive)
+                .filter(|&m| self.clients[m as usize].alive())
                 .map(name)
                 .collect();
             let fenced: Vec<&Event> = t
@@ -423,10 +404,10 @@ proptest! {
             w.check_no_split(&history);
         }
         w.settle(&history);
-        let alive: Vec<&Client> = w.clients.iter().filter(|c| c.alive).collect();
+        let alive: Vec<&Client> = w.clients.iter().filter(|c| c.alive()).collect();
         if !alive.is_empty() {
             for s in 0..w.h.meta.shard_count {
-                let n = alive.iter().filter(|c| c.reading.contains(&ShardId(s))).count();
+                let n = alive.iter().filter(|c| c.reading().contains(&ShardId(s))).count();
                 prop_assert_eq!(n, 1, "shard {} read by {} clients after settling; ops {:#?}; meta {:#?}", s, n, history, w.h.meta);
             }
         }

@@ -5,10 +5,7 @@
 use coord_server::server::CoordinatorHandle;
 use coord_server::Config;
 use protocol::keys;
-use protocol::messages::{
-    CreateGroupRequest, ErrorResponse, GroupDescription, HeartbeatRequest, HeartbeatResponse, RevokeState,
-    RevokingShard,
-};
+use protocol::messages::{CreateGroupRequest, ErrorResponse, GroupDescription, HeartbeatRequest, HeartbeatResponse};
 use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
@@ -193,24 +190,18 @@ pub fn join(member: &str) -> HeartbeatRequest {
 }
 
 /// The heartbeat a well-behaved consumer sends after applying `last`: it reads what it may read and acks the
-/// shards it was told to drain as `REVOKED` (no in-flight work in these tests).
+/// shards it was told to drain as `REVOKED` (no in-flight work in these tests). Built by the SDK's own rules
+/// (`client_core::membership`) from that state.
 pub fn follow_up(last: &HeartbeatResponse, reading: &[ShardId]) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: last.member_id.clone(),
-        instance_id: format!("{}-i", last.member_id),
-        member_epoch: last.member_epoch,
-        metadata_version: last.metadata_version,
-        max_observed_version: last.metadata_version,
-        owned: reading.to_vec(),
-        revoking: last
-            .revoke
-            .iter()
-            .map(|&shard| RevokingShard {
-                shard,
-                state: RevokeState::Revoked,
-            })
-            .collect(),
-    }
+    client_core::membership::Membership::resume(
+        last.member_id.clone(),
+        format!("{}-i", last.member_id),
+        last.member_epoch,
+        last.metadata_version,
+        last.metadata_version,
+        [reading, &[], &last.revoke],
+    )
+    .request()
 }
 
 /// What a consumer reads after applying `resp` while it was reading `reading`: `OK` starts every assigned

@@ -1,6 +1,7 @@
 //! [`WireMember`]: a consumer played by the test over the wire.
 
 use super::*;
+use client_core::membership::{Membership, ShardState};
 
 /// A consumer played by the test over the wire: it keeps what a well-behaved client keeps (epoch, versions,
 /// what it reads) and builds the next request from the last answer.
@@ -49,35 +50,32 @@ impl WireMember {
         }
     }
 
-    /// Applies an answer the way the SDK does: every status stops reading what is not assigned or is to be
-    /// drained; a shard to drain that is not read is acknowledged at once; a shard reported `REVOKED` is forgotten
-    /// once an answer stops listing it in `revoke`; only `OK` starts (or resumes) assigned shards.
+    /// Applies an answer with the SDK's own rules (`client_core::membership`): the member's state goes in, the
+    /// rules decide, the state comes back. `reported` is how the answered request reported the revoking shards:
+    /// `REVOKED` (their readers had stopped) or `DRAINING` (still finishing).
     pub fn apply(&mut self, r: &HeartbeatResponse, reported: RevokeState) {
-        self.epoch = r.member_epoch;
-        self.version = r.metadata_version;
-        self.max_observed = self.max_observed.max(r.metadata_version);
-        let assigned: BTreeSet<ShardId> = r.assigned.iter().copied().collect();
-        let revoke: BTreeSet<ShardId> = r.revoke.iter().copied().collect();
-        if reported == RevokeState::Revoked {
-            self.revoking.retain(|s| revoke.contains(s));
-        }
-        let stop: Vec<ShardId> = self
-            .reading
-            .iter()
-            .filter(|s| !assigned.contains(s) || revoke.contains(s))
-            .copied()
-            .collect();
-        for s in stop {
-            self.reading.remove(&s);
-            self.revoking.insert(s);
-        }
-        self.revoking.extend(revoke.iter().copied());
-        if r.status == Status::Ok {
-            for s in &assigned {
-                self.revoking.remove(s);
-                self.reading.insert(*s);
-            }
-        }
+        let reading: Vec<ShardId> = self.reading.iter().copied().collect();
+        let revoking: Vec<ShardId> = self.revoking.iter().copied().collect();
+        let (draining, revoked) = if reported == RevokeState::Revoked {
+            (Vec::new(), revoking)
+        } else {
+            (revoking, Vec::new())
+        };
+        let mut m = Membership::resume(
+            self.id.clone(),
+            self.instance.clone(),
+            self.epoch,
+            self.version,
+            self.max_observed,
+            [&reading, &draining, &revoked],
+        );
+        // No lease here: the test decides when the member stops.
+        m.apply(r, true);
+        self.epoch = m.epoch();
+        self.version = m.metadata_version();
+        self.max_observed = m.max_observed();
+        self.reading = m.shards_in(ShardState::Reading).into_iter().collect();
+        self.revoking = m.revoking().into_iter().collect();
         self.last = Some(r.clone());
     }
 

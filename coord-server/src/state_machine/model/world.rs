@@ -1,0 +1,807 @@
+//! The modelled world: Redis (with one replica a failover promotes), the coordinator shell around the real core,
+//! the network, and the consumer processes running the real client rules. One [`Action`] is one atomic step;
+//! [`World::step`] applies it and checks the properties that concern that step, [`World::check`] the ones that
+//! concern a state.
+
+use client_core::lease::{effective_lease, Lease, Millis};
+use client_core::membership::{Membership, ShardState};
+use protocol::messages::{HeartbeatRequest, HeartbeatResponse};
+use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
+use protocol::names::{GroupName, MemberId, StreamName};
+use protocol::{FencingToken, MetadataVersion, ShardId, Status};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::super::{apply, create_group, Clock, Input, Liveness, Outcome, Transition};
+use super::Config;
+
+/// Group timings, in logical ms: one time step is one heartbeat interval, a client lease lasts two steps, a
+/// member's TTL three, so expiry is a few steps away.
+pub const INTERVAL: u64 = 100;
+/// The assignment lease.
+pub const LEASE: u64 = 200;
+/// The member TTL.
+pub const TTL: u64 = 300;
+/// The rebalance timeout.
+pub const REBALANCE: u64 = 300;
+const START_MS: u64 = 1_000;
+
+/// Redis as the coordinator sees it: the group's metadata and liveness hash, and the run id of the Redis
+/// process that wrote them last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redis {
+    pub meta: GroupMetadata,
+    pub liveness: Liveness,
+    pub written_by_run: u32,
+}
+
+/// What a coordinator process remembers about the group (lost when it crashes): the shell's part of the clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShellMemory {
+    pub highest: MetadataVersion,
+    pub grace_until: u64,
+}
+
+/// An answer waiting in the network for the client whose current request it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Heartbeat(HeartbeatResponse),
+    Rejected(Status),
+}
+
+/// One consumer process slot (a member id); the process may be down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    /// The real client rules; `None` while no process runs.
+    pub membership: Option<Membership>,
+    /// Bumped by a crash: the next process has a new instance id. A graceful leave keeps it (rejoin with the
+    /// same instance id).
+    pub incarnation: u32,
+    /// The version store, kept across processes.
+    pub stored_max: MetadataVersion,
+    pub lease: Lease<Millis>,
+    /// Send time of the request the client waits for (one at a time, as the SDK's heartbeat loop).
+    pub outstanding: Option<u64>,
+    /// The answer to that request, delivered but not yet received.
+    pub answer: Option<Answer>,
+    /// The last process closed gracefully (a leave was sent).
+    pub left: bool,
+}
+
+/// A request in the network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub from: u8,
+    /// Whether its sender still waits for it (a timed-out request, a copy whose twin was answered, or one from a
+    /// process that is gone arrives late and its answer is dropped).
+    pub current: bool,
+    pub sent_at: u64,
+    pub req: HeartbeatRequest,
+}
+
+/// Budgets of the faults still allowed on this path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub crashes: u8,
+    pub coord_crashes: u8,
+    pub failovers: u8,
+    pub dups: u8,
+    pub leaves: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct World {
+    pub now: u64,
+    pub redis: Redis,
+    /// What a failover would promote (the replica's copy, as of the last `Replicate`).
+    pub replica: Option<Redis>,
+    pub run_id: u32,
+    pub shell: Option<ShellMemory>,
+    pub global_grace: u64,
+    pub clients: Vec<Client>,
+    /// Kept sorted (see [`World::normalize`]): the order in which requests arrive is chosen by the actions.
+    pub net: Vec<InFlight>,
+    pub budget: Budget,
+    /// A process started after a graceful leave keeps the instance id (not what the SDK does).
+    pub same_instance_after_leave: bool,
+    /// Per shard, in every history: the last reader (client, incarnation) and the highest token a reader held.
+    pub readers: BTreeMap<ShardId, ((u8, u32), FencingToken)>,
+}
+
+/// One atomic step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A client sends its next heartbeat; it stays in the network.
+    Send(u8),
+    /// A whole round trip with no interference: send, deliver, receive.
+    RoundTrip(u8),
+    /// The coordinator handles request `i` of the network.
+    Deliver(usize),
+    /// The coordinator handles a duplicate of request `i`; the original stays in the network.
+    Duplicate(usize),
+    /// Request `i` is lost.
+    LoseRequest(usize),
+    /// The client receives the answer to its request.
+    Receive(u8),
+    /// The client gives up waiting (request timeout, or its request or the answer was lost); the request may
+    /// still arrive.
+    Timeout(u8),
+    /// Every draining reader of the client finishes its in-flight work.
+    Drain(u8),
+    /// Graceful close: stop every reader, send the leave, exit.
+    Leave(u8),
+    /// A process starts for the member id (same instance id after a leave, a new one after a crash).
+    Start(u8),
+    /// The process dies: its readers stop, its requests may still arrive.
+    Crash(u8),
+    /// The coordinator's periodic tick.
+    Tick,
+    /// Time moves one interval; client leases and member TTLs may run out.
+    Advance,
+    /// The coordinator restarts: its memory is lost.
+    CoordinatorCrash,
+    /// The replica catches up with the primary.
+    Replicate,
+    /// Failover: the replica (possibly behind) becomes the primary, with a new run id.
+    Failover,
+}
+
+/// A property violation, with what was seen.
+pub type Violation = String;
+
+pub fn member(m: u8) -> MemberId {
+    MemberId::new(format!("m{m}")).expect("valid member id")
+}
+
+fn instance(m: u8, incarnation: u32) -> String {
+    format!("m{m}-{incarnation}")
+}
+
+fn ids(v: &[ShardId]) -> String {
+    let parts: Vec<String> = v.iter().map(|s| s.0.to_string()).collect();
+    format!("[{}]", parts.join(","))
+}
+
+pub fn describe_request(r: &HeartbeatRequest) -> String {
+    let revoking: Vec<String> = r
+        .revoking
+        .iter()
+        .map(|x| format!("{}:{:?}", x.shard.0, x.state))
+        .collect();
+    format!(
+        "{} {} epoch {} v{} owned {} revoking [{}]",
+        r.member_id,
+        r.instance_id,
+        r.member_epoch,
+        r.metadata_version.0,
+        ids(&r.owned),
+        revoking.join(",")
+    )
+}
+
+fn describe_answer(a: &Answer) -> String {
+    match a {
+        Answer::Heartbeat(r) => format!(
+            "{} epoch {} v{} assigned {} pending {} revoke {} tokens [{}]",
+            r.status,
+            r.member_epoch,
+            r.metadata_version.0,
+            ids(&r.assigned),
+            ids(&r.pending),
+            ids(&r.revoke),
+            r.fencing_tokens
+                .iter()
+                .map(|t| format!("{}:{}", t.shard.0, t.token))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        Answer::Rejected(s) => format!("rejected {s}"),
+    }
+}
+
+impl World {
+    /// Every member joined and settled on the assignment (`started` processes run; the others are down).
+    pub fn new(config: &Config, started: u8) -> World {
+        let stream = StreamName::new("s").expect("valid stream");
+        let routing = StreamRouting::new(stream.clone(), config.shards, START_MS);
+        let timings = GroupTimings {
+            member_ttl_ms: TTL,
+            heartbeat_interval_ms: INTERVAL,
+            rebalance_timeout_ms: REBALANCE,
+            assignment_lease_ms: LEASE,
+        };
+        let meta = create_group(
+            stream,
+            GroupName::new("g").expect("valid group"),
+            &routing,
+            timings,
+            START_MS,
+        );
+        let clients = (0..config.members)
+            .map(|m| Client {
+                membership: (m < started).then(|| Membership::new(member(m), instance(m, 0), MetadataVersion(0))),
+                incarnation: 0,
+                stored_max: MetadataVersion(0),
+                lease: Lease::default(),
+                outstanding: None,
+                answer: None,
+                left: false,
+            })
+            .collect();
+        let redis = Redis {
+            meta,
+            liveness: Liveness::new(),
+            written_by_run: 0,
+        };
+        let mut w = World {
+            now: START_MS,
+            replica: Some(redis.clone()),
+            redis,
+            run_id: 0,
+            // A coordinator that has already seen the group (a fresh one would add a grace period first).
+            shell: Some(ShellMemory {
+                highest: MetadataVersion(0),
+                grace_until: 0,
+            }),
+            global_grace: 0,
+            clients,
+            net: Vec::new(),
+            budget: config.budget,
+            same_instance_after_leave: config.same_instance_after_leave,
+            readers: BTreeMap::new(),
+        };
+        // Warm up with fault-free rounds until the assignment is settled.
+        for _ in 0..12 {
+            w.fair_round().expect("the warm-up is fault free");
+        }
+        w.replica = Some(w.redis.clone());
+        w
+    }
+
+    /// The actions enabled in this state, in a fixed order.
+    pub fn actions(&self, config: &Config) -> Vec<Action> {
+        let mut out = Vec::new();
+        for (i, c) in self.clients.iter().enumerate() {
+            let m = i as u8;
+            match &c.membership {
+                Some(membership) => {
+                    if c.outstanding.is_none() {
+                        out.push(Action::RoundTrip(m));
+                        if self.net.len() < config.net_capacity {
+                            out.push(Action::Send(m));
+                        }
+                    } else {
+                        if c.answer.is_some() {
+                            out.push(Action::Receive(m));
+                        }
+                        // A lost request or answer is a timeout to the client: one action covers both.
+                        out.push(Action::Timeout(m));
+                    }
+                    if !membership.shards_in(ShardState::Draining).is_empty() {
+                        out.push(Action::Drain(m));
+                    }
+                    if self.budget.leaves > 0 && self.net.len() < config.net_capacity {
+                        out.push(Action::Leave(m));
+                    }
+                    if self.budget.crashes > 0 {
+                        out.push(Action::Crash(m));
+                    }
+                }
+                None => out.push(Action::Start(m)),
+            }
+        }
+        for i in 0..self.net.len() {
+            out.push(Action::Deliver(i));
+            if self.budget.dups > 0 {
+                out.push(Action::Duplicate(i));
+            }
+            // Losing the request a client waits for is its timeout; only a late one is lost on its own.
+            if !self.net[i].current {
+                out.push(Action::LoseRequest(i));
+            }
+        }
+        out.push(Action::Tick);
+        out.push(Action::Advance);
+        if self.budget.coord_crashes > 0 {
+            out.push(Action::CoordinatorCrash);
+        }
+        if self.budget.failovers > 0 {
+            if self.replica.as_ref() != Some(&self.redis) {
+                out.push(Action::Replicate);
+            }
+            out.push(Action::Failover);
+        }
+        out
+    }
+
+    /// Applies `action`; returns a line for the trace, or the violated property.
+    pub fn step(&mut self, action: Action) -> Result<String, Violation> {
+        let same_instance_after_leave = self.same_instance_after_leave;
+        let line = match action {
+            Action::Send(m) => {
+                let req = self.send(m);
+                format!("m{m} sends {}", describe_request(&req))
+            }
+            Action::RoundTrip(m) => {
+                let req = self.send(m);
+                let i = self
+                    .net
+                    .iter()
+                    .position(|f| f.req == req && f.current)
+                    .expect("just sent");
+                let answer = self.deliver(i, false)?;
+                let received = self.receive(m)?;
+                format!("m{m} round trip: {} -> {answer}; {received}", describe_request(&req))
+            }
+            Action::Deliver(i) | Action::Duplicate(i) => {
+                let dup = matches!(action, Action::Duplicate(_));
+                let f = self.net[i].clone();
+                let answer = self.deliver(i, dup)?;
+                let what = if dup { "a duplicate of " } else { "" };
+                let late = if f.current { "" } else { " (late: nobody waits for it)" };
+                format!(
+                    "coordinator handles {what}{}{late} sent at {} -> {answer}",
+                    describe_request(&f.req),
+                    f.sent_at
+                )
+            }
+            Action::LoseRequest(i) => {
+                let f = self.net.remove(i);
+                format!("network loses {}", describe_request(&f.req))
+            }
+            Action::Receive(m) => self.receive(m)?,
+            Action::Timeout(m) => {
+                self.give_up(m);
+                format!("m{m} times out its request")
+            }
+            Action::Drain(m) => {
+                let membership = self.clients[m as usize].membership.as_mut().expect("running");
+                let done = membership.shards_in(ShardState::Draining);
+                for &s in &done {
+                    membership.reader_stopped(s);
+                }
+                format!("m{m} readers of {} stop", ids(&done))
+            }
+            Action::Leave(m) => {
+                self.give_up(m);
+                let c = &mut self.clients[m as usize];
+                let membership = c.membership.as_mut().expect("running");
+                membership.set_closing();
+                for s in membership.revoke_all() {
+                    membership.reader_stopped(s);
+                }
+                let req = membership.leave_request();
+                c.membership = None;
+                c.left = true;
+                c.lease.revoke();
+                self.net.push(InFlight {
+                    from: m,
+                    current: false,
+                    sent_at: self.now,
+                    req: req.clone(),
+                });
+                self.budget.leaves -= 1;
+                format!("m{m} closes and sends {}", describe_request(&req))
+            }
+            Action::Start(m) => {
+                let c = &mut self.clients[m as usize];
+                if c.left && !same_instance_after_leave {
+                    // The SDK: a closed consumer is gone; a new one has a new random instance id.
+                    c.incarnation += 1;
+                }
+                c.left = false;
+                c.membership = Some(Membership::new(member(m), instance(m, c.incarnation), c.stored_max));
+                c.lease = Lease::default();
+                format!("m{m} starts as {}", instance(m, c.incarnation))
+            }
+            Action::Crash(m) => {
+                self.give_up(m);
+                let c = &mut self.clients[m as usize];
+                c.membership = None;
+                c.lease.revoke();
+                c.incarnation += 1;
+                self.budget.crashes -= 1;
+                format!("m{m} crashes")
+            }
+            Action::Tick => {
+                let (t, clock) = self.run(|meta, live, clock| apply(meta, live, Input::Tick { routing: None }, clock));
+                self.commit(&t, clock, None)?;
+                format!("tick: {:?}", t.events)
+            }
+            Action::Advance => {
+                self.now += INTERVAL;
+                let expired = self.expire_leases();
+                format!("time {}{expired}", self.now)
+            }
+            Action::CoordinatorCrash => {
+                self.shell = None;
+                self.global_grace = 0;
+                self.budget.coord_crashes -= 1;
+                "coordinator restarts (memory lost)".to_owned()
+            }
+            Action::Replicate => {
+                self.replica = Some(self.redis.clone());
+                format!("replica catches up at v{}", self.redis.meta.metadata_version.0)
+            }
+            Action::Failover => {
+                let lost = self.redis.meta.metadata_version;
+                self.redis = self.replica.clone().expect("a replica");
+                self.run_id += 1;
+                // The coordinator's run-id check notices the new Redis: no member expires for one TTL.
+                if self.shell.is_some() {
+                    self.global_grace = self.now + TTL;
+                }
+                self.budget.failovers -= 1;
+                format!(
+                    "failover: Redis goes back from v{} to v{}",
+                    lost.0, self.redis.meta.metadata_version.0
+                )
+            }
+        };
+        self.normalize();
+        self.check()?;
+        Ok(line)
+    }
+
+    fn send(&mut self, m: u8) -> HeartbeatRequest {
+        let c = &mut self.clients[m as usize];
+        let req = c.membership.as_ref().expect("running").request();
+        c.outstanding = Some(self.now);
+        self.net.push(InFlight {
+            from: m,
+            current: true,
+            sent_at: self.now,
+            req: req.clone(),
+        });
+        req
+    }
+
+    /// The client stops waiting: later answers to what it sent are dropped.
+    fn give_up(&mut self, m: u8) {
+        let c = &mut self.clients[m as usize];
+        c.outstanding = None;
+        c.answer = None;
+        for f in self.net.iter_mut().filter(|f| f.from == m) {
+            f.current = false;
+        }
+    }
+
+    /// The coordinator handles request `i` (leaving it in the network when `dup`).
+    fn deliver(&mut self, i: usize, dup: bool) -> Result<String, Violation> {
+        let f = if dup {
+            self.budget.dups -= 1;
+            self.net[i].clone()
+        } else {
+            self.net.remove(i)
+        };
+        let (t, clock) = self.run(|meta, live, clock| apply(meta, live, Input::Heartbeat(&f.req), clock));
+        self.commit(&t, clock, Some(&f.req))?;
+        let answer = match &t.outcome {
+            Outcome::Heartbeat(r) => Answer::Heartbeat(r.clone()),
+            Outcome::Rejected(r) => Answer::Rejected(r.status),
+            Outcome::Done => return Err(format!("a heartbeat got no answer: {t:?}")),
+        };
+        let text = describe_answer(&answer);
+        if f.current {
+            let c = &mut self.clients[f.from as usize];
+            if c.outstanding == Some(f.sent_at) && c.answer.is_none() {
+                c.answer = Some(answer);
+                // Its twin (a duplicate in the network) is answered: nobody waits for the other copy.
+                for g in self.net.iter_mut().filter(|g| g.from == f.from) {
+                    g.current = false;
+                }
+            }
+        }
+        Ok(text)
+    }
+
+    /// The shell around the core: the clock it passes (grace, suspected loss), as the coordinator computes it
+    /// from what it remembers and what Redis says.
+    fn run(&mut self, f: impl FnOnce(&GroupMetadata, &Liveness, Clock) -> Transition) -> (Transition, Clock) {
+        let meta = &self.redis.meta;
+        let ttl = meta.timings.member_ttl_ms;
+        let now = self.now;
+        let memory = self.shell.unwrap_or(ShellMemory {
+            highest: MetadataVersion(0),
+            // First sight of the group by this process: grace.
+            grace_until: now + ttl,
+        });
+        let mut grace = memory.grace_until;
+        let mut suspected = None;
+        let round_covers = meta
+            .correction
+            .as_ref()
+            .is_some_and(|r| r.reported_max_version >= memory.highest);
+        if meta.metadata_version < memory.highest && !round_covers {
+            grace = grace.max(now + ttl);
+            suspected = Some(memory.highest);
+        }
+        if self.redis.written_by_run != self.run_id {
+            grace = grace.max(now + ttl);
+            suspected = Some(suspected.unwrap_or(meta.metadata_version).max(meta.metadata_version));
+        }
+        self.shell = Some(ShellMemory {
+            highest: memory.highest.max(meta.metadata_version),
+            grace_until: grace,
+        });
+        let clock = Clock {
+            now_ms: now,
+            expiry_allowed_from_ms: grace.max(self.global_grace),
+            suspected_loss: suspected,
+        };
+        (f(meta, &self.redis.liveness, clock), clock)
+    }
+
+    /// Writes a transition as the store's compare-and-set would, checking the write-side properties.
+    fn commit(&mut self, t: &Transition, clock: Clock, req: Option<&HeartbeatRequest>) -> Result<(), Violation> {
+        if matches!(t.outcome, Outcome::Rejected(_)) {
+            // A rejected request changes nothing stored, except the evidence of a loss it carries (a version
+            // above the stored one) or the shell's suspicion: those open the correction round, whoever sends them.
+            let beyond_round = t.next.as_ref().is_some_and(|next| {
+                let mut same = next.clone();
+                same.correction.clone_from(&self.redis.meta.correction);
+                same != self.redis.meta
+            });
+            if beyond_round || !t.renew.is_empty() || !t.forget.is_empty() {
+                return Err(format!(
+                    "a rejected request changed what is stored: {:?} (clock {clock:?})\nwrites {:?} renew {:?} forget {:?}",
+                    req.map(describe_request),
+                    t.next.as_ref().map(|n| n.metadata_version),
+                    t.renew,
+                    t.forget
+                ));
+            }
+        }
+        if let Some(next) = &t.next {
+            let meta = &self.redis.meta;
+            if next.metadata_version < meta.metadata_version {
+                return Err(format!(
+                    "metadata version went down within one Redis history: v{} -> v{}",
+                    meta.metadata_version.0, next.metadata_version.0
+                ));
+            }
+            for (i, (old, new)) in meta.shards.iter().zip(&next.shards).enumerate() {
+                if new.fencing_token < old.fencing_token {
+                    return Err(format!(
+                        "fencing token of shard {i} went down: {} -> {}",
+                        old.fencing_token, new.fencing_token
+                    ));
+                }
+            }
+            self.redis.meta = next.clone();
+            if let Some(memory) = self.shell.as_mut() {
+                memory.highest = memory.highest.max(next.metadata_version);
+            }
+        }
+        for (m, lease) in &t.renew {
+            let e = self.redis.liveness.entry(m.clone()).or_insert(0);
+            *e = (*e).max(*lease);
+        }
+        for m in &t.forget {
+            self.redis.liveness.remove(m);
+        }
+        if t.writes() {
+            self.redis.written_by_run = self.run_id;
+        }
+        Ok(())
+    }
+
+    /// The client applies the answer it waited for, as the SDK's heartbeat loop does.
+    fn receive(&mut self, m: u8) -> Result<String, Violation> {
+        let now = Millis(self.now);
+        let c = &mut self.clients[m as usize];
+        let answer = c.answer.take().expect("an answer to receive");
+        let sent_at = c.outstanding.take().expect("a request it waits for");
+        let membership = c.membership.as_mut().expect("running");
+        let reader = (m, c.incarnation);
+        match &answer {
+            Answer::Heartbeat(r) if !r.member_epoch.is_leave() => {
+                let lease = effective_lease(
+                    Duration::from_millis(r.assignment_lease_ms),
+                    Duration::from_millis(LEASE),
+                    Duration::ZERO,
+                );
+                c.lease.grant(Millis(sent_at), lease);
+                let actions = membership.apply(r, c.lease.is_valid_at(now));
+                c.stored_max = c.stored_max.max(membership.max_observed());
+                for &s in &actions.start {
+                    if !r.fencing_tokens.iter().any(|t| t.shard == s) {
+                        return Err(format!("m{m} started shard {s} without a fencing token: {r:?}"));
+                    }
+                    check_token(&mut self.readers, s, reader, membership.token(s))?;
+                }
+                let mut line = format!("m{m} receives {}", describe_answer(&answer));
+                if !actions.start.is_empty() || !actions.drain.is_empty() {
+                    let _ = write!(line, " (starts {} drains {})", ids(&actions.start), ids(&actions.drain));
+                }
+                Ok(line)
+            }
+            Answer::Heartbeat(_) => {
+                membership.lose_all();
+                c.lease.revoke();
+                Ok(format!("m{m} receives a leave answer: rejoins"))
+            }
+            Answer::Rejected(status) if status.requires_rejoin() => {
+                let lost = membership.lose_all();
+                c.lease.revoke();
+                Ok(format!("m{m} receives {status}: loses {} and rejoins", ids(&lost)))
+            }
+            Answer::Rejected(status) => {
+                membership.record_status(*status);
+                Ok(format!("m{m} receives {status}"))
+            }
+        }
+    }
+
+    /// The SDK's lease rule: a reader never reads past the lease, and the heartbeat loop puts every shard in
+    /// local revoking state when it runs out.
+    fn expire_leases(&mut self) -> String {
+        let now = Millis(self.now);
+        let mut out = String::new();
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            if let Some(membership) = c.membership.as_mut() {
+                if !c.lease.is_valid_at(now) {
+                    let stopped = membership.revoke_all();
+                    for &s in &stopped {
+                        membership.reader_stopped(s);
+                    }
+                    if !stopped.is_empty() {
+                        let _ = write!(out, "; m{i}'s lease ran out, its readers of {} stop", ids(&stopped));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A canonical order of the network (any arrival order is an action away), so that states differing only
+    /// in the order of sends are one state.
+    fn normalize(&mut self) {
+        self.net.sort_by(|a, b| {
+            (a.from, a.sent_at, a.current, a.req.metadata_version, a.req.member_epoch)
+                .cmp(&(b.from, b.sent_at, b.current, b.req.metadata_version, b.req.member_epoch))
+                .then_with(|| format!("{:?}", a.req).cmp(&format!("{:?}", b.req)))
+        });
+    }
+
+    /// Safety: no shard is held by two members whose leases are valid (a draining reader still holds it).
+    pub fn check(&self) -> Result<(), Violation> {
+        let now = Millis(self.now);
+        let mut holders: BTreeMap<ShardId, Vec<u8>> = BTreeMap::new();
+        for (i, c) in self.clients.iter().enumerate() {
+            let Some(membership) = &c.membership else { continue };
+            if !c.lease.is_valid_at(now) {
+                continue;
+            }
+            for state in [ShardState::Reading, ShardState::Draining] {
+                for s in membership.shards_in(state) {
+                    holders.entry(s).or_default().push(i as u8);
+                }
+            }
+        }
+        for (s, who) in holders {
+            if who.len() > 1 {
+                return Err(format!(
+                    "shard {s} held under valid leases by {:?} at time {}",
+                    who.iter().map(|&m| member(m)).collect::<Vec<_>>(),
+                    self.now
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One fault-free round: time moves, every running client finishes its draining, and heartbeats once with a
+    /// round trip; then the tick.
+    fn fair_round(&mut self) -> Result<(), Violation> {
+        self.step(Action::Advance)?;
+        for m in 0..self.clients.len() as u8 {
+            if self.clients[m as usize].membership.is_none() {
+                continue;
+            }
+            self.give_up(m);
+            let draining = self.clients[m as usize]
+                .membership
+                .as_ref()
+                .is_some_and(|ms| !ms.shards_in(ShardState::Draining).is_empty());
+            if draining {
+                self.step(Action::Drain(m))?;
+            }
+            self.step(Action::RoundTrip(m))?;
+        }
+        self.step(Action::Tick)?;
+        Ok(())
+    }
+
+    /// Liveness under fairness: from this state, with no more faults (every late request arrives, then every
+    /// running client heartbeats each interval and drains at once), every shard ends up read by exactly one
+    /// running client under a valid lease, and stays so.
+    pub fn settle(&self) -> Result<(), Violation> {
+        let mut w = self.clone();
+        while !w.net.is_empty() {
+            w.deliver(0, false)?;
+            w.check()?;
+        }
+        for m in 0..w.clients.len() as u8 {
+            if w.clients[m as usize].answer.is_some() {
+                w.receive(m)?;
+            }
+        }
+        // Four member TTLs and rebalance timeouts: expiry, fencing and a correction round all end within them.
+        const ROUNDS: usize = 12;
+        const STABLE: usize = 3;
+        let mut last = None;
+        for round in 0..ROUNDS + STABLE {
+            w.fair_round()?;
+            if round < ROUNDS {
+                continue;
+            }
+            let running: Vec<&Client> = w.clients.iter().filter(|c| c.membership.is_some()).collect();
+            if running.is_empty() {
+                return Ok(());
+            }
+            let mut readers: Vec<Vec<u8>> = Vec::new();
+            for s in 0..w.redis.meta.shard_count {
+                let who: Vec<u8> = w
+                    .clients
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| {
+                        c.lease.is_valid_at(Millis(w.now))
+                            && c.membership
+                                .as_ref()
+                                .is_some_and(|ms| ms.state(ShardId(s)) == Some(ShardState::Reading))
+                    })
+                    .map(|(i, _)| i as u8)
+                    .collect();
+                if who.len() != 1 {
+                    return Err(format!(
+                        "liveness: after {ROUNDS} fair rounds shard {s} is read by {who:?} (running: {:?})\nmetadata {:#?}",
+                        w.clients
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, c)| c.membership.is_some())
+                            .map(|(i, _)| i)
+                            .collect::<Vec<_>>(),
+                        w.redis.meta
+                    ));
+                }
+                readers.push(who);
+            }
+            if last.as_ref().is_some_and(|l| l != &readers) {
+                return Err(format!(
+                    "liveness: the assignment still moves after {ROUNDS} fair rounds"
+                ));
+            }
+            last = Some(readers);
+        }
+        Ok(())
+    }
+}
+
+/// A reader that starts a shard needs a token above every token an earlier reader of it held; only the same
+/// process resuming the shard (nobody read it in between) may hold the same one again.
+fn check_token(
+    readers: &mut BTreeMap<ShardId, ((u8, u32), FencingToken)>,
+    shard: ShardId,
+    reader: (u8, u32),
+    token: FencingToken,
+) -> Result<(), Violation> {
+    if let Some(&(last, max)) = readers.get(&shard) {
+        if last == reader && token < max {
+            return Err(format!(
+                "shard {shard}: {reader:?} resumed with token {token} below {max}"
+            ));
+        }
+        if last != reader && token <= max {
+            return Err(format!(
+                "shard {shard}: m{} got token {token}, not above {max} of an earlier reader m{}",
+                reader.0, last.0
+            ));
+        }
+    }
+    let max = readers.get(&shard).map_or(token, |&(_, max)| max.max(token));
+    readers.insert(shard, (reader, max));
+    Ok(())
+}
