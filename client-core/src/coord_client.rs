@@ -132,7 +132,7 @@ impl CoordClient {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, CoordError> {
-        let path = format!("/v1/streams/{stream}/groups/{group}/heartbeat");
+        let path = protocol::routes::heartbeat(stream.as_str(), group.as_str());
         self.call(|http, base| http.post(format!("{base}{path}")).json(req))
             .await
     }
@@ -145,10 +145,7 @@ impl CoordClient {
     /// # Cancel safety
     /// Cancel safe: the call only reads.
     pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, CoordError> {
-        let path = format!(
-            "/v1/streams/{stream}/routing?routingVersion={}&maxObservedVersion={}",
-            query.routing_version, query.max_observed_version
-        );
+        let path = protocol::routes::routing_with(stream.as_str(), &query);
         self.call(|http, base| http.get(format!("{base}{path}"))).await
     }
 

@@ -11,6 +11,7 @@
 //! * [`routing`]: `shard_for_key`: xxHash64 + jump consistent hash, with shipped test vectors.
 //! * [`status`]: the status every response carries.
 //! * [`messages`]: HTTP request and response bodies.
+//! * [`routes`]: the coordinator's HTTP route templates, and one function per route that builds its path.
 //! * [`metadata`]: the documents stored in Redis (group aggregate, stream routing).
 //! * [`error`]: decode and name errors.
 //! * [`redact`]: `redact_url`, the one way every crate prints a URL that may carry a password.
@@ -32,6 +33,7 @@ pub mod messages;
 pub mod metadata;
 pub mod names;
 pub mod redact;
+pub mod routes;
 pub mod routing;
 pub mod status;
 pub mod version;

@@ -635,7 +635,7 @@ async fn publish(
 
 /// Creates the stream's group through the admin API.
 async fn create_group(url: &str, settings: &Settings, admin_token: Option<&str>) -> Result<()> {
-    let endpoint = format!("{url}/v1/streams/{}/groups/{}", settings.stream, settings.group);
+    let endpoint = format!("{url}{}", protocol::routes::group(&settings.stream, &settings.group));
     let body = CreateGroupRequest {
         shard_count: Some(SHARDS),
         timings: Some(settings.timings),

@@ -615,13 +615,13 @@ pub struct GroupApi {
 
 impl GroupApi {
     fn group_path(&self) -> String {
-        format!("/v1/streams/{}/groups/{}", self.stream, self.group)
+        protocol::routes::group(&self.stream, &self.group)
     }
 
     pub fn heartbeat_request(&self, req: &HeartbeatRequest) -> reqwest::RequestBuilder {
         self.api
             .http
-            .post(self.api.url(&format!("{}/heartbeat", self.group_path())))
+            .post(self.api.url(&protocol::routes::heartbeat(&self.stream, &self.group)))
             .json(req)
     }
 
@@ -675,17 +675,17 @@ impl GroupApi {
             .send(
                 self.api
                     .http
-                    .post(self.api.url(&format!("{}/recreate", self.group_path())))
+                    .post(self.api.url(&protocol::routes::recreate(&self.stream, &self.group)))
                     .json(&req),
             )
             .await
     }
 
     pub fn fence_request(&self, member: &str, if_match: Option<u64>) -> reqwest::RequestBuilder {
-        let rb = self
-            .api
-            .http
-            .post(self.api.url(&format!("{}/members/{member}/fence", self.group_path())));
+        let rb = self.api.http.post(
+            self.api
+                .url(&protocol::routes::fence(&self.stream, &self.group, member)),
+        );
         match if_match {
             Some(rev) => rb.header("If-Match", format!("\"{rev}\"")),
             None => rb,
@@ -704,7 +704,7 @@ impl GroupApi {
         let rb = self
             .api
             .http
-            .post(self.api.url(&format!("/v1/streams/{}/shards", self.stream)))
+            .post(self.api.url(&protocol::routes::shards(&self.stream)))
             .json(&protocol::messages::AddShardsRequest { count });
         let rb = match if_match {
             Some(rev) => rb.header("If-Match", format!("\"{rev}\"")),
@@ -715,7 +715,7 @@ impl GroupApi {
 
     pub async fn describe_routing(&self) -> Result<protocol::messages::RoutingDescription, Refusal> {
         self.api
-            .send(self.api.http.get(self.api.url(&format!("/v1/streams/{}", self.stream))))
+            .send(self.api.http.get(self.api.url(&protocol::routes::stream(&self.stream))))
             .await
     }
 
@@ -725,9 +725,12 @@ impl GroupApi {
         max_observed: u64,
     ) -> Result<protocol::messages::RoutingResponse, Refusal> {
         self.api
-            .send(self.api.http.get(self.api.url(&format!(
-                "/v1/streams/{}/routing?routingVersion={version}&maxObservedVersion={max_observed}",
-                self.stream
+            .send(self.api.http.get(self.api.url(&protocol::routes::routing_with(
+                &self.stream,
+                &protocol::messages::RoutingQuery {
+                    routing_version: protocol::RoutingVersion(version),
+                    max_observed_version: protocol::RoutingVersion(max_observed),
+                },
             ))))
             .await
     }
