@@ -73,6 +73,14 @@ impl CoordError {
     }
 }
 
+/// The first of `urls` that is not an `http://` or `https://` base URL, if any: what [`CoordClient::new`]
+/// refuses, and what both SDKs' `build()` check before it.
+pub fn first_invalid_url(urls: &[String]) -> Option<&str> {
+    urls.iter()
+        .map(String::as_str)
+        .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+}
+
 /// HTTP client for the coordinator's `/v1` API, with failover over several URLs.
 #[derive(Debug)]
 pub struct CoordClient {
@@ -92,10 +100,7 @@ impl CoordClient {
             return Err(CoordError::Config("at least one coordinator URL is required".into()));
         }
         let urls: Vec<String> = urls.into_iter().map(|u| u.trim_end_matches('/').to_owned()).collect();
-        if let Some(bad) = urls
-            .iter()
-            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
-        {
+        if let Some(bad) = first_invalid_url(&urls) {
             return Err(CoordError::Config(format!(
                 "coordinator URL {bad:?} must start with http:// or https://"
             )));

@@ -42,14 +42,15 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::config::ConsumerConfig;
-use crate::consumer::{check_redis, CloseReport, ConsumerStatus, HeartbeatCounters};
 use crate::error::ConsumerError;
 use crate::handler::DynListener;
 use crate::in_flight::InFlight;
 use crate::lease::{effective_lease, Lease};
 use crate::membership::{Membership, ShardState};
 use crate::metrics::failure_status;
+use crate::redis_check::check_redis;
 use crate::shard_reader::{self, ReadHealth, ReaderControl, ReaderExit, ReaderShared};
+use crate::status::{CloseReport, ConsumerStatus, HeartbeatCounters};
 
 /// How long a killed reader may take to stop before its task is aborted.
 const KILL_GRACE: Duration = Duration::from_secs(3);

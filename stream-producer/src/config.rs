@@ -1,11 +1,11 @@
-//! Producer settings: a by-value builder with typed defaults, checked once by [`ProducerConfig::validate`].
+//! The producer's settings: [`ProducerConfig`], [`BatchingConfig`] and [`Trim`], typed defaults, and the rules
+//! checked once by [`ProducerConfig::validate`]. The builder that fills them is in `builder`.
 
 use std::time::Duration;
 
 use protocol::names::StreamName;
 
 use crate::error::ConfigError;
-use crate::producer::Producer;
 
 /// Approximate trimming applied by every XADD of the producer (`XADD key MAXLEN ~ n * ...` or
 /// `XADD key MINID ~ id * ...`).
@@ -23,7 +23,7 @@ pub enum Trim {
     MaxAge(Duration),
 }
 
-/// Settings of the background batching mode ([`Producer::enqueue`]).
+/// Settings of the background batching mode ([`Producer::enqueue`](crate::Producer::enqueue)).
 ///
 /// Records wait in a bounded queue; one task takes up to `max_batch_size` of them, waiting at most `linger` for
 /// a batch to fill, groups them by shard and sends one pipeline per shard. When `max_in_flight_batches` batches
@@ -53,8 +53,8 @@ impl Default for BatchingConfig {
     }
 }
 
-/// The settings of a [`Producer`], readable after [`build`](ProducerBuilder::build) through
-/// [`Producer::config`]. `Debug` hides the coordinator token and the Redis URL's credentials.
+/// The settings of a [`Producer`](crate::Producer), readable after [`build`](crate::ProducerBuilder::build)
+/// through [`Producer::config`](crate::Producer::config). `Debug` hides the coordinator token and the Redis URL's credentials.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ProducerConfig {
@@ -109,7 +109,7 @@ impl std::fmt::Debug for ProducerConfig {
 }
 
 impl ProducerConfig {
-    fn new(stream: StreamName) -> Self {
+    pub(crate) fn new(stream: StreamName) -> Self {
         ProducerConfig {
             stream,
             coordinator_urls: Vec::new(),
@@ -131,17 +131,19 @@ impl ProducerConfig {
     /// # Errors
     /// The first broken rule, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        // The coordinator client checks the URL list (non-empty, http(s)://).
-        client_core::CoordClient::new(
-            self.coordinator_urls.clone(),
-            self.coordinator_timeout,
-            self.coordinator_token.clone(),
-        )
-        .map_err(ConfigError::Coordinator)?;
-        if self.redis_url.is_empty() {
-            return Err(ConfigError::MissingRedis);
+        if self.coordinator_urls.is_empty() {
+            return Err(ConfigError::MissingCoordinator);
         }
-        redis::Client::open(self.redis_url.as_str()).map_err(ConfigError::Redis)?;
+        if let Some(bad) = client_core::coord_client::first_invalid_url(&self.coordinator_urls) {
+            return Err(ConfigError::InvalidCoordinatorUrl(bad.to_owned()));
+        }
+        if self.redis_url.is_empty() {
+            return Err(ConfigError::MissingRedisUrl);
+        }
+        redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
+            url: protocol::redact::redact_url(&self.redis_url),
+            source,
+        })?;
         range("connections", "between 1 and 64", self.connections, |n| {
             (1..=64).contains(&n)
         })?;
@@ -158,14 +160,14 @@ impl ProducerConfig {
         match self.trim {
             Some(Trim::MaxLen(0)) => {
                 return Err(ConfigError::OutOfRange {
-                    name: "trim MaxLen",
+                    setting: "trim MaxLen",
                     rule: "at least 1",
                     value: "0".into(),
                 })
             }
             Some(Trim::MaxAge(age)) if age < Duration::from_millis(1) => {
                 return Err(ConfigError::OutOfRange {
-                    name: "trim MaxAge",
+                    setting: "trim MaxAge",
                     rule: "at least 1 ms",
                     value: format!("{age:?}"),
                 })
@@ -180,7 +182,7 @@ impl ProducerConfig {
         })?;
         if b.linger > Duration::from_secs(10) {
             return Err(ConfigError::OutOfRange {
-                name: "linger",
+                setting: "linger",
                 rule: "at most 10 s",
                 value: format!("{:?}", b.linger),
             });
@@ -195,276 +197,31 @@ impl ProducerConfig {
     }
 }
 
-fn range(name: &'static str, rule: &'static str, value: usize, ok: impl Fn(usize) -> bool) -> Result<(), ConfigError> {
+fn range(
+    setting: &'static str,
+    rule: &'static str,
+    value: usize,
+    ok: impl Fn(usize) -> bool,
+) -> Result<(), ConfigError> {
     if ok(value) {
         Ok(())
     } else {
         Err(ConfigError::OutOfRange {
-            name,
+            setting,
             rule,
             value: value.to_string(),
         })
     }
 }
 
-fn range_duration(name: &'static str, value: Duration) -> Result<(), ConfigError> {
+fn range_duration(setting: &'static str, value: Duration) -> Result<(), ConfigError> {
     if value.is_zero() {
         Err(ConfigError::OutOfRange {
-            name,
+            setting,
             rule: "positive",
             value: format!("{value:?}"),
         })
     } else {
         Ok(())
-    }
-}
-
-/// Builds a [`Producer`]: `Producer::builder(stream)`, then settings, then [`build`](Self::build).
-///
-/// ```no_run
-/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use stream_producer::{Producer, Trim};
-///
-/// let producer = Producer::builder("orders")
-///     .coordinator("http://coord-a:7400")
-///     .coordinator("http://coord-b:7400")
-///     .redis("redis://127.0.0.1:6379")
-///     .connections(4)
-///     .trim(Trim::MaxLen(1_000_000))
-///     .linger(Duration::from_millis(2))
-///     .build()?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-#[must_use = "a builder does nothing until build() is called"]
-pub struct ProducerBuilder {
-    stream: String,
-    config: ProducerConfig,
-    version_store: Option<client_core::SharedVersionStore>,
-}
-
-impl ProducerBuilder {
-    pub(crate) fn new(stream: impl Into<String>) -> Self {
-        let stream = stream.into();
-        // The name is checked in build(); a placeholder keeps the config typed until then.
-        let placeholder = StreamName::new("unchecked").expect("a constant valid name");
-        ProducerBuilder {
-            stream,
-            config: ProducerConfig::new(placeholder),
-            version_store: None,
-        }
-    }
-
-    /// Adds a coordinator base URL (repeat for several instances).
-    pub fn coordinator(mut self, url: impl Into<String>) -> Self {
-        self.config.coordinator_urls.push(url.into());
-        self
-    }
-
-    /// Adds several coordinator base URLs.
-    pub fn coordinators<I, S>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.config.coordinator_urls.extend(urls.into_iter().map(Into::into));
-        self
-    }
-
-    /// Bearer token sent to the coordinator.
-    pub fn coordinator_token(mut self, token: impl Into<String>) -> Self {
-        self.config.coordinator_token = Some(token.into());
-        self
-    }
-
-    /// Deadline of one routing request to one coordinator URL (default 2 s).
-    pub fn coordinator_timeout(mut self, timeout: Duration) -> Self {
-        self.config.coordinator_timeout = timeout;
-        self
-    }
-
-    /// The Redis URL shard streams live in.
-    pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.config.redis_url = url.into();
-        self
-    }
-
-    /// Number of publishing connections (default 2).
-    pub fn connections(mut self, n: usize) -> Self {
-        self.config.connections = n;
-        self
-    }
-
-    /// Deadline for opening a Redis connection (default 2 s).
-    pub fn redis_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.redis_connect_timeout = timeout;
-        self
-    }
-
-    /// Deadline for Redis's answer to a pipeline (default 5 s).
-    pub fn redis_response_timeout(mut self, timeout: Duration) -> Self {
-        self.config.redis_response_timeout = timeout;
-        self
-    }
-
-    /// Approximate trimming of every shard stream.
-    pub fn trim(mut self, trim: Trim) -> Self {
-        self.config.trim = Some(trim);
-        self
-    }
-
-    /// All batching settings at once.
-    pub fn batching(mut self, batching: BatchingConfig) -> Self {
-        self.config.batching = batching;
-        self
-    }
-
-    /// Queue capacity of the batching mode (default 10 000).
-    pub fn queue_capacity(mut self, n: usize) -> Self {
-        self.config.batching.queue_capacity = n;
-        self
-    }
-
-    /// Largest batch of the batching mode (default 512).
-    pub fn max_batch_size(mut self, n: usize) -> Self {
-        self.config.batching.max_batch_size = n;
-        self
-    }
-
-    /// Linger time of the batching mode (default 1 ms).
-    pub fn linger(mut self, linger: Duration) -> Self {
-        self.config.batching.linger = linger;
-        self
-    }
-
-    /// Batches written concurrently by the batching mode (default 8).
-    pub fn max_in_flight_batches(mut self, n: usize) -> Self {
-        self.config.batching.max_in_flight_batches = n;
-        self
-    }
-
-    /// Backoff between failed routing refreshes: first `min`, doubling up to `max` (default 50 ms to 1 s).
-    pub fn refresh_retry(mut self, min: Duration, max: Duration) -> Self {
-        self.config.refresh_retry_min = min;
-        self.config.refresh_retry_max = max;
-        self
-    }
-
-    /// Where the highest routing version ever observed is kept (key: the stream name). Default: the process-wide
-    /// memory ([`MemoryVersionStore::process`](client_core::MemoryVersionStore::process)), shared by every
-    /// producer and consumer of the process, so a producer recreated in the same process still reports what an
-    /// earlier one saw; a [`FileVersionStore`](client_core::FileVersionStore) lets a restarted process still
-    /// report a rolled-back routing.
-    pub fn version_store(mut self, store: impl client_core::VersionStore) -> Self {
-        self.version_store = Some(client_core::SharedVersionStore::new(store));
-        self
-    }
-
-    /// Checks the settings and starts the producer's background tasks (routing refresher, batcher). Does no
-    /// I/O itself: the first routing is fetched in the background, and the first publish (or
-    /// [`Producer::ready`]) waits for it.
-    ///
-    /// # Errors
-    /// [`ConfigError`] naming the broken rule; [`ConfigError::NoRuntime`] outside a tokio runtime.
-    pub fn build(mut self) -> Result<Producer, ConfigError> {
-        self.config.stream = StreamName::new(self.stream)?;
-        self.config.validate()?;
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::NoRuntime);
-        }
-        let store = self
-            .version_store
-            .unwrap_or_else(client_core::SharedVersionStore::process_default);
-        Producer::start(self.config, store)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ok() -> ProducerBuilder {
-        Producer::builder("orders")
-            .coordinator("http://127.0.0.1:7400")
-            .redis("redis://127.0.0.1:6379")
-    }
-
-    fn check(b: ProducerBuilder) -> Result<(), ConfigError> {
-        let mut config = b.config;
-        config.stream = StreamName::new(b.stream)?;
-        config.validate()
-    }
-
-    #[test]
-    fn defaults_are_valid() {
-        check(ok()).unwrap();
-    }
-
-    #[test]
-    fn debug_hides_the_token_and_redis_credentials() {
-        let b = ok()
-            .redis("redis://producer:hunter2@redis:6379")
-            .coordinator_token("hunter3");
-        let text = format!("{b:?}");
-        assert!(!text.contains("hunter"), "{text}");
-        assert!(text.contains("redis://***@redis:6379"), "{text}");
-    }
-
-    #[test]
-    fn rules_are_checked() {
-        assert!(matches!(
-            check(ok().connections(0)),
-            Err(ConfigError::OutOfRange {
-                name: "connections",
-                ..
-            })
-        ));
-        assert!(matches!(
-            check(Producer::builder("orders").redis("redis://x")),
-            Err(ConfigError::Coordinator(_))
-        ));
-        assert!(matches!(
-            check(ok().coordinator("ftp://nope")),
-            Err(ConfigError::Coordinator(_))
-        ));
-        assert!(matches!(
-            check(Producer::builder("orders").coordinator("http://c")),
-            Err(ConfigError::MissingRedis)
-        ));
-        assert!(matches!(check(ok().redis("nope://x")), Err(ConfigError::Redis(_))));
-        assert!(matches!(
-            check(Producer::builder("bad name{").coordinator("http://c")),
-            Err(ConfigError::Stream(_))
-        ));
-        assert!(matches!(
-            check(ok().queue_capacity(10).max_batch_size(20)),
-            Err(ConfigError::QueueSmallerThanBatch { .. })
-        ));
-        assert!(matches!(
-            check(ok().refresh_retry(Duration::from_secs(2), Duration::from_secs(1))),
-            Err(ConfigError::RetryBackoffInverted { .. })
-        ));
-        assert!(matches!(
-            check(ok().trim(Trim::MaxLen(0))),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            check(ok().trim(Trim::MaxAge(Duration::ZERO))),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            check(ok().max_in_flight_batches(0)),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            check(ok().redis_response_timeout(Duration::ZERO)),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-    }
-
-    #[test]
-    fn build_outside_a_runtime_is_refused() {
-        assert!(matches!(ok().build(), Err(ConfigError::NoRuntime)));
     }
 }
