@@ -464,7 +464,9 @@ async fn create_makes_the_group_and_refuses_a_second_time() {
 async fn group_tables_after_fence_and_create_show_the_lag_the_metrics_page_has() {
     let (_redis, coord) = start(None).await;
     let url = coord.url();
-    let metrics = reqwest::get(format!("{url}/metrics")).await.expect("GET /metrics");
+    let metrics = reqwest::get(format!("{url}{}", protocol::routes::METRICS))
+        .await
+        .expect("GET /metrics");
     assert_eq!(
         metrics.status(),
         reqwest::StatusCode::OK,

@@ -583,7 +583,7 @@ impl Api {
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
         self.http
-            .get(self.url("/metrics"))
+            .get(self.url(protocol::routes::METRICS))
             .send()
             .await
             .expect("metrics answered")
