@@ -65,7 +65,7 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
     let http = reqwest::Client::new();
     for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
         let resp = http
-            .get(format!("{}/v1/groups", coord.url()))
+            .get(format!("{}{}", coord.url(), protocol::routes::GROUPS))
             .header(AUTHORIZATION, format!("{scheme} admin-secret"))
             .send()
             .await
@@ -74,7 +74,7 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
     }
     for header in ["Basic admin-secret", "Bearer", "Beareradmin-secret", "admin-secret"] {
         let resp = http
-            .get(format!("{}/v1/groups", coord.url()))
+            .get(format!("{}{}", coord.url(), protocol::routes::GROUPS))
             .header(AUTHORIZATION, header)
             .send()
             .await
