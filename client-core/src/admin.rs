@@ -22,7 +22,7 @@ use protocol::messages::{
     AddShardsRequest, CreateGroupRequest, ErrorResponse, GroupDescription, GroupList, RecreateGroupRequest,
     RoutingDescription,
 };
-use protocol::StoreRevision;
+use protocol::{routes, StoreRevision};
 use reqwest::header::{AUTHORIZATION, IF_MATCH};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
@@ -114,12 +114,8 @@ impl AdminClient {
     /// # Errors
     /// [`AdminError`].
     pub async fn list_groups(&self, rebuild: bool) -> Result<GroupList, AdminError> {
-        let path = if rebuild {
-            "/v1/groups?rebuild=true"
-        } else {
-            "/v1/groups"
-        };
-        self.json(self.request(Method::GET, path)).await
+        let path = routes::groups(rebuild);
+        self.json(self.request(Method::GET, &path)).await
     }
 
     /// `GET /v1/streams/{stream}/groups/{group}`.
@@ -127,7 +123,7 @@ impl AdminClient {
     /// # Errors
     /// [`AdminError`].
     pub async fn describe(&self, stream: &str, group: &str) -> Result<GroupDescription, AdminError> {
-        let path = format!("/v1/streams/{}/groups/{}", seg(stream), seg(group));
+        let path = routes::group(stream, group);
         self.json(self.request(Method::GET, &path)).await
     }
 
@@ -136,7 +132,7 @@ impl AdminClient {
     /// # Errors
     /// [`AdminError`].
     pub async fn routing(&self, stream: &str) -> Result<RoutingDescription, AdminError> {
-        let path = format!("/v1/streams/{}", seg(stream));
+        let path = routes::stream(stream);
         self.json(self.request(Method::GET, &path)).await
     }
 
@@ -150,7 +146,7 @@ impl AdminClient {
         count: u32,
         if_match: Option<StoreRevision>,
     ) -> Result<RoutingDescription, AdminError> {
-        let path = format!("/v1/streams/{}/shards", seg(stream));
+        let path = routes::shards(stream);
         let rb = with_if_match(self.request(Method::POST, &path), if_match).json(&AddShardsRequest { count });
         self.json(rb).await
     }
@@ -167,12 +163,7 @@ impl AdminClient {
         member: &str,
         if_match: Option<StoreRevision>,
     ) -> Result<GroupDescription, AdminError> {
-        let path = format!(
-            "/v1/streams/{}/groups/{}/members/{}/fence",
-            seg(stream),
-            seg(group),
-            seg(member)
-        );
+        let path = routes::fence(stream, group, member);
         self.json(with_if_match(self.request(Method::POST, &path), if_match))
             .await
     }
@@ -187,7 +178,7 @@ impl AdminClient {
         group: &str,
         req: &CreateGroupRequest,
     ) -> Result<GroupDescription, AdminError> {
-        let path = format!("/v1/streams/{}/groups/{}", seg(stream), seg(group));
+        let path = routes::group(stream, group);
         self.json(self.request(Method::POST, &path).json(req)).await
     }
 
@@ -201,7 +192,7 @@ impl AdminClient {
         group: &str,
         req: &RecreateGroupRequest,
     ) -> Result<GroupDescription, AdminError> {
-        let path = format!("/v1/streams/{}/groups/{}/recreate", seg(stream), seg(group));
+        let path = routes::recreate(stream, group);
         self.json(self.request(Method::POST, &path).json(req)).await
     }
 
@@ -236,19 +227,6 @@ fn with_if_match(rb: RequestBuilder, if_match: Option<StoreRevision>) -> Request
         Some(rev) => rb.header(IF_MATCH, format!("\"{}\"", rev.0)),
         None => rb,
     }
-}
-
-/// Names are validated by the coordinator; percent-encode the few characters a path cannot carry as they are.
-fn seg(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:@!$&'()*+,;=".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 async fn decode<T: DeserializeOwned>(resp: Response) -> Result<T, AdminError> {
@@ -292,8 +270,8 @@ mod tests {
 
     #[test]
     fn path_segments_are_escaped() {
-        assert_eq!(seg("orders"), "orders");
-        assert_eq!(seg("a b/c"), "a%20b%2Fc");
+        assert_eq!(routes::stream("orders"), "/v1/streams/orders");
+        assert_eq!(routes::stream("a b/c"), "/v1/streams/a%20b%2Fc");
     }
 
     #[test]

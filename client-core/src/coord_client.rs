@@ -46,9 +46,15 @@ pub enum CoordError {
         /// What was wrong.
         detail: String,
     },
-    /// The client was configured wrongly.
-    #[error("invalid coordinator client configuration: {0}")]
-    Config(String),
+    /// No coordinator URL was given.
+    #[error("at least one coordinator URL is required")]
+    NoUrl,
+    /// A coordinator URL is not `http(s)://...`.
+    #[error("coordinator URL {0:?} must start with http:// or https://")]
+    InvalidUrl(String),
+    /// The HTTP client could not be built (the HTTP stack refused its settings).
+    #[error("cannot build the coordinator HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
 }
 
 impl CoordError {
@@ -65,7 +71,7 @@ impl CoordError {
         match self {
             CoordError::Status { status, .. } => status.is_retryable(),
             CoordError::Unreachable { .. } | CoordError::Decode { .. } => true,
-            CoordError::Config(_) => false,
+            CoordError::NoUrl | CoordError::InvalidUrl(_) | CoordError::HttpClient(_) => false,
         }
     }
 
@@ -113,6 +119,14 @@ impl CoordTransport for CoordClient {
     }
 }
 
+/// The first of `urls` that is not an `http://` or `https://` base URL, if any: what [`CoordClient::new`]
+/// refuses, and what both SDKs' `build()` check before it.
+pub fn first_invalid_url(urls: &[String]) -> Option<&str> {
+    urls.iter()
+        .map(String::as_str)
+        .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+}
+
 /// HTTP client for the coordinator's `/v1` API, with failover over several URLs.
 #[derive(Debug)]
 pub struct CoordClient {
@@ -126,25 +140,21 @@ impl CoordClient {
     /// A client over `urls` (base URLs such as `http://127.0.0.1:7400`), each request bounded by `timeout`.
     ///
     /// # Errors
-    /// [`CoordError::Config`] without URLs, or with a URL that is not `http(s)://...`.
+    /// [`CoordError::NoUrl`] without URLs, [`CoordError::InvalidUrl`] with a URL that is not `http(s)://...`,
+    /// [`CoordError::HttpClient`] when the HTTP client cannot be built.
     pub fn new(urls: Vec<String>, timeout: Duration, token: Option<String>) -> Result<Self, CoordError> {
         if urls.is_empty() {
-            return Err(CoordError::Config("at least one coordinator URL is required".into()));
+            return Err(CoordError::NoUrl);
         }
         let urls: Vec<String> = urls.into_iter().map(|u| u.trim_end_matches('/').to_owned()).collect();
-        if let Some(bad) = urls
-            .iter()
-            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
-        {
-            return Err(CoordError::Config(format!(
-                "coordinator URL {bad:?} must start with http:// or https://"
-            )));
+        if let Some(bad) = first_invalid_url(&urls) {
+            return Err(CoordError::InvalidUrl(bad.to_owned()));
         }
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(2)))
             .build()
-            .map_err(|e| CoordError::Config(e.to_string()))?;
+            .map_err(CoordError::HttpClient)?;
         Ok(CoordClient {
             http,
             urls,
@@ -172,7 +182,7 @@ impl CoordClient {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, CoordError> {
-        let path = format!("/v1/streams/{stream}/groups/{group}/heartbeat");
+        let path = protocol::routes::heartbeat(stream.as_str(), group.as_str());
         self.call(|http, base| http.post(format!("{base}{path}")).json(req))
             .await
     }
@@ -185,10 +195,7 @@ impl CoordClient {
     /// # Cancel safety
     /// Cancel safe: the call only reads.
     pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, CoordError> {
-        let path = format!(
-            "/v1/streams/{stream}/routing?routingVersion={}&maxObservedVersion={}",
-            query.routing_version, query.max_observed_version
-        );
+        let path = protocol::routes::routing_with(stream.as_str(), &query);
         self.call(|http, base| http.get(format!("{base}{path}"))).await
     }
 

@@ -10,6 +10,7 @@
 //! * [`membership`]: the client's membership rules (epoch, versions, per-shard reading / draining / revoked
 //!   state) built from coordinator answers; pure, driven by the consumer SDK and by every test model.
 //! * [`lease`]: the assignment lease counted from the heartbeat's send time; pure and time-generic.
+//! * [`metrics`]: the metric handles both SDKs record through (the `metrics` facade, or no-op stand-ins).
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
 //!   `COORDINATOR_TERMINATING`, typed errors; and [`CoordTransport`], the calls the SDKs' drivers make, with the
 //!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
@@ -19,6 +20,7 @@ pub mod admin;
 pub mod coord_client;
 pub mod lease;
 pub mod membership;
+pub mod metrics;
 pub mod persist;
 pub mod redis_check;
 #[cfg(any(test, feature = "test-util"))]

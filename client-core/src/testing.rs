@@ -59,7 +59,7 @@ impl VersionStore for FailingVersionStore {
             .is_ok();
         if scheduled || self.failing.load(Ordering::Relaxed) {
             self.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(VersionStoreError::Other("injected version-store failure".into()));
+            return Err(VersionStoreError::other("injected version-store failure"));
         }
         self.inner.store(key, version).await
     }

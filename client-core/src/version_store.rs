@@ -30,12 +30,20 @@ pub enum VersionStoreError {
     /// The stored value is not a version.
     #[error("version store holds an unreadable value: {0:?}")]
     Corrupt(String),
-    /// A user implementation's own error.
+    /// A user implementation's own error (build it with [`VersionStoreError::other`]).
     #[error("version store: {0}")]
-    Other(String),
+    Other(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A write did not finish within its deadline (see [`crate::persist::PersistPolicy`]).
     #[error("version store write timed out after {0:?}")]
     TimedOut(std::time::Duration),
+}
+
+impl VersionStoreError {
+    /// Wraps an implementation's own error (a database driver's, say), or a message (`&str` and `String`
+    /// convert too), keeping it as the [`source`](std::error::Error::source).
+    pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        VersionStoreError::Other(error.into())
+    }
 }
 
 /// Keeps the highest version a client has observed, per key (for example `orders/billing` for a consumer
@@ -254,7 +262,7 @@ impl VersionStore for FileVersionStore {
             Ok(())
         })
         .await
-        .map_err(|e| VersionStoreError::Other(format!("version store task failed: {e}")))??;
+        .map_err(VersionStoreError::other)??;
         Ok(())
     }
 }
@@ -311,6 +319,16 @@ mod tests {
             !dir.path().join("orders+billing.version.tmp").exists(),
             "no temp file left behind"
         );
+    }
+
+    #[test]
+    fn an_implementations_error_stays_the_source() {
+        use std::error::Error as _;
+        let e = VersionStoreError::other(std::io::Error::other("row locked"));
+        assert_eq!(e.source().map(|s| s.to_string()).as_deref(), Some("row locked"));
+        assert_eq!(e.to_string(), "version store: row locked");
+        let text = VersionStoreError::other("plain message");
+        assert_eq!(text.to_string(), "version store: plain message");
     }
 
     #[tokio::test]

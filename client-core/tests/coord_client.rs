@@ -261,3 +261,20 @@ async fn refused_tokens_are_typed_final_answers_sent_with_the_bearer_token() {
         assert_eq!(hits(&second).await, 0, "{http}: a refusal is not a failover reason");
     }
 }
+
+#[test]
+fn configuration_errors_are_typed_and_final() {
+    let t = Duration::from_secs(1);
+    let none = CoordClient::new(vec![], t, None).unwrap_err();
+    assert!(matches!(none, CoordError::NoUrl), "{none:?}");
+    let bad = CoordClient::new(vec!["http://ok".into(), "ftp://coord".into()], t, None).unwrap_err();
+    assert!(
+        matches!(&bad, CoordError::InvalidUrl(u) if u == "ftp://coord"),
+        "{bad:?}"
+    );
+    assert!(!none.is_retryable() && !bad.is_retryable());
+    assert_eq!(
+        client_core::coord_client::first_invalid_url(&["https://a".into(), "b".into()]),
+        Some("b")
+    );
+}

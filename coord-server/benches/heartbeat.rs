@@ -106,7 +106,11 @@ async fn main() {
         )
         .await
         .expect("group created");
-    let url = format!("{}/v1/streams/{stream}/groups/{group}/heartbeat", coord.url());
+    let url = format!(
+        "{}{}",
+        coord.url(),
+        protocol::routes::heartbeat(stream.as_str(), group.as_str())
+    );
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()

@@ -81,8 +81,8 @@ impl Error {
         }
     }
 
-    /// A copy of this error for every request of a batch that failed together. Redis errors, which cannot be
-    /// cloned, keep their message and their retryable status.
+    /// A copy of this error for every request of a batch that failed together: store failures keep their
+    /// variant and source; a listen error (never part of a batch) keeps its kind and message.
     pub fn duplicate(&self) -> Error {
         match self {
             Error::Rejected {
@@ -103,7 +103,7 @@ impl Error {
             },
             Error::AlreadyExists(m) => Error::AlreadyExists(m.clone()),
             Error::Terminating => Error::Terminating,
-            Error::Store(e) => Error::Store(StoreError::Shared(e.to_string())),
+            Error::Store(e) => Error::Store(e.clone()),
             Error::Listen { addr, source } => Error::Listen {
                 addr: *addr,
                 source: std::io::Error::new(source.kind(), source.to_string()),
@@ -117,8 +117,9 @@ impl Error {
     }
 }
 
-/// A failure talking to Redis.
-#[derive(Debug, Error)]
+/// A failure talking to Redis. `Clone` (redis-rs errors are), so a failure shared by every request of a batch
+/// reaches each of them with its type and source intact.
+#[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// A Redis command failed (connection, timeout, script error).
@@ -144,10 +145,36 @@ pub enum StoreError {
     /// A stored field does not parse, or names a version this build does not understand; nothing was written.
     #[error("{0}")]
     Corrupt(String),
-    /// A store failure shared by every request of a batch (the original error's message).
-    #[error("{0}")]
-    Shared(String),
     /// The Redis server lacks a command or version the coordinator needs.
     #[error("unsupported Redis: {0}")]
     Unsupported(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicated_store_failure_keeps_its_variant_and_source() {
+        let original = Error::Store(StoreError::MutexBusy {
+            key: "k".into(),
+            waited_ms: 7,
+        });
+        let copy = original.duplicate();
+        assert!(
+            matches!(&copy, Error::Store(StoreError::MutexBusy { key, waited_ms: 7 }) if key == "k"),
+            "{copy:?}"
+        );
+        let redis = Error::Store(StoreError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "connection reset",
+        ))));
+        let copy = redis.duplicate();
+        assert!(matches!(&copy, Error::Store(StoreError::Redis(_))), "{copy:?}");
+        assert!(
+            std::error::Error::source(&copy).is_some(),
+            "the Redis error stays the source"
+        );
+        assert_eq!(copy.status(), redis.status());
+    }
 }

@@ -148,15 +148,12 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         reqwest::StatusCode::OK
     );
     assert_eq!(
-        api.get(&format!("/v1/streams/{S}/routing")).await.status(),
+        api.get(&protocol::routes::routing(S)).await.status(),
         reqwest::StatusCode::OK
     );
     assert_eq!(api.get("/readyz").await.status(), reqwest::StatusCode::OK);
     let fence = api
-        .request(
-            reqwest::Method::POST,
-            &format!("/v1/streams/{S}/groups/{G}/members/b/fence"),
-        )
+        .request(reqwest::Method::POST, &protocol::routes::fence(S, G, "b"))
         .send()
         .await
         .expect("request sent");

@@ -56,7 +56,7 @@ async fn forbidden(resp: reqwest::Response) -> String {
 }
 
 fn hb_path(stream: &str) -> String {
-    format!("/v1/streams/{stream}/groups/{G}/heartbeat")
+    protocol::routes::heartbeat(stream, G)
 }
 
 #[tokio::test]
@@ -65,7 +65,7 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
     let http = reqwest::Client::new();
     for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
         let resp = http
-            .get(format!("{}/v1/groups", coord.url()))
+            .get(format!("{}{}", coord.url(), protocol::routes::GROUPS))
             .header(AUTHORIZATION, format!("{scheme} admin-secret"))
             .send()
             .await
@@ -74,7 +74,7 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
     }
     for header in ["Basic admin-secret", "Bearer", "Beareradmin-secret", "admin-secret"] {
         let resp = http
-            .get(format!("{}/v1/groups", coord.url()))
+            .get(format!("{}{}", coord.url(), protocol::routes::GROUPS))
             .header(AUTHORIZATION, header)
             .send()
             .await
@@ -135,25 +135,22 @@ async fn tenant_tokens_reach_only_their_prefix_and_role_on_every_route() {
         shard_count: Some(2),
         timings: Some(timings()),
     };
-    let message = forbidden(admin_a.post(&format!("/v1/streams/{B}/groups/other"), &create).await).await;
+    let message = forbidden(admin_a.post(&protocol::routes::group(B, "other"), &create).await).await;
     assert!(message.contains(B), "{message}");
     let before: GroupDescription = admin_b.describe(B, G).await;
 
     // Admin routes of tenant b, with tenant a's admin token: all refused, before the body is read.
     forbidden(
         admin_a
-            .post(
-                &format!("/v1/streams/{B}/groups/{G}"),
-                &serde_json::json!({"nonsense": true}),
-            )
+            .post(&protocol::routes::group(B, G), &serde_json::json!({"nonsense": true}))
             .await,
     )
     .await;
-    forbidden(admin_a.get(&format!("/v1/streams/{B}/groups/{G}")).await).await;
-    forbidden(admin_a.get(&format!("/v1/streams/{B}")).await).await;
+    forbidden(admin_a.get(&protocol::routes::group(B, G)).await).await;
+    forbidden(admin_a.get(&protocol::routes::stream(B)).await).await;
     forbidden(
         admin_a
-            .post(&format!("/v1/streams/{B}/shards"), &AddShardsRequest { count: 1 })
+            .post(&protocol::routes::shards(B), &AddShardsRequest { count: 1 })
             .await,
     )
     .await;
@@ -162,15 +159,10 @@ async fn tenant_tokens_reach_only_their_prefix_and_role_on_every_route() {
         shard_count: 2,
         timings: None,
     };
-    forbidden(
-        admin_a
-            .post(&format!("/v1/streams/{B}/groups/{G}/recreate"), &recreate)
-            .await,
-    )
-    .await;
+    forbidden(admin_a.post(&protocol::routes::recreate(B, G), &recreate).await).await;
     for (method, path) in [
-        (Method::POST, format!("/v1/streams/{B}/groups/{G}/members/m/fence")),
-        (Method::DELETE, format!("/v1/streams/{B}/groups/{G}/members/m")),
+        (Method::POST, protocol::routes::fence(B, G, "m")),
+        (Method::DELETE, protocol::routes::member(B, G, "m")),
     ] {
         forbidden(admin_a.request(method, &path).send().await.expect("request sent")).await;
     }
@@ -181,14 +173,10 @@ async fn tenant_tokens_reach_only_their_prefix_and_role_on_every_route() {
     forbidden(consumer_a.post(&hb_path(B), &join("a1")).await).await;
     forbidden(producer_a.post(&hb_path(A), &join("p1")).await).await;
     forbidden(admin_a.post(&hb_path(A), &join("x1")).await).await;
-    ok_json::<RoutingResponse>(
-        producer_a.get(&format!("/v1/streams/{A}/routing")).await,
-        StatusCode::OK,
-    )
-    .await;
-    forbidden(producer_a.get(&format!("/v1/streams/{B}/routing")).await).await;
-    forbidden(consumer_a.get(&format!("/v1/streams/{A}/routing")).await).await;
-    forbidden(consumer_a.get(&format!("/v1/streams/{A}/groups/{G}")).await).await;
+    ok_json::<RoutingResponse>(producer_a.get(&protocol::routes::routing(A)).await, StatusCode::OK).await;
+    forbidden(producer_a.get(&protocol::routes::routing(B)).await).await;
+    forbidden(consumer_a.get(&protocol::routes::routing(A)).await).await;
+    forbidden(consumer_a.get(&protocol::routes::group(A, G)).await).await;
 
     // The list is filtered to the token's prefixes; a rebuild (which scans every tenant) needs `*`.
     let listed = |list: GroupList| -> Vec<String> { list.groups.iter().map(|g| g.stream.to_string()).collect() };

@@ -55,9 +55,7 @@ async fn tokens_survive_a_coordinator_restart_and_grow_across_a_recreate() {
         shard_count: 2,
         timings: Some(timings()),
     };
-    let resp = api
-        .post(&format!("/v1/streams/{S}/groups/{G}/recreate"), &recreate)
-        .await;
+    let resp = api.post(&protocol::routes::recreate(S, G), &recreate).await;
     assert_eq!(resp.status(), StatusCode::CREATED);
     let mut rejoin = join("a");
     rejoin.max_observed_version = a2.metadata_version;

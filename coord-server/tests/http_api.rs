@@ -254,12 +254,7 @@ async fn malformed_requests_get_typed_errors_and_change_nothing() {
     .await;
     assert!(body.message.contains("stream"), "{body:?}");
     let long = "x".repeat(200);
-    error_json(
-        api.get(&format!("/v1/streams/orders/groups/{long}")).await,
-        bad,
-        invalid,
-    )
-    .await;
+    error_json(api.get(&protocol::routes::group("orders", &long)).await, bad, invalid).await;
 
     let mut huge = join("a");
     huge.instance_id = "x".repeat(8192);

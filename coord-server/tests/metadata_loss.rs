@@ -104,9 +104,7 @@ async fn a_hash_without_aggregate_fails_closed_and_create_refuses_it() {
         (err.0, err.1.status),
         (StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable)
     );
-    let resp = api
-        .post(&format!("/v1/streams/{S}/groups/{G}"), &serde_json::json!({}))
-        .await;
+    let resp = api.post(&protocol::routes::group(S, G), &serde_json::json!({})).await;
     error_json(resp, StatusCode::CONFLICT, Status::AlreadyExists).await;
     let exists: bool = redis::cmd("HEXISTS")
         .arg(metadata_key(S, G))

@@ -16,7 +16,7 @@ const G: &str = "billing";
 
 /// Every request that names a group: heartbeat, describe, fence (both forms).
 async fn group_requests(api: &Api, stream: &str, group: &str) -> Vec<(String, reqwest::Response)> {
-    let base = format!("/v1/streams/{stream}/groups/{group}");
+    let base = protocol::routes::group(stream, group);
     vec![
         (
             "heartbeat".into(),

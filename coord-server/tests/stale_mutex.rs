@@ -180,7 +180,7 @@ async fn timings_a_dead_holders_mutex_can_outlast_are_refused_over_http() {
         timings: Some(short),
     };
     let body = error_json(
-        api.post(&format!("/v1/streams/{S}/groups/{G}"), &create).await,
+        api.post(&protocol::routes::group(S, G), &create).await,
         StatusCode::BAD_REQUEST,
         Status::InvalidRequest,
     )
@@ -192,8 +192,7 @@ async fn timings_a_dead_holders_mutex_can_outlast_are_refused_over_http() {
         confirm: true,
     };
     let body = error_json(
-        api.post(&format!("/v1/streams/{S}/groups/{G}/recreate"), &recreate)
-            .await,
+        api.post(&protocol::routes::recreate(S, G), &recreate).await,
         StatusCode::BAD_REQUEST,
         Status::InvalidRequest,
     )
@@ -210,7 +209,7 @@ async fn timings_a_dead_holders_mutex_can_outlast_are_refused_over_http() {
             ..short
         }),
     };
-    let resp = api.post(&format!("/v1/streams/{S}/groups/{G}"), &create).await;
+    let resp = api.post(&protocol::routes::group(S, G), &create).await;
     assert_eq!(resp.status(), StatusCode::CREATED);
     coord.shutdown().await;
 }

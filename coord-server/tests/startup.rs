@@ -92,7 +92,7 @@ async fn binary_serves_until_sigterm_and_exits_cleanly() {
     })
     .await;
     let admin = http
-        .get(format!("{base}/v1/groups"))
+        .get(format!("{base}{}", protocol::routes::GROUPS))
         .send()
         .await
         .expect("request sent");

@@ -87,7 +87,7 @@ async fn coordctl(url: &str, token: Option<&str>, args: &[&str]) -> Run {
 
 async fn create_group(url: &str, token: Option<&str>, shards: u32) {
     let mut rb = reqwest::Client::new()
-        .post(format!("{url}/v1/streams/{S}/groups/{G}"))
+        .post(format!("{url}{}", protocol::routes::group(S, G)))
         .json(&CreateGroupRequest {
             shard_count: Some(shards),
             timings: Some(timings()),
@@ -115,7 +115,7 @@ async fn join(url: &str, member: &str) -> HeartbeatResponse {
         revoking: Vec::new(),
     };
     let resp = reqwest::Client::new()
-        .post(format!("{url}/v1/streams/{S}/groups/{G}/heartbeat"))
+        .post(format!("{url}{}", protocol::routes::heartbeat(S, G)))
         .json(&req)
         .send()
         .await
@@ -464,7 +464,9 @@ async fn create_makes_the_group_and_refuses_a_second_time() {
 async fn group_tables_after_fence_and_create_show_the_lag_the_metrics_page_has() {
     let (_redis, coord) = start(None).await;
     let url = coord.url();
-    let metrics = reqwest::get(format!("{url}/metrics")).await.expect("GET /metrics");
+    let metrics = reqwest::get(format!("{url}{}", protocol::routes::METRICS))
+        .await
+        .expect("GET /metrics");
     assert_eq!(
         metrics.status(),
         reqwest::StatusCode::OK,

@@ -11,6 +11,7 @@
 //! * [`routing`]: `shard_for_key`: xxHash64 + jump consistent hash, with shipped test vectors.
 //! * [`status`]: the status every response carries.
 //! * [`messages`]: HTTP request and response bodies.
+//! * [`routes`]: the coordinator's HTTP route templates, and one function per route that builds its path.
 //! * [`metadata`]: the documents stored in Redis (group aggregate, stream routing).
 //! * [`reshard`]: the growth records: seal positions of parent shards, a group's drained parents.
 //! * [`error`]: decode and name errors.
@@ -34,6 +35,7 @@ pub mod metadata;
 pub mod names;
 pub mod redact;
 pub mod reshard;
+pub mod routes;
 pub mod routing;
 pub mod status;
 pub mod version;

@@ -41,7 +41,7 @@ impl RedisHashVersionStore {
 }
 
 fn io(e: redis::RedisError) -> VersionStoreError {
-    VersionStoreError::Other(e.to_string())
+    VersionStoreError::other(e)
 }
 
 impl VersionStore for RedisHashVersionStore {

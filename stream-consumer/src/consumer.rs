@@ -1,24 +1,24 @@
 //! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
 //! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
 
-use client_core::redis_check::{check_redis as check_server, RedisRequirements, MIN_REDIS_VERSION};
 use protocol::names::MemberId;
-use protocol::{AssignmentEpoch, MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::MetadataVersion;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::AsyncConnectionConfig;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConsumerBuilder, ConsumerConfig};
+use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::handler::{DynHandler, DynListener, NoListener};
 use crate::lease::LeaseView;
 use crate::membership::Membership;
 use crate::metrics::ConsumerMetrics;
+use crate::redis_check::check_redis;
 use crate::shard_reader::ReaderShared;
+use crate::status::{CloseReport, ConsumerStatus};
 use crate::supervisor::Driver;
 use crate::version_store::{version_key, SharedVersionStore};
 use client_core::{CoordClient, CoordTransport, PersistPolicy, VersionPersister};
@@ -74,123 +74,7 @@ impl std::fmt::Debug for Consumer {
     }
 }
 
-/// Counters of heartbeat outcomes since the consumer started (a monitoring signal: heartbeat success and
-/// failure by status).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HeartbeatCounters {
-    /// `OK` answers.
-    pub ok: u64,
-    /// `SYNC_METADATA` answers.
-    pub sync_metadata: u64,
-    /// `REVOKE_PENDING` answers.
-    pub revoke_pending: u64,
-    /// `FENCED_MEMBER_EPOCH` refusals.
-    pub fenced: u64,
-    /// `UNKNOWN_MEMBER` refusals.
-    pub unknown_member: u64,
-    /// Other failures (unreachable, terminating, store or metadata unavailable, ...).
-    pub failed: u64,
-    /// Times the assignment lease ran out and every reader was stopped.
-    pub lease_expiries: u64,
-    /// Times the member lost its assignment and rejoined with epoch 0.
-    pub rejoins: u64,
-    /// Times the member gave its shards back because a reader could not read from Redis for longer than
-    /// [`Timings::read_failure_timeout`](crate::Timings::read_failure_timeout).
-    pub redis_give_backs: u64,
-}
-
-impl HeartbeatCounters {
-    pub(crate) fn count(&mut self, status: Status) {
-        match status {
-            Status::Ok => self.ok += 1,
-            Status::SyncMetadata => self.sync_metadata += 1,
-            Status::RevokePending => self.revoke_pending += 1,
-            Status::FencedMemberEpoch => self.fenced += 1,
-            Status::UnknownMember => self.unknown_member += 1,
-            _ => self.failed += 1,
-        }
-    }
-
-    /// Heartbeats answered with `OK`, `SYNC_METADATA` or `REVOKE_PENDING`.
-    pub fn answers(&self) -> u64 {
-        self.ok + self.sync_metadata + self.revoke_pending
-    }
-}
-
-/// A snapshot of a consumer's state, published after every change (see [`Consumer::status`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConsumerStatus {
-    /// The member id.
-    pub member_id: MemberId,
-    /// Whether the current incarnation has an answer from the coordinator.
-    pub joined: bool,
-    /// The epoch the next heartbeat carries (0: joining).
-    pub member_epoch: MemberEpoch,
-    /// Version of the last applied answer.
-    pub metadata_version: MetadataVersion,
-    /// Highest metadata version ever observed (also through the version store).
-    pub max_observed_version: MetadataVersion,
-    /// Assignment epoch of the last applied answer.
-    pub assignment_epoch: AssignmentEpoch,
-    /// Shards being read.
-    pub reading: Vec<ShardId>,
-    /// Shards in local revoking state (draining or revoked, not yet released).
-    pub revoking: Vec<ShardId>,
-    /// Shards assigned to this member but still held by their previous owner (not read).
-    pub pending: Vec<ShardId>,
-    /// Shards with work in flight, and how much.
-    pub in_flight: Vec<(ShardId, usize)>,
-    /// Status of the last heartbeat (answer or error), if any.
-    pub last_status: Option<Status>,
-    /// When the assignment lease runs out, if one is held.
-    pub lease_expires_at: Option<Instant>,
-    /// Heartbeat outcome counters.
-    pub heartbeats: HeartbeatCounters,
-    /// Whether the consumer has stopped.
-    pub closed: bool,
-}
-
-impl ConsumerStatus {
-    fn initial(member_id: MemberId) -> Self {
-        ConsumerStatus {
-            member_id,
-            joined: false,
-            member_epoch: MemberEpoch::JOIN,
-            metadata_version: MetadataVersion::default(),
-            max_observed_version: MetadataVersion::default(),
-            assignment_epoch: AssignmentEpoch::default(),
-            reading: Vec::new(),
-            revoking: Vec::new(),
-            pending: Vec::new(),
-            in_flight: Vec::new(),
-            last_status: None,
-            lease_expires_at: None,
-            heartbeats: HeartbeatCounters::default(),
-            closed: false,
-        }
-    }
-}
-
-/// How a consumer stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CloseReport {
-    /// Whether the leave (epoch -1) was acknowledged. If not, the coordinator moves the shards when the member
-    /// TTL runs out instead of at once.
-    pub left: bool,
-    /// Shards whose in-flight work was dropped instead of finished (the drain deadline passed, or the consumer
-    /// was aborted). Their entries stay pending and are delivered again to the next owner.
-    pub killed_shards: Vec<ShardId>,
-}
-
 impl Consumer {
-    /// Starts building a consumer of `group` on the logical stream `stream`.
-    pub fn builder(stream: impl Into<String>, group: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(stream, group)
-    }
-
     pub(crate) fn from_parts(
         config: ConsumerConfig,
         handler: Arc<dyn DynHandler>,
@@ -423,7 +307,7 @@ impl ConsumerHandle {
             .task
             .take()
             .expect("the task is taken only by close or abort, which consume the handle");
-        task.await.map_err(|e| ConsumerError::Task(e.to_string()))?
+        task.await.map_err(ConsumerError::Task)?
     }
 
     /// Stops every task at once, like a crash: in-flight handlers are dropped, nothing is reported to the
@@ -447,50 +331,4 @@ impl Drop for ConsumerHandle {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
-}
-
-/// What the consumer needs from the shard streams' Redis: checked before it joins a group (and again before it
-/// rejoins after giving its shards back).
-pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
-    min_version: MIN_REDIS_VERSION,
-    commands: &[
-        ("PING", "start-up check"),
-        ("INFO", "start-up check (version)"),
-        ("XGROUP", "consumer group creation"),
-        ("XREADGROUP", "reading"),
-        ("XACK", "acknowledging"),
-        ("XAUTOCLAIM", "re-delivering a previous owner's pending entries"),
-        ("XCLAIM", "counting a retry as a delivery"),
-        ("XPENDING", "delivery counts"),
-        ("XADD", "dead-lettering"),
-        ("MULTI", "dead-lettering atomically"),
-        ("EXEC", "dead-lettering atomically"),
-    ],
-};
-
-/// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends.
-/// Bounded by the connection timeout plus two response timeouts.
-pub(crate) async fn check_redis(redis: &redis::Client, config: &ConsumerConfig) -> Result<(), ConsumerError> {
-    let response_timeout = config.timings.redis_response_timeout;
-    let connection = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(response_timeout));
-    let unusable = |reason: String| ConsumerError::RedisUnusable {
-        url: protocol::redact::redact_url(&config.redis_url),
-        reason,
-    };
-    let check = async {
-        let mut conn = redis
-            .get_multiplexed_async_connection_with_config(&connection)
-            .await
-            .map_err(|e| unusable(format!("cannot connect: {e}")))?;
-        check_server(&mut conn, &config.redis_url, &REDIS_REQUIREMENTS)
-            .await
-            .map(|_| ())
-            .map_err(|e| unusable(e.to_string()))
-    };
-    let bound = Duration::from_secs(2) + response_timeout * 2;
-    tokio::time::timeout(bound, check)
-        .await
-        .map_err(|_| unusable(format!("no answer within {bound:?}")))?
 }

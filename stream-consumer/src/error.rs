@@ -1,6 +1,6 @@
 //! Errors of the consumer SDK.
 
-use client_core::{CoordError, VersionStoreError};
+use client_core::{CoordError, RedisCheckError, VersionStoreError};
 use protocol::{NameError, Status};
 use std::time::Duration;
 use thiserror::Error;
@@ -8,7 +8,12 @@ use thiserror::Error;
 /// The error a handler returns; any error type converts into it (`anyhow::Error`, `std::io::Error`, a `String`).
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// A consumer configuration that [`ConsumerBuilder::build`](crate::ConsumerBuilder::build) refuses.
+/// A consumer configuration that [`ConsumerBuilder::build`](crate::ConsumerBuilder::build) refuses; nothing was
+/// built.
+///
+/// The variants use the same words as the producer SDK's `ConfigError` (`InvalidName`, `MissingCoordinator`,
+/// `InvalidCoordinatorUrl`, `MissingRedisUrl`, `InvalidRedisUrl`, `OutOfRange`, `RetryBackoffInverted`), so one
+/// `match` reads the same in both.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -69,13 +74,23 @@ pub enum ConfigError {
         /// The configured assignment lease.
         lease: Duration,
     },
-    /// A setting is out of range.
-    #[error("invalid setting `{setting}`: {reason}")]
-    Invalid {
+    /// A setting is outside its range.
+    #[error("invalid setting `{setting}`: must be {rule} (got {value})")]
+    OutOfRange {
         /// The setting.
         setting: &'static str,
         /// The rule it breaks.
-        reason: &'static str,
+        rule: &'static str,
+        /// The value given.
+        value: String,
+    },
+    /// The minimum handler retry backoff is above the maximum.
+    #[error("retry backoff minimum ({min:?}) must not exceed its maximum ({max:?})")]
+    RetryBackoffInverted {
+        /// The minimum.
+        min: Duration,
+        /// The maximum.
+        max: Duration,
     },
 }
 
@@ -103,12 +118,37 @@ pub enum ConsumerError {
     RedisUnusable {
         /// The Redis URL, without its password.
         url: String,
-        /// What failed: the connection, the version, or the commands missing.
-        reason: String,
+        /// What failed: the connection, the check's answer, or its deadline.
+        #[source]
+        reason: RedisUnusableReason,
     },
     /// A background task of the consumer panicked or was aborted.
     #[error("consumer task failed: {0}")]
-    Task(String),
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Why the shard streams' Redis failed the consumer's start-up check ([`ConsumerError::RedisUnusable`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RedisUnusableReason {
+    /// No connection could be opened.
+    #[error("cannot connect: {0}")]
+    Connect(#[source] redis::RedisError),
+    /// The server answered, and is too old, lacks a command the consumer sends, or answered the check with an
+    /// error.
+    #[error(transparent)]
+    Check(#[from] RedisCheckError),
+    /// The check did not finish within its deadline.
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+impl RedisUnusableReason {
+    /// Whether the server cannot serve the consumer as configured (too old, a command missing or renamed):
+    /// retrying cannot help until Redis is fixed. A connection failure or a timeout may pass.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, RedisUnusableReason::Check(e) if e.is_unsupported())
+    }
 }
 
 impl ConsumerError {
@@ -117,6 +157,19 @@ impl ConsumerError {
         match self {
             ConsumerError::Coordinator(e) => e.status(),
             _ => None,
+        }
+    }
+
+    /// Whether starting the consumer again later may succeed without changing its configuration: an outage of
+    /// the version store, of Redis or of the coordinator. `false` for a refusal that only a configuration or
+    /// deployment change fixes (a bad token, an unreadable version store, a Redis too old or missing a command,
+    /// an invalid Redis URL) and for a task that panicked.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ConsumerError::VersionStore(e) => !matches!(e, VersionStoreError::Corrupt(_)),
+            ConsumerError::Coordinator(e) => e.is_retryable(),
+            ConsumerError::RedisUnusable { reason, .. } => !reason.is_unsupported(),
+            ConsumerError::CoordinatorClient(_) | ConsumerError::Redis(_) | ConsumerError::Task(_) => false,
         }
     }
 }

@@ -106,9 +106,12 @@
 //! ```
 //!
 //! # Layout
-//! * `config`: [`ConsumerBuilder`], [`ConsumerConfig`], [`Timings`], [`StartPosition`]; validation.
-//! * `consumer`: [`Consumer`] (run or spawn), [`ConsumerHandle`] (owns the tasks: close, abort, status),
-//!   [`ConsumerStatus`].
+//! * `config`: [`ConsumerConfig`], [`Timings`], [`StartPosition`]; validation.
+//! * `builder`: [`ConsumerBuilder`] and [`Consumer::builder`]. `build()` is inert: it checks the settings and
+//!   connects to nothing; the consumer starts with [`Consumer::run`], [`Consumer::start`] or [`Consumer::spawn`].
+//! * `consumer`: [`Consumer`] (run or spawn), [`ConsumerHandle`] (owns the tasks: close, abort, status).
+//! * `status`: [`ConsumerStatus`], [`HeartbeatCounters`], [`CloseReport`].
+//! * `redis_check`: the start-up check of the shard streams' Redis ([`RedisUnusableReason`] when it fails).
 //! * `handler`: the [`Handler`] and [`RebalanceListener`] traits.
 //! * `message`: [`Message`] and [`EntryId`].
 //! * `outcome`: [`Outcome`], handler outcomes beyond `Ok` and `Err` (retry after a delay, dead-letter now).
@@ -125,7 +128,9 @@
 //! * `stream_reply`: parsing of `XREADGROUP` / `XAUTOCLAIM` / `XPENDING` replies.
 //! * [`dead_letter`]: the dead-letter entry format.
 //! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer).
-//! * `error`: [`ConsumerError`], [`ConfigError`], [`HandlerError`].
+//! * `error`: [`ConsumerError`] (with [`is_retryable`](ConsumerError::is_retryable)), [`ConfigError`],
+//!   [`HandlerError`], [`RedisUnusableReason`]. [`CoordError`] and [`RedisCheckError`], which they carry, are
+//!   re-exported.
 //! * [`metrics`]: metric names, labels, and where each is updated.
 //!
 //! The coordinator HTTP client (several URLs, failover on connection errors and on
@@ -139,6 +144,7 @@
 //!   `default-features = false`; the [`metrics::names`] constants stay available.
 #![warn(missing_docs)]
 
+mod builder;
 mod config;
 mod consumer;
 pub mod dead_letter;
@@ -151,21 +157,26 @@ mod message;
 pub mod metrics;
 mod outcome;
 mod pull;
+mod redis_check;
 mod shard_reader;
+mod status;
 mod stream_reply;
 mod supervisor;
 pub mod version_store;
 
-pub use config::{ConsumerBuilder, ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, DEFAULT_MAX_DELIVERIES};
-pub use consumer::{CloseReport, Consumer, ConsumerHandle, ConsumerStatus, HeartbeatCounters};
-pub use error::{ConfigError, ConsumerError, HandlerError};
+pub use builder::ConsumerBuilder;
+pub use config::{ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, DEFAULT_MAX_DELIVERIES};
+pub use consumer::{Consumer, ConsumerHandle};
+pub use error::{ConfigError, ConsumerError, HandlerError, RedisUnusableReason};
 pub use handler::{Handler, RebalanceListener};
 pub use lease::lease_deadline;
 pub use message::{EntryId, Message, ParseEntryIdError};
 pub use outcome::{Outcome, MAX_RETRY_DELAY};
 pub use pull::{AckError, MessageStream, PulledMessage};
+pub use status::{CloseReport, ConsumerStatus, HeartbeatCounters};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
+pub use client_core::{CoordError, RedisCheckError};
 pub use protocol::names::{GroupName, MemberId, StreamName};
 pub use protocol::{FencingToken, ShardId, Status};
 pub use tokio_util::sync::CancellationToken;

@@ -49,7 +49,12 @@ use protocol::names::{GroupName, StreamName};
 use protocol::Status;
 use std::time::Duration;
 
-use self::handles::{Counter, Gauge};
+// One copy of the handles for both SDKs, chosen by this crate's own feature (see `client_core::metrics`).
+#[cfg(feature = "metrics")]
+use client_core::metrics::facade as handles;
+#[cfg(not(feature = "metrics"))]
+use client_core::metrics::noop as handles;
+use handles::{Counter, Gauge};
 
 /// The metric names of the consumer. Every name starts with `redis_stream_consumer_`.
 pub mod names {
@@ -155,7 +160,7 @@ pub(crate) struct ConsumerMetrics {
 impl ConsumerMetrics {
     /// Registers every series of `stream`/`group` with the recorder installed now.
     pub(crate) fn new(stream: &StreamName, group: &GroupName) -> Self {
-        handles::describe();
+        describe::describe();
         let labels = [("stream", stream.to_string()), ("group", group.to_string())];
         let gauge = |name| handles::gauge(name, &labels);
         let counter = |name| handles::counter(name, &labels);
@@ -248,28 +253,14 @@ impl client_core::PersistObserver for ConsumerMetrics {
     }
 }
 
-/// The facade's handles when the feature is on.
+/// Descriptions for exporters that publish them (`# HELP`), when the feature is on.
 #[cfg(feature = "metrics")]
-mod handles {
+mod describe {
     use super::names;
-    use ::metrics::{describe_counter, describe_gauge, Label, Unit};
-
-    pub(crate) use ::metrics::{Counter, Gauge};
-
-    fn labels(labels: &[(&'static str, String)]) -> Vec<Label> {
-        labels.iter().map(|(k, v)| Label::new(*k, v.clone())).collect()
-    }
-
-    pub(crate) fn gauge(name: &'static str, l: &[(&'static str, String)]) -> Gauge {
-        ::metrics::gauge!(name, labels(l))
-    }
-
-    pub(crate) fn counter(name: &'static str, l: &[(&'static str, String)]) -> Counter {
-        ::metrics::counter!(name, labels(l))
-    }
+    use ::metrics::{describe_counter, describe_gauge, Unit};
 
     /// Descriptions for exporters that publish them (`# HELP`). Idempotent.
-    pub(crate) fn describe() {
+    pub(super) fn describe() {
         describe_gauge!(
             names::ASSIGNMENT_LEASE_REMAINING,
             Unit::Seconds,
@@ -325,30 +316,8 @@ mod handles {
     }
 }
 
-/// Stand-ins with the same methods when the feature is off: every update compiles to nothing.
+/// Nothing to describe when the feature is off.
 #[cfg(not(feature = "metrics"))]
-mod handles {
-    #[derive(Debug, Clone, Default)]
-    pub(crate) struct Gauge;
-
-    impl Gauge {
-        pub(crate) fn set(&self, _value: f64) {}
-    }
-
-    #[derive(Debug, Clone, Default)]
-    pub(crate) struct Counter;
-
-    impl Counter {
-        pub(crate) fn increment(&self, _value: u64) {}
-    }
-
-    pub(crate) fn gauge(_name: &'static str, _labels: &[(&'static str, String)]) -> Gauge {
-        Gauge
-    }
-
-    pub(crate) fn counter(_name: &'static str, _labels: &[(&'static str, String)]) -> Counter {
-        Counter
-    }
-
-    pub(crate) fn describe() {}
+mod describe {
+    pub(super) fn describe() {}
 }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::ConsumerBuilder;
+use crate::builder::ConsumerBuilder;
 use crate::consumer::Consumer;
 use crate::error::{ConfigError, HandlerError};
 use crate::handler::Handler;

@@ -54,13 +54,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::config::ConsumerConfig;
-use crate::consumer::{check_redis, CloseReport, ConsumerStatus, HeartbeatCounters};
 use crate::error::ConsumerError;
 use crate::handler::DynListener;
 use crate::in_flight::InFlight;
 use crate::lease::{now, Lease};
 use crate::membership::{Membership, ShardState};
+use crate::redis_check::check_redis;
 use crate::shard_reader::{ReadHealth, ReaderControl, ReaderExit, ReaderShared};
+use crate::status::{CloseReport, ConsumerStatus, HeartbeatCounters};
 
 /// Leave attempts on close (the member expires by TTL anyway if all fail).
 const LEAVE_ATTEMPTS: u32 = 3;

@@ -12,7 +12,8 @@
 //! that happened while the process was down. A custom store (a database row, a config service) implements
 //! [`VersionStore`]; see `examples/custom_version_store.rs`.
 
-pub use client_core::{FileVersionStore, MemoryVersionStore, SharedVersionStore, VersionStore, VersionStoreError};
+pub(crate) use client_core::SharedVersionStore;
+pub use client_core::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 use protocol::names::{GroupName, StreamName};
 
 /// The key under which the consumer of `group` on `stream` keeps its highest observed metadata version.

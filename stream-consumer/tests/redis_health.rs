@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use stream_consumer::ConsumerError;
+use stream_consumer::{ConsumerError, RedisUnusableReason};
 use test_support::{free_port, wait_until, RedisServer};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -29,7 +29,9 @@ async fn wrong_redis_port_fails_start_before_joining_with_the_url_without_its_pa
     };
     assert!(shown.contains("127.0.0.1") && !shown.contains("s3cret"), "{shown}");
     assert!(!err.to_string().contains("s3cret"), "{err}");
-    assert!(reason.contains("connect"), "{reason}");
+    assert!(matches!(reason, RedisUnusableReason::Connect(_)), "{reason}");
+    assert!(reason.to_string().contains("connect"), "{reason}");
+    assert!(err.is_retryable(), "nothing listening may be an outage: {err}");
 
     // `run` refuses the same way, and neither ever joined.
     let run = env
@@ -57,6 +59,11 @@ async fn redis_without_a_needed_command_fails_start_naming_it() {
         .await
         .expect_err("XAUTOCLAIM is missing");
     assert!(err.to_string().contains("XAUTOCLAIM"), "{err}");
+    assert!(
+        matches!(&err, ConsumerError::RedisUnusable { reason, .. } if reason.is_unsupported()),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable(), "a missing command stays missing: {err}");
     assert!(env.describe().await.members.is_empty(), "a member joined");
 }
 

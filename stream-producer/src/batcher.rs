@@ -30,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::BatchingConfig;
 use crate::error::PublishError;
-use crate::producer::Shared;
 use crate::publisher::{Published, Record};
+use crate::shared::Shared;
 
 /// The outcome of one queued record, delivered when its batch was written (or failed).
 ///

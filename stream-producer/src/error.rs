@@ -18,29 +18,46 @@ use protocol::names::StreamName;
 use protocol::{NameError, RoutingVersion, ShardId, Status};
 use thiserror::Error;
 
-use crate::publisher::Published;
+use crate::published::Published;
 
-/// The builder's settings break a rule; nothing was started.
+/// A producer configuration that [`ProducerBuilder::build`](crate::ProducerBuilder::build) refuses; nothing was
+/// built.
+///
+/// The variants use the same words as the consumer SDK's `ConfigError` (`InvalidName`, `MissingCoordinator`,
+/// `InvalidCoordinatorUrl`, `MissingRedisUrl`, `InvalidRedisUrl`, `OutOfRange`, `RetryBackoffInverted`), so one
+/// `match` reads the same in both.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The stream name is not valid.
-    #[error("invalid stream name: {0}")]
-    Stream(#[from] NameError),
-    /// No coordinator URL, or a URL that is not `http(s)://`.
-    #[error("invalid coordinator settings: {0}")]
-    Coordinator(#[source] CoordError),
+    #[error("invalid name: {0}")]
+    InvalidName(#[from] NameError),
+    /// No coordinator URL was given.
+    #[error("at least one coordinator URL is required")]
+    MissingCoordinator,
+    /// A coordinator URL is not `http(s)://...`.
+    #[error("coordinator URL {0:?} must start with http:// or https://")]
+    InvalidCoordinatorUrl(String),
+    /// The coordinator HTTP client could not be built (the HTTP stack refused its settings).
+    #[error("cannot build the coordinator client: {0}")]
+    CoordinatorClient(#[source] CoordError),
     /// No Redis URL was given.
     #[error("a Redis URL is required")]
-    MissingRedis,
-    /// The Redis URL cannot be parsed.
-    #[error("invalid Redis URL: {0}")]
-    Redis(#[source] redis::RedisError),
-    /// A numeric setting is outside its range.
-    #[error("{name} must be {rule} (got {value})")]
+    MissingRedisUrl,
+    /// The Redis URL does not parse.
+    #[error("invalid Redis URL {url:?}: {source}")]
+    InvalidRedisUrl {
+        /// The URL as given, with its credentials replaced by `***`.
+        url: String,
+        /// Why redis-rs refused it.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A setting is outside its range.
+    #[error("invalid setting `{setting}`: must be {rule} (got {value})")]
     OutOfRange {
         /// The setting.
-        name: &'static str,
+        setting: &'static str,
         /// The rule it breaks.
         rule: &'static str,
         /// The value given.
@@ -55,7 +72,7 @@ pub enum ConfigError {
         max_batch_size: usize,
     },
     /// The minimum refresh retry backoff is above the maximum.
-    #[error("refresh_retry_min ({min:?}) must not exceed refresh_retry_max ({max:?})")]
+    #[error("retry backoff minimum ({min:?}) must not exceed its maximum ({max:?})")]
     RetryBackoffInverted {
         /// The minimum.
         min: Duration,
@@ -76,9 +93,6 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
-    /// `build()` was called outside a tokio runtime (the producer spawns its tasks there).
-    #[error("Producer::build must be called inside a tokio runtime")]
-    NoRuntime,
 }
 
 /// A routing refresh failed. The cache is kept while its lease holds.
@@ -395,7 +409,14 @@ pub enum ProducerError {
     /// The producer is closed.
     #[error("the producer is closed")]
     Closed,
-    /// A background task of the producer panicked.
+    /// A background task of the producer panicked (or was cancelled by its runtime shutting down).
     #[error("a producer task failed: {0}")]
-    TaskFailed(String),
+    TaskFailed(#[source] tokio::task::JoinError),
+}
+
+impl ProducerError {
+    /// Whether a background task panicked (as opposed to being cancelled because its runtime shut down).
+    pub fn is_panic(&self) -> bool {
+        matches!(self, ProducerError::TaskFailed(e) if e.is_panic())
+    }
 }

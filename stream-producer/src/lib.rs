@@ -17,10 +17,15 @@
 //!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
 //! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch.
 //! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
-//! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker).
-//! * [`config`]: [`ProducerBuilder`], [`ProducerConfig`], [`Trim`], [`BatchingConfig`].
+//! * `shared`: what the handle and the batcher share, and the one publish path both take.
+//! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker) and starts
+//!   them on first use.
+//! * `builder`: [`ProducerBuilder`] and [`Producer::builder`]. `build()` is inert, like the consumer's: it
+//!   checks the settings, spawns nothing and works outside a tokio runtime.
+//! * [`config`]: [`ProducerConfig`], [`Trim`], [`BatchingConfig`]; validation.
+//! * `published`: [`Published`], where a record was written.
 //! * [`error`]: [`ConfigError`], [`PublishError`] with [`WriteState`], [`BatchError`], [`RefreshError`],
-//!   [`ProducerError`].
+//!   [`ProducerError`]. [`CoordError`] and [`RedisCheckError`], which they carry, are re-exported.
 //! * [`stats`]: the counters and routing state callers read ([`ProducerStats`]).
 //! * [`metrics`]: metric names, labels, and where each is updated.
 //!
@@ -92,24 +97,30 @@
 #![warn(missing_docs)]
 
 mod batcher;
+mod builder;
 pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod producer;
 mod publish_script;
+mod published;
 mod publisher;
 mod refresher;
 mod routing_cache;
+mod shared;
 pub mod stats;
 
 pub use batcher::Delivery;
+pub use builder::ProducerBuilder;
 pub use client_core::{
-    FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore, VersionStoreError,
+    CoordError, FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore,
+    VersionStoreError,
 };
-pub use config::{BatchingConfig, IdempotenceConfig, ProducerBuilder, ProducerConfig, Trim};
+pub use config::{BatchingConfig, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
 pub use protocol::{RoutingVersion, ShardId};
-pub use publisher::{Published, Record, REDIS_REQUIREMENTS};
+pub use published::Published;
+pub use publisher::{Record, REDIS_REQUIREMENTS};
 pub use routing_cache::RoutingInfo;
 pub use stats::ProducerStats;

@@ -38,8 +38,13 @@
 use protocol::names::StreamName;
 use std::time::Duration;
 
-use self::handles::{Counter, Gauge};
+// One copy of the handles for both SDKs, chosen by this crate's own feature (see `client_core::metrics`).
 use crate::routing_cache::CacheGauges;
+#[cfg(feature = "metrics")]
+use client_core::metrics::facade as handles;
+#[cfg(not(feature = "metrics"))]
+use client_core::metrics::noop as handles;
+use handles::{Counter, Gauge};
 
 /// The metric names of the producer. Every name starts with `redis_stream_producer_`.
 pub mod names {
@@ -112,7 +117,7 @@ pub(crate) struct ProducerMetrics {
 impl ProducerMetrics {
     /// Registers every series of `stream` with the recorder installed now.
     pub(crate) fn new(stream: &StreamName) -> Self {
-        handles::describe();
+        describe::describe();
         let stream = stream.to_string();
         let gauge = |name| handles::gauge(name, &[("stream", stream.clone())]);
         let counter = |name| handles::counter(name, &[("stream", stream.clone())]);
@@ -198,58 +203,14 @@ impl ProducerMetrics {
     }
 }
 
-/// The facade's handles when the feature is on.
+/// Descriptions for exporters that publish them (`# HELP`), when the feature is on.
 #[cfg(feature = "metrics")]
-mod handles {
+mod describe {
     use super::names;
-    use ::metrics::{describe_counter, describe_gauge, Label, Unit};
-
-    /// A counter that records nothing until replaced (`Default` of [`super::ProducerMetrics`]).
-    #[derive(Debug, Clone)]
-    pub(crate) struct Counter(::metrics::Counter);
-
-    impl Default for Counter {
-        fn default() -> Self {
-            Counter(::metrics::Counter::noop())
-        }
-    }
-
-    impl Counter {
-        pub(crate) fn increment(&self, value: u64) {
-            self.0.increment(value);
-        }
-    }
-
-    /// A gauge that records nothing until replaced.
-    #[derive(Debug, Clone)]
-    pub(crate) struct Gauge(::metrics::Gauge);
-
-    impl Default for Gauge {
-        fn default() -> Self {
-            Gauge(::metrics::Gauge::noop())
-        }
-    }
-
-    impl Gauge {
-        pub(crate) fn set(&self, value: f64) {
-            self.0.set(value);
-        }
-    }
-
-    fn labels(labels: &[(&'static str, String)]) -> Vec<Label> {
-        labels.iter().map(|(k, v)| Label::new(*k, v.clone())).collect()
-    }
-
-    pub(crate) fn gauge(name: &'static str, l: &[(&'static str, String)]) -> Gauge {
-        Gauge(::metrics::gauge!(name, labels(l)))
-    }
-
-    pub(crate) fn counter(name: &'static str, l: &[(&'static str, String)]) -> Counter {
-        Counter(::metrics::counter!(name, labels(l)))
-    }
+    use ::metrics::{describe_counter, describe_gauge, Unit};
 
     /// Descriptions for exporters that publish them (`# HELP`). Idempotent.
-    pub(crate) fn describe() {
+    pub(super) fn describe() {
         describe_gauge!(
             names::ROUTING_CACHE_AGE,
             Unit::Seconds,
@@ -286,30 +247,8 @@ mod handles {
     }
 }
 
-/// Stand-ins with the same methods when the feature is off: every update compiles to nothing.
+/// Nothing to describe when the feature is off.
 #[cfg(not(feature = "metrics"))]
-mod handles {
-    #[derive(Debug, Clone, Default)]
-    pub(crate) struct Gauge;
-
-    impl Gauge {
-        pub(crate) fn set(&self, _value: f64) {}
-    }
-
-    #[derive(Debug, Clone, Default)]
-    pub(crate) struct Counter;
-
-    impl Counter {
-        pub(crate) fn increment(&self, _value: u64) {}
-    }
-
-    pub(crate) fn gauge(_name: &'static str, _labels: &[(&'static str, String)]) -> Gauge {
-        Gauge
-    }
-
-    pub(crate) fn counter(_name: &'static str, _labels: &[(&'static str, String)]) -> Counter {
-        Counter
-    }
-
-    pub(crate) fn describe() {}
+mod describe {
+    pub(super) fn describe() {}
 }

@@ -7,8 +7,16 @@
 //!    [`PublishError::RoutingExpired`] (or `NoRouting`) and write nothing.
 //! 3. Otherwise choose each record's shard with that routing, group by shard and send one pipeline per shard.
 //! 4. Report each record as written, not written or unknown.
+//!
+//! # Starting
+//! [`ProducerBuilder::build`](crate::ProducerBuilder::build) is inert, like the consumer's: it checks the
+//! settings and builds the clients, and neither spawns a task nor does I/O, so it works outside a tokio runtime.
+//! The background tasks (routing refresher, batcher) start the first time the producer is used in a runtime:
+//! [`Producer::ready`] (the explicit start, which also waits for the first routing and the Redis connections),
+//! or the first publish, enqueue or flush. Reading [`Producer::routing`] or [`Producer::stats`] starts nothing.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use client_core::{CoordClient, SharedVersionStore};
@@ -20,93 +28,21 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batcher::{self, Delivery, Msg};
-use crate::config::{ProducerBuilder, ProducerConfig};
+use crate::config::ProducerConfig;
 use crate::error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome};
 use crate::publisher::{Published, Publisher, Record};
 use crate::refresher::Refresher;
 use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
+use crate::shared::Shared;
 use crate::stats::{ProducerStats, Stats};
 
-/// State shared by the handle and its tasks.
+/// Where the producer's tasks are: not spawned yet (holding the queue's receiver for the batcher), running, or
+/// taken by `close`.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) refresher: Arc<Refresher>,
-    pub(crate) publisher: Publisher,
-    pub(crate) stats: Arc<Stats>,
-    /// Re-route and retry records refused by a fence ([`ProducerConfig::reroute_fenced`]).
-    pub(crate) reroute_fenced: bool,
-}
-
-impl Shared {
-    /// Publishes records that passed [`Record::check`], following the ordering contract of this module.
-    pub(crate) async fn publish_checked<R: std::borrow::Borrow<Record>>(
-        &self,
-        records: &[R],
-    ) -> Vec<Result<Published, PublishError>> {
-        match self.refresher.routing_for_publish().await {
-            Ok(routing) => {
-                let mut results = self.publisher.publish(records, routing).await;
-                self.after_fence(records, &mut results).await;
-                results
-            }
-            Err(e) => {
-                let n = records.len() as u64;
-                self.stats
-                    .records_not_written
-                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                self.stats.metrics.records(0, n, 0);
-                vec![Err(e); records.len()]
-            }
-        }
-    }
-}
-
-/// Times the producer re-routes records refused by a fence before it reports them [`PublishError::Fenced`].
-const MAX_REROUTES: usize = 3;
-
-impl Shared {
-    /// A fence refused records: refresh the routing at once, and with `reroute_fenced` send them again with it.
-    async fn after_fence<R: std::borrow::Borrow<Record>>(
-        &self,
-        records: &[R],
-        results: &mut [Result<Published, PublishError>],
-    ) {
-        for round in 0..=MAX_REROUTES {
-            let fenced: Vec<usize> = results
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| matches!(r, Err(PublishError::Fenced { .. })))
-                .map(|(i, _)| i)
-                .collect();
-            let Some(fence) = fenced
-                .iter()
-                .filter_map(|&i| match &results[i] {
-                    Err(PublishError::Fenced { fence, .. }) => Some(*fence),
-                    _ => None,
-                })
-                .max()
-            else {
-                return;
-            };
-            // The next publish (or this re-route) waits for a refresh that sees the new routing.
-            self.refresher.hint_newer_version(fence);
-            if !self.reroute_fenced || round == MAX_REROUTES {
-                return;
-            }
-            let Ok(routing) = self.refresher.routing_for_publish().await else {
-                return;
-            };
-            if routing.version < fence {
-                // The coordinator does not serve the fenced version yet: sending again would be refused again.
-                return;
-            }
-            let again: Vec<&Record> = fenced.iter().map(|&i| records[i].borrow()).collect();
-            let retried = self.publisher.publish(&again, routing).await;
-            for (i, r) in fenced.into_iter().zip(retried) {
-                results[i] = r;
-            }
-        }
-    }
+enum Tasks {
+    Idle(mpsc::Receiver<Msg>),
+    Running(JoinHandle<()>),
+    Closed,
 }
 
 /// A producer for one stream: routes records to its shards with a leased routing cache and writes them with
@@ -161,24 +97,24 @@ pub struct Producer {
     cancel: CancellationToken,
     /// Every task the producer spawned.
     tasks: TaskTracker,
-    /// The batcher, awaited first by `close` (it still needs the refresher to publish what is queued).
-    batcher: Option<JoinHandle<()>>,
+    /// Set once the tasks are spawned: the publish path checks it with one load instead of taking `batcher`'s
+    /// lock.
+    started: AtomicBool,
+    /// The batcher: its receiver until the first use, then its handle, awaited first by `close` (it still needs
+    /// the refresher to publish what is queued).
+    batcher: Mutex<Tasks>,
 }
 
 impl Producer {
-    /// A builder for a producer of `stream`.
-    pub fn builder(stream: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(stream)
-    }
-
-    pub(crate) fn start(config: ProducerConfig, store: SharedVersionStore) -> Result<Producer, ConfigError> {
+    /// Builds the clients and the queue; spawns nothing (see "Starting" in the module docs).
+    pub(crate) fn new(config: ProducerConfig, store: SharedVersionStore) -> Result<Producer, ConfigError> {
         let stats = Arc::new(Stats::new(&config.stream));
         let client = CoordClient::new(
             config.coordinator_urls.clone(),
             config.coordinator_timeout,
             config.coordinator_token.clone(),
         )
-        .map_err(ConfigError::Coordinator)?;
+        .map_err(ConfigError::CoordinatorClient)?;
         let cache = RoutingCache::new(RetryPolicy {
             min: config.refresh_retry_min,
             max: config.refresh_retry_max,
@@ -190,7 +126,10 @@ impl Producer {
             cache,
             stats.clone(),
         ));
-        let redis = redis::Client::open(config.redis_url.as_str()).map_err(ConfigError::Redis)?;
+        let redis = redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
+            url: protocol::redact::redact_url(&config.redis_url),
+            source,
+        })?;
         let publisher = Publisher::new(
             config.stream.clone(),
             redis,
@@ -212,19 +151,39 @@ impl Producer {
             stats,
             reroute_fenced: config.reroute_fenced,
         });
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        tasks.spawn(refresher.run(cancel.child_token()));
         let (queue, rx) = mpsc::channel(config.batching.queue_capacity);
-        let batcher = tasks.spawn(batcher::run(shared.clone(), config.batching, rx, cancel.child_token()));
         Ok(Producer {
             config,
             shared,
             queue,
-            cancel,
-            tasks,
-            batcher: Some(batcher),
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            started: AtomicBool::new(false),
+            batcher: Mutex::new(Tasks::Idle(rx)),
         })
+    }
+
+    /// Spawns the refresher and the batcher on the current runtime, once. Every path that needs them (a publish,
+    /// an enqueue, a flush, `ready`) calls this first; they all run inside a runtime because they are async.
+    fn start_tasks(&self) {
+        if self.started.load(Ordering::Acquire) {
+            return;
+        }
+        let mut slot = self
+            .batcher
+            .lock()
+            .expect("the task slot lock is never held across a panic");
+        match std::mem::replace(&mut *slot, Tasks::Closed) {
+            Tasks::Idle(rx) => {
+                self.tasks
+                    .spawn(self.shared.refresher.clone().run(self.cancel.child_token()));
+                let batcher = batcher::run(self.shared.clone(), self.config.batching, rx, self.cancel.child_token());
+                *slot = Tasks::Running(self.tasks.spawn(batcher));
+                self.started.store(true, Ordering::Release);
+            }
+            // Another caller started them between the load above and the lock.
+            running => *slot = running,
+        }
     }
 
     /// The stream this producer publishes to.
@@ -242,8 +201,10 @@ impl Producer {
         &self.config
     }
 
-    /// Waits until the producer holds a valid routing (fetching it now if needed) and its Redis connections are
-    /// open. Optional: the first publish does the same on its own.
+    /// Starts the producer's tasks if they are not running yet, then waits until the producer holds a valid
+    /// routing (fetching it now if needed) and its Redis connections are open: the explicit start, which
+    /// surfaces a wrong coordinator or Redis before the first record. Optional: the first publish does the same
+    /// on its own.
     ///
     /// # Errors
     /// [`PublishError::NoRouting`] / [`PublishError::RoutingExpired`] when no routing can be fetched,
@@ -253,6 +214,7 @@ impl Producer {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn ready(&self) -> Result<RoutingInfo, PublishError> {
+        self.start_tasks();
         let routing = self.shared.refresher.routing_for_publish().await?;
         self.shared
             .publisher
@@ -301,6 +263,7 @@ impl Producer {
     /// Not cancel safe, as for [`send`](Self::send).
     pub async fn send_record(&self, record: Record) -> Result<Published, PublishError> {
         record.check()?;
+        self.start_tasks();
         self.shared
             .publish_checked(std::slice::from_ref(&record))
             .await
@@ -323,6 +286,7 @@ impl Producer {
         if records.is_empty() {
             return Ok(Vec::new());
         }
+        self.start_tasks();
         let mut outcomes: Vec<Option<Result<Published, PublishError>>> = Vec::with_capacity(records.len());
         let mut valid = Vec::with_capacity(records.len());
         let mut valid_at = Vec::with_capacity(records.len());
@@ -381,6 +345,7 @@ impl Producer {
     /// Cancel safe: if the future is dropped while waiting for room, the record was not accepted.
     pub async fn enqueue(&self, record: Record) -> Result<Delivery, PublishError> {
         record.check()?;
+        self.start_tasks();
         let permit = self.queue.reserve().await.map_err(|_| PublishError::Closed)?;
         let (msg, delivery) = Msg::record(record);
         permit.send(msg);
@@ -396,6 +361,7 @@ impl Producer {
     /// # Cancel safety
     /// Cancel safe: dropping the future only stops waiting.
     pub async fn flush(&self) -> Result<(), ProducerError> {
+        self.start_tasks();
         let (tx, rx) = oneshot::channel();
         self.queue
             .send(Msg::Flush(tx))
@@ -438,8 +404,12 @@ impl Producer {
     /// this takes is bounded by the Redis response timeout per batch (and by the routing: without a valid
     /// routing, queued records fail fast as not written).
     ///
+    /// A producer that was never used has no task to join: closing it only persists the highest observed
+    /// routing version.
+    ///
     /// # Errors
-    /// [`ProducerError::TaskFailed`] when a task panicked.
+    /// [`ProducerError::TaskFailed`] when a task panicked (its [`JoinError`](tokio::task::JoinError) is the
+    /// source).
     ///
     /// # Cancel safety
     /// Not cancel safe: dropping the future cancels the tasks like dropping the producer does.
@@ -448,9 +418,15 @@ impl Producer {
         let (closed_tx, _) = mpsc::channel(1);
         drop(std::mem::replace(&mut self.queue, closed_tx));
         let mut failure = None;
-        if let Some(batcher) = self.batcher.take() {
+        let batcher = std::mem::replace(
+            self.batcher
+                .get_mut()
+                .expect("the task slot lock is never held across a panic"),
+            Tasks::Closed,
+        );
+        if let Tasks::Running(batcher) = batcher {
             if let Err(e) = batcher.await {
-                failure = Some(ProducerError::TaskFailed(e.to_string()));
+                failure = Some(ProducerError::TaskFailed(e));
             }
         }
         self.cancel.cancel();

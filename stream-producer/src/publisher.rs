@@ -62,6 +62,8 @@ use crate::publish_script::{
 use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
 
+pub(crate) use crate::published::Published;
+
 /// One record to publish: an optional routing key and the entry's fields.
 ///
 /// The key only chooses the shard; it is not written into the entry. Put it in a field too if consumers need it.
@@ -128,21 +130,6 @@ impl Record {
         }
         Ok(())
     }
-}
-
-/// Where a record was written.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Published {
-    /// The shard.
-    pub shard: ShardId,
-    /// The stream entry id Redis assigned (`<ms>-<seq>`).
-    pub id: String,
-    /// The routing version the shard was chosen with.
-    pub routing_version: RoutingVersion,
-    /// The idempotent producer retried the record's call after an unknown outcome, and the shard answered that
-    /// an earlier attempt had written it: `id` is that attempt's entry id, and the record is in the stream once.
-    pub duplicate: bool,
 }
 
 /// What the producer needs from its Redis: `XADD` (with `MINID` trimming, hence 6.2), and `EVALSHA` / `SCRIPT`

@@ -44,50 +44,11 @@ use crate::coordinator::Coordinator;
 use crate::error::Error;
 pub use error::{error_response, ApiError};
 
-/// `POST`: join, heartbeat or leave.
-pub const HEARTBEAT: &str = "/v1/streams/{stream}/groups/{group}/heartbeat";
-/// `GET`: producer routing fetch.
-pub const ROUTING: &str = "/v1/streams/{stream}/routing";
-/// `GET`: stream routing description.
-pub const STREAM: &str = "/v1/streams/{stream}";
-/// `POST`: add shards.
-pub const SHARDS: &str = "/v1/streams/{stream}/shards";
-/// `POST`: create, `GET`: describe a group.
-pub const GROUP: &str = "/v1/streams/{stream}/groups/{group}";
-/// `POST`: recreate a lost group.
-pub const RECREATE: &str = "/v1/streams/{stream}/groups/{group}/recreate";
-/// `DELETE`: fence a member.
-pub const MEMBER: &str = "/v1/streams/{stream}/groups/{group}/members/{member}";
-/// `POST`: fence a member.
-pub const FENCE: &str = "/v1/streams/{stream}/groups/{group}/members/{member}/fence";
-/// `GET`: list groups.
-pub const GROUPS: &str = "/v1/groups";
-/// `GET`: liveness probe.
-pub const HEALTHZ: &str = "/healthz";
-/// `GET`: readiness probe.
-pub const READYZ: &str = "/readyz";
-/// `GET`: Prometheus metrics (text format).
-pub const METRICS: &str = "/metrics";
-/// `GET`: the operators' HTML status page.
-pub const STATUS: &str = "/status";
-
-/// Every route as (method, path template), in the order of the OpenAPI document.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("POST", HEARTBEAT),
-    ("GET", ROUTING),
-    ("GET", STREAM),
-    ("POST", SHARDS),
-    ("POST", GROUP),
-    ("GET", GROUP),
-    ("POST", RECREATE),
-    ("POST", FENCE),
-    ("DELETE", MEMBER),
-    ("GET", GROUPS),
-    ("GET", HEALTHZ),
-    ("GET", READYZ),
-    ("GET", METRICS),
-    ("GET", STATUS),
-];
+// The route templates live in `protocol` (clients build their paths from the same list).
+pub use protocol::routes::{
+    FENCE, GROUP, GROUPS, HEALTHZ, HEARTBEAT, MEMBER, METRICS, READYZ, RECREATE, ROUTES, ROUTING, SHARDS, STATUS,
+    STREAM,
+};
 
 /// Every route as (method, path template); the router serves exactly these.
 pub fn routes() -> &'static [(&'static str, &'static str)] {

@@ -97,16 +97,12 @@ impl Api {
             shard_count: Some(shards),
             timings: Some(timings),
         };
-        let resp = self.post(&format!("/v1/streams/{stream}/groups/{group}"), &req).await;
+        let resp = self.post(&protocol::routes::group(stream, group), &req).await;
         ok_json(resp, StatusCode::CREATED).await
     }
 
     pub async fn describe(&self, stream: &str, group: &str) -> GroupDescription {
-        ok_json(
-            self.get(&format!("/v1/streams/{stream}/groups/{group}")).await,
-            StatusCode::OK,
-        )
-        .await
+        ok_json(self.get(&protocol::routes::group(stream, group)).await, StatusCode::OK).await
     }
 
     /// Sends a heartbeat; `Ok` for a 200 answer, `Err` with the HTTP status and typed body otherwise.
@@ -116,9 +112,7 @@ impl Api {
         group: &str,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, (StatusCode, ErrorResponse)> {
-        let resp = self
-            .post(&format!("/v1/streams/{stream}/groups/{group}/heartbeat"), req)
-            .await;
+        let resp = self.post(&protocol::routes::heartbeat(stream, group), req).await;
         let status = resp.status();
         if status == StatusCode::OK {
             Ok(resp.json().await.expect("HeartbeatResponse body"))

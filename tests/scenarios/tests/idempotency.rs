@@ -166,9 +166,7 @@ async fn admin_mutations_and_routing_fetches_sent_twice_do_not_apply_twice() {
     assert_eq!(again.revision, fenced.revision);
     // DELETE of a member is the same fence: repeated, it changes nothing either.
     for _ in 0..2 {
-        let url = api
-            .api
-            .url(&format!("/v1/streams/{}/groups/{}/members/a", api.stream, api.group));
+        let url = api.api.url(&protocol::routes::member(&api.stream, &api.group, "a"));
         let g: protocol::messages::GroupDescription = api.api.send(api.api.http.delete(url)).await.expect("delete");
         assert_eq!(g.revision, fenced.revision);
     }
@@ -176,7 +174,7 @@ async fn admin_mutations_and_routing_fetches_sent_twice_do_not_apply_twice() {
     let list = |rebuild: bool| {
         let api = api.clone();
         async move {
-            let url = api.api.url(&format!("/v1/groups?rebuild={rebuild}"));
+            let url = api.api.url(&protocol::routes::groups(rebuild));
             api.api
                 .send::<protocol::messages::GroupList>(api.api.http.get(url))
                 .await

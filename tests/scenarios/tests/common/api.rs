@@ -78,14 +78,10 @@ pub struct GroupApi {
 }
 
 impl GroupApi {
-    fn group_path(&self) -> String {
-        format!("/v1/streams/{}/groups/{}", self.stream, self.group)
-    }
-
     pub fn heartbeat_request(&self, req: &HeartbeatRequest) -> reqwest::RequestBuilder {
         self.api
             .http
-            .post(self.api.url(&format!("{}/heartbeat", self.group_path())))
+            .post(self.api.url(&protocol::routes::heartbeat(&self.stream, &self.group)))
             .json(req)
     }
 
@@ -173,8 +169,8 @@ impl GroupApi {
     ) -> Result<protocol::messages::RoutingResponse, Refusal> {
         self.api
             .send(self.api.http.get(self.api.url(&format!(
-                "/v1/streams/{}/routing?routingVersion={version}&maxObservedVersion={max_observed}",
-                self.stream
+                "{}?routingVersion={version}&maxObservedVersion={max_observed}",
+                protocol::routes::routing(&self.stream)
             ))))
             .await
     }
