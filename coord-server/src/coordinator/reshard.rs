@@ -7,6 +7,8 @@ use protocol::metadata::StreamRouting;
 use protocol::names::{GroupName, StreamName};
 use tracing::{info, warn, Instrument};
 
+use futures::{StreamExt, TryStreamExt};
+
 use super::Coordinator;
 use crate::error::Error;
 use crate::routing_section;
@@ -15,6 +17,9 @@ use crate::state_machine::reshard::{self, Need, Observation, Seal};
 use crate::state_machine::{self, Input};
 use crate::store::LivenessScope;
 use crate::store_reshard;
+
+/// Seal scripts sent at once by [`Coordinator::seal_growths`].
+const SEALS_IN_FLIGHT: usize = 64;
 
 impl Coordinator {
     /// Seals every parent of `routing`'s growths still unsealed and records the positions in the routing.
@@ -32,16 +37,24 @@ impl Coordinator {
         if todo.is_empty() {
             return Ok(routing.clone());
         }
-        let mut conn = self.inner.store.connection();
-        let mut seals = Vec::with_capacity(todo.len());
-        for (version, shard) in todo {
-            let s = store_reshard::seal(&mut conn, stream, shard, version).await?;
-            seals.push(Seal {
-                routing_version: version,
-                shard,
-                position: s.position,
-            });
-        }
+        // Concurrent on the multiplexed connection (so pipelined): a growth of a large stream seals up to
+        // MAX_SHARDS parents, and one round trip each would outlast the request timeout.
+        let conn = self.inner.store.connection();
+        let seals: Vec<Seal> = futures::stream::iter(todo)
+            .map(|(version, shard)| {
+                let mut conn = conn.clone();
+                async move {
+                    let s = store_reshard::seal(&mut conn, stream, shard, version).await?;
+                    Ok::<_, Error>(Seal {
+                        routing_version: version,
+                        shard,
+                        position: s.position,
+                    })
+                }
+            })
+            .buffered(SEALS_IN_FLIGHT)
+            .try_collect()
+            .await?;
         let stats = &self.inner.stats;
         let (recorded, _) = self
             .routing_section(stream, |loaded| {
