@@ -226,4 +226,19 @@ mod tests {
         );
         assert!(v["a"].is_i64() && v["b"][1].is_f64() && v["c"]["d"].is_f64());
     }
+
+    #[test]
+    fn whole_floats_parse_exactly_near_two_to_the_53() {
+        // Found by schemathesis: without serde_json's exact float parsing this text read as 2251799813685247.25
+        // and a schema-valid heartbeat was refused.
+        for (text, want) in [
+            ("2251799813685247.0", 2_251_799_813_685_247_i64),
+            ("4503599627370495.0", 4_503_599_627_370_495),
+            ("9007199254740991.0", 9_007_199_254_740_991),
+        ] {
+            let mut v: serde_json::Value = serde_json::from_str(&format!("{{\"a\": {text}}}")).unwrap();
+            integral_floats_to_integers(&mut v);
+            assert_eq!(v["a"].as_i64(), Some(want), "{text}");
+        }
+    }
 }
