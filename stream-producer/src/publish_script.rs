@@ -258,7 +258,8 @@ pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
     }
 }
 
-fn text(value: Value) -> Option<String> {
+/// A reply value as text (an entry id, a status word): bulk or simple strings only.
+pub(crate) fn text(value: Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
         Value::SimpleString(s) => Some(s),

@@ -56,8 +56,8 @@ use client_core::{check_redis, RedisCheckError, RedisRequirements};
 use crate::config::{IdempotenceConfig, Trim, IDEMPOTENT_RETRY_MAX};
 use crate::error::PublishError;
 use crate::publish_script::{
-    args_of, parse_reply, PublishScript, ScriptReply, ScriptTrim, Sequence, MAX_ARGS_PER_CALL, MAX_FIELDS_PER_RECORD,
-    MAX_RECORDS_PER_CALL,
+    self, args_of, parse_reply, PublishScript, ScriptReply, ScriptTrim, Sequence, MAX_ARGS_PER_CALL,
+    MAX_FIELDS_PER_RECORD, MAX_RECORDS_PER_CALL,
 };
 use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
@@ -642,7 +642,7 @@ impl Publisher {
             Ok(replies) => replies
                 .into_iter()
                 .map(|reply| match reply {
-                    Ok(value) => entry_id(value)
+                    Ok(value) => publish_script::text(value)
                         .map(|id| Published {
                             shard,
                             id,
@@ -985,14 +985,6 @@ fn published(
             })
         })
         .collect()
-}
-
-fn entry_id(value: Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
