@@ -13,19 +13,6 @@ use std::net::SocketAddr;
 use stream_consumer::ConsumerHandle;
 use test_support::{FaultProxy, Mode, ReplicaPair};
 
-/// Waits until the replica applied every write made so far on `primary` (`PUBLISH` then `WAIT 1`).
-async fn wait_replicated(primary: &test_support::RedisServer) {
-    let mut con = primary.connection().await;
-    let _: i64 = redis::cmd("PUBLISH")
-        .arg("scenario:wait")
-        .arg("x")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut con).await.unwrap();
-    assert!(acked >= 1, "the replica did not acknowledge");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_to_a_replica_that_lost_version_n_brings_everyone_back_to_n_minus_1_then_past_n() {
     let ReplicaPair { primary, replica } = ReplicaPair::start().await;
@@ -54,7 +41,7 @@ async fn failover_to_a_replica_that_lost_version_n_brings_everyone_back_to_n_min
     wait_all_handled(&history, DEADLINE).await;
 
     // The replica has N-1, then the cut.
-    wait_replicated(&s.redis).await;
+    test_support::wait_replicated(&s.redis).await;
     let n_minus_1 = s.describe().await.metadata_version;
     replica.promote().await;
 

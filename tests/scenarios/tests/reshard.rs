@@ -566,7 +566,7 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     // The cut: everything so far is on the replica, then it is promoted (the load is held from here to the end of
     // the failover, so no acknowledged record is lost with the primary).
     let guard = load.pause().await;
-    wait_replicated(&g.s.redis).await;
+    test_support::wait_replicated(&g.s.redis).await;
     replica.promote().await;
     let mut rcon = replica.connection().await;
     let _: i64 = redis::cmd("DEL")
@@ -614,19 +614,6 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     let figures = g.check(Duration::from_secs(30)).await;
     println!("written {written}, figures {figures:?}");
     g.stop().await;
-}
-
-/// Waits until the replica applied every write made so far on `primary` (`PUBLISH` then `WAIT 1`).
-async fn wait_replicated(primary: &RedisServer) {
-    let mut con = primary.connection().await;
-    let _: i64 = redis::cmd("PUBLISH")
-        .arg("scenario:wait")
-        .arg("x")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut con).await.unwrap();
-    assert!(acked >= 1, "the replica did not acknowledge");
 }
 
 fn reshard_parents_not_drained(m: &GroupMetadata) -> usize {

@@ -81,7 +81,7 @@ pub mod wait;
 pub use gate::Gate;
 pub use port::free_port;
 pub use proxy::{FaultProxy, Mode};
-pub use replica::ReplicaPair;
+pub use replica::{wait_replicated, ReplicaPair};
 pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
 pub use snapshot::Snapshot;
 pub use streams::pending_total;

@@ -59,36 +59,12 @@ impl ReplicaPair {
     /// Panics (with both logs) if `WAIT` fails or reports no acknowledging
     /// replica within 5 seconds.
     pub async fn wait_replicated(&self) {
-        let mut con: MultiplexedConnection = self.primary.connection().await;
-        // WAIT only covers the writes of the connection that sends it, and a
-        // fresh connection has none, so WAIT would return at once. A PUBLISH is
-        // propagated to replicas without touching the keyspace; it moves this
-        // connection's replication offset past every earlier write of any
-        // client.
-        let published: Result<i64, _> = redis::cmd("PUBLISH")
-            .arg(OFFSET_CHANNEL)
-            .arg("wait")
-            .query_async(&mut con)
-            .await;
-        if let Err(e) = published {
+        if let Err(e) = replicated(&self.primary).await {
             panic!(
-                "PUBLISH on the primary failed: {e}\nprimary:\n{}",
-                self.primary.log_report()
-            );
-        }
-        let acked: Result<i64, _> = redis::cmd("WAIT")
-            .arg(1)
-            .arg(WAIT_TIMEOUT_MS)
-            .query_async(&mut con)
-            .await;
-        match acked {
-            Ok(n) if n >= 1 => {}
-            other => panic!(
-                "WAIT 1 {WAIT_TIMEOUT_MS} on the primary returned {other:?}: the replica did not \
-                 acknowledge the writes\nprimary:\n{}\nreplica:\n{}",
+                "{e}\nprimary:\n{}\nreplica:\n{}",
                 self.primary.log_report(),
                 self.replica.log_report()
-            ),
+            );
         }
     }
 
@@ -101,5 +77,44 @@ impl ReplicaPair {
     /// As [`RedisServer::promote`].
     pub async fn promote_replica(&self) {
         self.replica.promote().await;
+    }
+}
+
+/// Waits until every replica of `primary` (at least one) has applied every write made so far on it, by any
+/// connection: what [`ReplicaPair::wait_replicated`] does, for a test that holds the two servers apart.
+///
+/// # Panics
+///
+/// Panics (with the primary's log) if `WAIT` fails or no replica acknowledges within 5 s.
+pub async fn wait_replicated(primary: &RedisServer) {
+    if let Err(e) = replicated(primary).await {
+        panic!("{e}\nprimary:\n{}", primary.log_report());
+    }
+}
+
+/// `PUBLISH` then `WAIT 1` on one connection of `primary`.
+async fn replicated(primary: &RedisServer) -> Result<(), String> {
+    let mut con: MultiplexedConnection = primary.connection().await;
+    // WAIT only covers the writes of the connection that sends it, and a fresh connection has none, so WAIT would
+    // return at once. A PUBLISH is propagated to replicas without touching the keyspace; it moves this
+    // connection's replication offset past every earlier write of any client.
+    let published: Result<i64, _> = redis::cmd("PUBLISH")
+        .arg(OFFSET_CHANNEL)
+        .arg("wait")
+        .query_async(&mut con)
+        .await;
+    if let Err(e) = published {
+        return Err(format!("PUBLISH on the primary failed: {e}"));
+    }
+    let acked: Result<i64, _> = redis::cmd("WAIT")
+        .arg(1)
+        .arg(WAIT_TIMEOUT_MS)
+        .query_async(&mut con)
+        .await;
+    match acked {
+        Ok(n) if n >= 1 => Ok(()),
+        other => Err(format!(
+            "WAIT 1 {WAIT_TIMEOUT_MS} on the primary returned {other:?}: the replica did not acknowledge the writes"
+        )),
     }
 }
