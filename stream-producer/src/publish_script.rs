@@ -50,31 +50,41 @@ pub(crate) const MAX_ARGS_PER_CALL: usize = 64 * 1024;
 pub(crate) const MAX_FIELDS_PER_RECORD: usize = 1000;
 
 const LUA: &str = r#"
-local n = tonumber(ARGV[8])
-if not n then return redis.error_reply('ERR publish script: malformed record count') end
-local starts = {}
-local pos = 9
-for i = 1, n do
-  local f = tonumber(ARGV[pos])
-  if not f or f < 1 then return redis.error_reply('ERR publish script: malformed record ' .. i) end
-  starts[i] = pos
-  pos = pos + 1 + 2 * f
+local A = ARGV
+local n = tonumber(A[8])
+local uniform = tonumber(A[9])
+if not n or not uniform or uniform < 0 then return redis.error_reply('ERR publish script: malformed header') end
+-- Layout check before anything is written. Uniform (every record has `uniform` fields): the fields follow the
+-- header directly; else every record is its field count then its fields.
+local starts, counts
+if uniform > 0 then
+  if #A ~= 9 + 2 * uniform * n then return redis.error_reply('ERR publish script: malformed arguments') end
+else
+  starts, counts = {}, {}
+  local pos = 10
+  for i = 1, n do
+    local f = tonumber(A[pos])
+    if not f or f < 1 then return redis.error_reply('ERR publish script: malformed record ' .. i) end
+    starts[i] = pos
+    counts[i] = f
+    pos = pos + 1 + 2 * f
+  end
+  if pos ~= #A + 1 then return redis.error_reply('ERR publish script: malformed arguments') end
 end
-if pos ~= #ARGV + 1 then return redis.error_reply('ERR publish script: malformed arguments') end
 local first = nil
-if ARGV[4] ~= '' then
-  first = tonumber(ARGV[4])
+if A[4] ~= '' then
+  first = tonumber(A[4])
   local st = redis.call('HMGET', KEYS[3], 'epoch', 'next', 'first', 'ids')
-  if st[1] == ARGV[5] then
+  if st[1] == A[5] then
     local nxt = tonumber(st[2])
     if first < nxt then
       if first == tonumber(st[3]) then
-        redis.call('PEXPIRE', KEYS[3], ARGV[7])
+        redis.call('PEXPIRE', KEYS[3], A[7])
         return {'DUPLICATE', st[4]}
       end
       return {'OUT_OF_WINDOW', st[2]}
     end
-    if first > nxt and ARGV[6] ~= '1' then return {'OUT_OF_ORDER', st[2]} end
+    if first > nxt and A[6] ~= '1' then return {'OUT_OF_ORDER', st[2]} end
   end
 end
 local raw_fence = redis.call('HGET', KEYS[2], 'routingVersion')
@@ -84,31 +94,62 @@ if raw_fence then
   -- Fail closed: a fence this script cannot read refuses the call instead of letting it through.
   if not fence then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number') end
 end
-if tonumber(ARGV[1]) < fence then return {'FENCED', string.format('%.0f', fence)} end
+if tonumber(A[1]) < fence then return {'FENCED', string.format('%.0f', fence)} end
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
   return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
 end
 local ids = {}
-local head = 2
-if ARGV[2] ~= '' then head = 5 end
--- One argument table for every record (no allocation per record): the fields overwrite the previous record's,
--- and unpack takes exactly this record's length.
-local a
-if head == 5 then a = {KEYS[1], ARGV[2], '~', ARGV[3], '*'} else a = {KEYS[1], '*'} end
 local call = redis.call
-for i = 1, n do
-  local p = starts[i]
-  local m = 2 * tonumber(ARGV[p])
-  for j = 1, m do a[head + j] = ARGV[p + j] end
-  ids[i] = call('XADD', unpack(a, 1, head + m))
+local k = KEYS[1]
+local tm, tv = A[2], A[3]
+local trim = tm ~= ''
+-- One-field records without trimming, the commonest shape, pass their arguments to XADD directly: every Lua
+-- operation per record costs Redis CPU that a plain XADD pipeline does not spend.
+if uniform == 1 and not trim then
+  local j = 0
+  for p = 10, #A, 2 do
+    j = j + 1
+    ids[j] = call('XADD', k, '*', A[p], A[p + 1])
+  end
+elseif uniform == 1 then
+  local j = 0
+  for p = 10, #A, 2 do
+    j = j + 1
+    ids[j] = call('XADD', k, tm, '~', tv, '*', A[p], A[p + 1])
+  end
+else
+  -- One argument table for every record: the fields overwrite the previous record's, and unpack takes exactly
+  -- this record's length.
+  local a, head
+  if trim then a, head = {k, tm, '~', tv, '*'}, 5 else a, head = {k, '*'}, 2 end
+  for i = 1, n do
+    local p, f
+    if uniform > 0 then p, f = 9 + 2 * uniform * (i - 1), uniform else p, f = starts[i], counts[i] end
+    local m = 2 * f
+    for j = 1, m do a[head + j] = A[p + j] end
+    ids[i] = call('XADD', unpack(a, 1, head + m))
+  end
+end
+-- The ids of one call are usually one run (same millisecond, consecutive sequence numbers): then the answer
+-- and the idempotence state carry the first id and the count instead of every id.
+local written = ids
+local ms1, s1, msn, sn
+if n > 0 then
+  ms1, s1 = string.match(ids[1], '^(%d+)%-(%d+)$')
+  msn, sn = string.match(ids[n], '^(%d+)%-(%d+)$')
+end
+if ms1 and ms1 == msn and #s1 <= 15 and #sn <= 15 and tonumber(sn) - tonumber(s1) == n - 1 then
+  written = ids[1] .. '+' .. n
 end
 if first then
-  redis.call('HSET', KEYS[3], 'epoch', ARGV[5], 'next', string.format('%.0f', first + n),
-    'first', ARGV[4], 'ids', table.concat(ids, ' '))
-  redis.call('PEXPIRE', KEYS[3], ARGV[7])
+  local remembered = written
+  if type(written) == 'table' then remembered = table.concat(ids, ' ') end
+  redis.call('HSET', KEYS[3], 'epoch', A[5], 'next', string.format('%.0f', first + n),
+    'first', A[4], 'ids', remembered)
+  redis.call('PEXPIRE', KEYS[3], A[7])
 end
-return {'WRITTEN', ids}
+return {'WRITTEN', written}
 "#;
 
 /// The script's source and SHA1 (computed once per producer).
@@ -185,7 +226,7 @@ impl PublishScript {
         routing_version: RoutingVersion,
         trim: ScriptTrim<'_>,
         sequence: Option<Sequence<'_>>,
-        records: impl ExactSizeIterator<Item = &'r crate::Record>,
+        records: impl ExactSizeIterator<Item = &'r crate::Record> + Clone,
     ) {
         let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(3);
         cmd.arg(keys::shard_stream(stream, shard))
@@ -210,8 +251,13 @@ impl PublishScript {
             None => cmd.arg("").arg("").arg("0").arg(0),
         };
         cmd.arg(records.len());
+        let mut fields = records.clone().map(|r| r.fields().len());
+        let uniform = fields.next().filter(|&f| fields.all(|g| g == f)).unwrap_or(0);
+        cmd.arg(uniform);
         for r in records {
-            cmd.arg(r.fields().len());
+            if uniform == 0 {
+                cmd.arg(r.fields().len());
+            }
             for (name, value) in r.fields() {
                 cmd.arg(name.as_slice()).arg(value.as_slice());
             }
@@ -232,17 +278,11 @@ pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
     let mut items = items.into_iter();
     let tag = text(items.next()?)?;
     let reply = match tag.as_str() {
-        "WRITTEN" => {
-            let Value::Array(ids) = items.next()? else {
-                return None;
-            };
-            let ids: Vec<String> = ids.into_iter().map(text).collect::<Option<_>>()?;
-            ScriptReply::Written(ids)
-        }
-        "DUPLICATE" => {
-            let ids: Vec<String> = text(items.next()?)?.split(' ').map(str::to_owned).collect();
-            ScriptReply::Duplicate(ids)
-        }
+        "WRITTEN" => match items.next()? {
+            Value::Array(ids) => ScriptReply::Written(ids.into_iter().map(text).collect::<Option<_>>()?),
+            run => ScriptReply::Written(expand_ids(&text(run)?, count)?),
+        },
+        "DUPLICATE" => ScriptReply::Duplicate(expand_ids(&text(items.next()?)?, count)?),
         "FENCED" => ScriptReply::Fenced(RoutingVersion(text(items.next()?)?.parse().ok()?)),
         "OUT_OF_ORDER" => ScriptReply::OutOfOrder {
             expected: text(items.next()?)?.parse().ok()?,
@@ -256,6 +296,24 @@ pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
         ScriptReply::Written(ids) | ScriptReply::Duplicate(ids) if ids.len() != count => None,
         _ => Some(reply),
     }
+}
+
+/// The entry ids of a call as the script writes them in its answer and its idempotence state: either every id,
+/// space-separated, or one run `<ms>-<seq>+<count>` (ids `<ms>-<seq>` .. `<ms>-<seq + count - 1>`, what `XADD *`
+/// gives records written by one script call within one millisecond). `None`: neither form, or not `count` ids.
+pub(crate) fn expand_ids(text: &str, count: usize) -> Option<Vec<String>> {
+    let Some((first, n)) = text.split_once('+') else {
+        let ids: Vec<String> = text.split(' ').map(str::to_owned).collect();
+        return (ids.len() == count).then_some(ids);
+    };
+    let (ms, seq) = first.split_once('-')?;
+    let ms: u64 = ms.parse().ok()?;
+    let seq: u64 = seq.parse().ok()?;
+    let n: usize = n.parse().ok()?;
+    if n != count || seq.checked_add(n as u64).is_none() {
+        return None;
+    }
+    Some((0..n as u64).map(|i| format!("{ms}-{}", seq + i)).collect())
 }
 
 /// A reply value as text (an entry id, a status word): bulk or simple strings only.
@@ -297,6 +355,25 @@ mod tests {
         );
         assert_eq!(parse_reply(Value::Array(vec![bulk("NOPE")]), 2), None);
         assert_eq!(parse_reply(bulk("1-0"), 1), None);
+    }
+
+    #[test]
+    fn ids_are_read_as_a_list_or_as_one_run() {
+        assert_eq!(
+            expand_ids("5-9+3", 3),
+            Some(vec!["5-9".to_owned(), "5-10".to_owned(), "5-11".to_owned()])
+        );
+        assert_eq!(expand_ids("1-0 1-1", 2), Some(vec!["1-0".to_owned(), "1-1".to_owned()]));
+        assert_eq!(expand_ids("5-9+3", 4), None, "a run of another length");
+        assert_eq!(expand_ids("1-0 1-1", 3), None, "a list of another length");
+        for bad in ["5+3", "x-1+3", "5-y+3", "5-1+z", "5-18446744073709551615+2"] {
+            assert_eq!(expand_ids(bad, 3.min(bad.len())), None, "{bad}");
+        }
+        let written = Value::Array(vec![bulk("WRITTEN"), bulk("7-0+2")]);
+        assert_eq!(
+            parse_reply(written, 2),
+            Some(ScriptReply::Written(vec!["7-0".into(), "7-1".into()]))
+        );
     }
 
     #[test]
@@ -539,6 +616,41 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(exists, 0);
+    }
+
+    #[tokio::test]
+    async fn one_field_records_with_trimming_are_written_and_trimmed() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let records: Vec<crate::Record> = (0..300)
+            .map(|i| crate::Record::with_key("k").field("n", i.to_string()))
+            .collect();
+        let mut pipe = redis::pipe();
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            RoutingVersion(1),
+            ScriptTrim::MaxLen(100),
+            None,
+            records.iter(),
+        );
+        let mut replies: Vec<Value> = pipe.query_async(&mut shard.con).await.unwrap();
+        let written = ids(parse_reply(replies.pop().unwrap(), 300));
+        assert_eq!(written.len(), 300);
+        let len = shard.len().await;
+        assert!((100..300).contains(&len), "approximate trimming kept {len} of 300");
+        let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+            .arg(keys::shard_stream(&shard.stream, ShardId(0)))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut shard.con)
+            .await
+            .unwrap();
+        assert_eq!(last[0].0, written[299], "the answer's last id is the stream's last entry");
+        assert_eq!(last[0].1, vec![("n".to_owned(), "299".to_owned())]);
     }
 
     #[tokio::test]

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Redis CPU of the producer's publish script against plain pipelined XADD, counted in instructions, not seconds:
+# every figure comes from a private redis-server run under `valgrind --tool=callgrind`, so it is the same on a
+# busy and on an idle machine (the timed benchmark, producer_bench, is noisy on 2 shared cores).
+#
+#   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about 2 minutes
+#
+# Variants, the same 64,000 one-field records each:
+#   native  redis-benchmark XADD, pipelines of 32, 8 connections (what a raw XADD loop costs Redis)
+#   floor   the smallest Lua loop that XADDs a batch (no checks, no answer): what any script costs at least
+#   fenced  the SDK's publish script (stream-producer/src/publish_script.rs), 128 records per call
+#   idem    the same script with idempotence on (the state is written by every call)
+# Prints instructions per record and native / variant (the share of a raw loop's rate the variant can reach
+# when Redis is the bottleneck). Needs valgrind, redis-server, redis-benchmark and redis-cli.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for tool in valgrind redis-server redis-benchmark redis-cli; do
+  command -v "$tool" >/dev/null || { echo "script-cost.sh: $tool is missing" >&2; exit 1; }
+done
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+awk '/^const LUA: &str = r#"$/{on=1; next} /^"#;$/{on=0} on' stream-producer/src/publish_script.rs >"$work/publish.lua"
+[ -s "$work/publish.lua" ] || { echo "script-cost.sh: the publish script was not found" >&2; exit 1; }
+echo "local c=redis.call local k=KEYS[1] local A=ARGV for i=10,#A,2 do c('XADD',k,'*',A[i],A[i+1]) end return 1" \
+  >"$work/floor.lua"
+
+records=64000
+per_call=128
+calls=$((records / per_call))
+payload="$(head -c 100 /dev/zero | tr '\0' x)"
+fields=()
+for _ in $(seq 1 "$per_call"); do fields+=(p "$payload"); done
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Runs one variant under callgrind and prints the instructions it cost.
+measure() {
+  local variant="$1" port out
+  port="$(free_port)"
+  out="$work/callgrind.$variant"
+  valgrind --tool=callgrind --callgrind-out-file="$out" redis-server --port "$port" --bind 127.0.0.1 \
+    --save "" --appendonly no >/dev/null 2>&1 &
+  local pid=$!
+  local deadline=$((SECONDS + 60))
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || { echo "script-cost.sh: redis-server did not start" >&2; exit 1; }
+    sleep 0.2
+  done
+  local keys=('{s}:stream' '{s}:fence' '{s}:seq')
+  case "$variant" in
+    empty) ;;
+    native) redis-benchmark -p "$port" -n "$records" -P 32 -c 8 -q XADD '{s}:stream' '*' p "$payload" >/dev/null ;;
+    floor)
+      sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor.lua")")"
+      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 \
+        "${fields[@]}" >/dev/null ;;
+    fenced)
+      sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
+      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 \
+        "${fields[@]}" >/dev/null ;;
+    idem)
+      # A new epoch per call (redis-benchmark replaces __rand_int__): every call writes the state.
+      sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
+      redis-benchmark -p "$port" -n "$calls" -c 8 -r 100000000 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' 0 \
+        e__rand_int__ 0 60000 "$per_call" 1 "${fields[@]}" >/dev/null ;;
+  esac
+  if [ "$variant" != empty ]; then
+    local len
+    len="$(redis-cli -p "$port" XLEN '{s}:stream')"
+    [ "$len" = "$records" ] || { echo "script-cost.sh: $variant wrote $len of $records records" >&2; exit 1; }
+  fi
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" || true
+  awk '/^summary:/{print $2}' "$out"
+}
+
+empty="$(measure empty)"
+native="$(measure native)"
+printf '%-8s %14s %10s\n' variant instr/record "native/x"
+printf '%-8s %14d %10s\n' native $(((native - empty) / records)) 1.000
+for v in floor fenced idem; do
+  total="$(measure "$v")"
+  per=$(((total - empty) / records))
+  printf '%-8s %14d %10.3f\n' "$v" "$per" "$(echo "($native - $empty) / ($total - $empty)" | bc -l)"
+done
