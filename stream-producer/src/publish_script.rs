@@ -649,7 +649,10 @@ mod tests {
             .query_async(&mut shard.con)
             .await
             .unwrap();
-        assert_eq!(last[0].0, written[299], "the answer's last id is the stream's last entry");
+        assert_eq!(
+            last[0].0, written[299],
+            "the answer's last id is the stream's last entry"
+        );
         assert_eq!(last[0].1, vec![("n".to_owned(), "299".to_owned())]);
     }
 
