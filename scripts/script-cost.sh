@@ -3,7 +3,10 @@
 # every figure comes from a private redis-server run under `valgrind --tool=callgrind`, so it is the same on a
 # busy and on an idle machine (the timed benchmark, producer_bench, is noisy on 2 shared cores).
 #
-#   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about 2 minutes
+#   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about 30 s
+#   scripts/script-cost.sh --check    # the same, and fails if a variant falls below its floor (scripts/test.sh):
+#                                     # fenced >= 0.66, idem >= 0.62 of native (measured 0.695 and 0.647;
+#                                     # SCRIPT_COST_FLOOR_FENCED / _IDEM override the floors)
 #
 # Variants, the same 64,000 one-field records each:
 #   native  redis-benchmark XADD, pipelines of 32, 8 connections (what a raw XADD loop costs Redis)
@@ -14,7 +17,14 @@
 # when Redis is the bottleneck). Needs valgrind, redis-server, redis-benchmark and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in valgrind redis-server redis-benchmark redis-cli; do
+check=false
+case "${1:-}" in
+  --check) check=true ;;
+  "") ;;
+  *) echo "usage: scripts/script-cost.sh [--check]" >&2; exit 2 ;;
+esac
+redis_server="${REDIS_SERVER_BIN:-redis-server}"
+for tool in valgrind "$redis_server" redis-benchmark redis-cli; do
   command -v "$tool" >/dev/null || { echo "script-cost.sh: $tool is missing" >&2; exit 1; }
 done
 
@@ -41,7 +51,7 @@ measure() {
   local variant="$1" port out
   port="$(free_port)"
   out="$work/callgrind.$variant"
-  valgrind --tool=callgrind --callgrind-out-file="$out" redis-server --port "$port" --bind 127.0.0.1 \
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$redis_server" --port "$port" --bind 127.0.0.1 \
     --save "" --appendonly no >/dev/null 2>&1 &
   local pid=$!
   local deadline=$((SECONDS + 60))
@@ -81,8 +91,19 @@ empty="$(measure empty)"
 native="$(measure native)"
 printf '%-8s %14s %10s\n' variant instr/record "native/x"
 printf '%-8s %14d %10s\n' native $(((native - empty) / records)) 1.000
+declare -A floor_of=([fenced]="${SCRIPT_COST_FLOOR_FENCED:-0.66}" [idem]="${SCRIPT_COST_FLOOR_IDEM:-0.62}")
+failed=""
 for v in floor fenced idem; do
   total="$(measure "$v")"
   per=$(((total - empty) / records))
-  printf '%-8s %14d %10.3f\n' "$v" "$per" "$(echo "($native - $empty) / ($total - $empty)" | bc -l)"
+  ratio="$(echo "($native - $empty) / ($total - $empty)" | bc -l)"
+  printf '%-8s %14d %10.3f\n' "$v" "$per" "$ratio"
+  min="${floor_of[$v]:-}"
+  if [ -n "$min" ] && [ "$(echo "$ratio < $min" | bc -l)" = 1 ]; then
+    failed="$failed $v ($(printf '%.3f' "$ratio") < $min)"
+  fi
 done
+if $check && [ -n "$failed" ]; then
+  echo "script-cost.sh: FAIL: the publish script costs Redis more than its floor allows:$failed" >&2
+  exit 1
+fi

@@ -81,6 +81,20 @@ echo "== OpenAPI conformance (schemathesis against the debug coord-server)"
 cargo build -p coord-server --bin coord-server
 scripts/schemathesis.sh
 done_steps+=(schemathesis)
+echo "== publish script cost (callgrind instruction counts, deterministic)"
+if ! command -v valgrind >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && $sudo true 2>/dev/null; then
+    echo "valgrind missing: installing the Debian package"
+    $sudo apt-get install -y -qq --no-install-recommends valgrind || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends valgrind; }
+  else
+    echo "test.sh: valgrind is missing and cannot be installed here (Debian/Ubuntu: apt-get install valgrind)" >&2
+    exit 1
+  fi
+fi
+scripts/script-cost.sh --check
+done_steps+=(script-cost)
 echo "== status page in headless Chromium"
 scripts/check-status-page.sh
 done_steps+=(status-page)
