@@ -35,6 +35,7 @@ pub mod metadata;
 pub mod names;
 pub mod redact;
 pub mod reshard;
+pub use reshard::EntryId;
 pub mod routes;
 pub mod routing;
 pub mod status;

@@ -2,42 +2,14 @@
 
 use protocol::names::StreamName;
 use protocol::{FencingToken, ShardId};
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-/// A Redis stream entry id, `<milliseconds>-<sequence>`. Ordered as Redis orders entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EntryId {
-    /// Milliseconds part.
-    pub ms: u64,
-    /// Sequence part.
-    pub seq: u64,
-}
+/// A Redis stream entry id, `<milliseconds>-<sequence>`, ordered as Redis orders entries (the same type as the
+/// producer SDK's `Published::id`).
+pub use protocol::EntryId;
 
-impl fmt::Display for EntryId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.ms, self.seq)
-    }
-}
-
-/// A string that is not a stream entry id.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a stream entry id (<ms>-<seq>)")]
-pub struct ParseEntryIdError(pub String);
-
-impl FromStr for EntryId {
-    type Err = ParseEntryIdError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseEntryIdError(s.to_owned());
-        let (ms, seq) = s.split_once('-').ok_or_else(err)?;
-        Ok(EntryId {
-            ms: ms.parse().map_err(|_| err())?,
-            seq: seq.parse().map_err(|_| err())?,
-        })
-    }
-}
+/// A string that is not a stream entry id (what [`EntryId`]'s `FromStr` answers).
+pub use protocol::reshard::EntryIdError as ParseEntryIdError;
 
 /// One entry of one shard, handed to the handler.
 ///

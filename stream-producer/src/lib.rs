@@ -119,7 +119,7 @@ pub use client_core::{
 pub use config::{BatchingConfig, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
-pub use protocol::{RoutingVersion, ShardId};
+pub use protocol::{EntryId, RoutingVersion, ShardId};
 pub use published::Published;
 pub use publisher::{Record, REDIS_REQUIREMENTS};
 pub use routing_cache::RoutingInfo;

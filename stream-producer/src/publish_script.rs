@@ -35,7 +35,7 @@
 //! Every key a call touches carries the shard's hash tag, so the script runs in one Redis Cluster slot.
 
 use protocol::names::StreamName;
-use protocol::{keys, RoutingVersion, ShardId};
+use protocol::{keys, EntryId, RoutingVersion, ShardId};
 use redis::Value;
 
 /// Most records in one call. Bounds the argument list of one `EVALSHA`, the time one call holds Redis, and the
@@ -193,9 +193,9 @@ pub(crate) enum ScriptTrim<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ScriptReply {
     /// Every record was written; one entry id per record.
-    Written(Vec<String>),
+    Written(Vec<EntryId>),
     /// The batch had been written by an earlier attempt; its original entry ids.
-    Duplicate(Vec<String>),
+    Duplicate(Vec<EntryId>),
     /// The producer's routing version is below the shard's fence; nothing written.
     Fenced(RoutingVersion),
     /// The batch's first sequence number leaves a gap after `expected`; nothing written.
@@ -279,7 +279,7 @@ pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
     let tag = text(items.next()?)?;
     let reply = match tag.as_str() {
         "WRITTEN" => match items.next()? {
-            Value::Array(ids) => ScriptReply::Written(ids.into_iter().map(text).collect::<Option<_>>()?),
+            Value::Array(ids) => ScriptReply::Written(ids.iter().map(entry_id).collect::<Option<_>>()?),
             run => ScriptReply::Written(expand_ids(&text(run)?, count)?),
         },
         "DUPLICATE" => ScriptReply::Duplicate(expand_ids(&text(items.next()?)?, count)?),
@@ -301,19 +301,33 @@ pub(crate) fn parse_reply(value: Value, count: usize) -> Option<ScriptReply> {
 /// The entry ids of a call as the script writes them in its answer and its idempotence state: either every id,
 /// space-separated, or one run `<ms>-<seq>+<count>` (ids `<ms>-<seq>` .. `<ms>-<seq + count - 1>`, what `XADD *`
 /// gives records written by one script call within one millisecond). `None`: neither form, or not `count` ids.
-pub(crate) fn expand_ids(text: &str, count: usize) -> Option<Vec<String>> {
+pub(crate) fn expand_ids(text: &str, count: usize) -> Option<Vec<EntryId>> {
     let Some((first, n)) = text.split_once('+') else {
-        let ids: Vec<String> = text.split(' ').map(str::to_owned).collect();
+        let ids: Vec<EntryId> = text.split(' ').map(|id| id.parse().ok()).collect::<Option<_>>()?;
         return (ids.len() == count).then_some(ids);
     };
-    let (ms, seq) = first.split_once('-')?;
-    let ms: u64 = ms.parse().ok()?;
-    let seq: u64 = seq.parse().ok()?;
+    let first: EntryId = first.parse().ok()?;
     let n: usize = n.parse().ok()?;
-    if n != count || seq.checked_add(n as u64).is_none() {
+    if n != count || first.seq.checked_add(n as u64).is_none() {
         return None;
     }
-    Some((0..n as u64).map(|i| format!("{ms}-{}", seq + i)).collect())
+    Some(
+        (0..n as u64)
+            .map(|i| EntryId {
+                ms: first.ms,
+                seq: first.seq + i,
+            })
+            .collect(),
+    )
+}
+
+/// A reply value as an entry id (`XADD`'s answer), read without copying it into a `String`.
+pub(crate) fn entry_id(value: &Value) -> Option<EntryId> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
 }
 
 /// A reply value as text (an entry id, a status word): bulk or simple strings only.
@@ -333,17 +347,21 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
+    fn id(s: &str) -> EntryId {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn replies_are_read_and_checked_against_the_record_count() {
         let written = Value::Array(vec![bulk("WRITTEN"), Value::Array(vec![bulk("1-0"), bulk("1-1")])]);
         assert_eq!(
             parse_reply(written.clone(), 2),
-            Some(ScriptReply::Written(vec!["1-0".into(), "1-1".into()]))
+            Some(ScriptReply::Written(vec![id("1-0"), id("1-1")]))
         );
         assert_eq!(parse_reply(written, 3), None, "a count mismatch is not an answer");
         assert_eq!(
             parse_reply(Value::Array(vec![bulk("DUPLICATE"), bulk("1-0 1-1")]), 2),
-            Some(ScriptReply::Duplicate(vec!["1-0".into(), "1-1".into()]))
+            Some(ScriptReply::Duplicate(vec![id("1-0"), id("1-1")]))
         );
         assert_eq!(
             parse_reply(Value::Array(vec![bulk("FENCED"), bulk("7")]), 2),
@@ -359,11 +377,8 @@ mod tests {
 
     #[test]
     fn ids_are_read_as_a_list_or_as_one_run() {
-        assert_eq!(
-            expand_ids("5-9+3", 3),
-            Some(vec!["5-9".to_owned(), "5-10".to_owned(), "5-11".to_owned()])
-        );
-        assert_eq!(expand_ids("1-0 1-1", 2), Some(vec!["1-0".to_owned(), "1-1".to_owned()]));
+        assert_eq!(expand_ids("5-9+3", 3), Some(vec![id("5-9"), id("5-10"), id("5-11")]));
+        assert_eq!(expand_ids("1-0 1-1", 2), Some(vec![id("1-0"), id("1-1")]));
         assert_eq!(expand_ids("5-9+3", 4), None, "a run of another length");
         assert_eq!(expand_ids("1-0 1-1", 3), None, "a list of another length");
         for bad in ["5+3", "x-1+3", "5-y+3", "5-1+z", "5-18446744073709551615+2"] {
@@ -372,7 +387,7 @@ mod tests {
         let written = Value::Array(vec![bulk("WRITTEN"), bulk("7-0+2")]);
         assert_eq!(
             parse_reply(written, 2),
-            Some(ScriptReply::Written(vec!["7-0".into(), "7-1".into()]))
+            Some(ScriptReply::Written(vec![id("7-0"), id("7-1")]))
         );
     }
 
@@ -479,7 +494,7 @@ mod tests {
         }
     }
 
-    fn ids(reply: Option<ScriptReply>) -> Vec<String> {
+    fn ids(reply: Option<ScriptReply>) -> Vec<EntryId> {
         match reply {
             Some(ScriptReply::Written(ids)) => ids,
             other => panic!("expected Written, got {other:?}"),
@@ -650,7 +665,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            last[0].0, written[299],
+            last[0].0,
+            written[299].to_string(),
             "the answer's last id is the stream's last entry"
         );
         assert_eq!(last[0].1, vec![("n".to_owned(), "299".to_owned())]);

@@ -1,6 +1,6 @@
 //! [`Published`]: where a record was written, the success half of every publish outcome.
 
-use protocol::{RoutingVersion, ShardId};
+use protocol::{EntryId, RoutingVersion, ShardId};
 
 /// Where a record was written.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -8,8 +8,8 @@ use protocol::{RoutingVersion, ShardId};
 pub struct Published {
     /// The shard.
     pub shard: ShardId,
-    /// The stream entry id Redis assigned (`<ms>-<seq>`).
-    pub id: String,
+    /// The stream entry id Redis assigned (`<ms>-<seq>` when displayed; ordered as Redis orders them).
+    pub id: EntryId,
     /// The routing version the shard was chosen with.
     pub routing_version: RoutingVersion,
     /// The idempotent producer retried the record's call after an unknown outcome, and the shard answered that

@@ -46,7 +46,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use protocol::names::StreamName;
 use protocol::routing::shard_for_key;
-use protocol::{keys, RoutingVersion, ShardId};
+use protocol::{keys, EntryId, RoutingVersion, ShardId};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, Value};
 
@@ -642,7 +642,7 @@ impl Publisher {
             Ok(replies) => replies
                 .into_iter()
                 .map(|reply| match reply {
-                    Ok(value) => publish_script::text(value)
+                    Ok(value) => publish_script::entry_id(&value)
                         .map(|id| Published {
                             shard,
                             id,
@@ -972,7 +972,7 @@ impl Publisher {
 fn published(
     shard: ShardId,
     routing_version: RoutingVersion,
-    ids: Vec<String>,
+    ids: Vec<EntryId>,
     duplicate: bool,
 ) -> Vec<Result<Published, PublishError>> {
     ids.into_iter()

@@ -95,7 +95,7 @@ async fn a_call_whose_answer_was_lost_is_retried_and_answered_with_the_original_
         "the answer came from a retry that found the call written"
     );
     let ids: Vec<&str> = stored.iter().map(|(_, id, _)| id.as_str()).collect();
-    let answered: Vec<&str> = published.iter().map(|p| p.id.as_str()).collect();
+    let answered: Vec<String> = published.iter().map(|p| p.id.to_string()).collect();
     assert_eq!(answered, ids, "the original entry ids, in order");
 
     // The sequence goes on: the next call is new, not a duplicate.

@@ -29,7 +29,7 @@ async fn send_returns_the_shard_and_entry_id() {
         .unwrap();
     assert_eq!(
         entries,
-        vec![(published.id.clone(), vec![("type".into(), "created".into())])]
+        vec![(published.id.to_string(), vec![("type".into(), "created".into())])]
     );
     producer.close().await.unwrap();
 }

@@ -298,14 +298,11 @@ impl History {
     }
 
     /// Records an acknowledged publish of `key`.
-    ///
-    /// # Panics
-    /// If Redis's entry id does not parse (it always does).
     pub fn published(&self, key: Option<&str>, published: &Published) {
         self.record_publish(Publish {
             key: key.map(str::to_owned),
             shard: published.shard.0,
-            entry: published.id.parse().expect("Redis entry ids parse"),
+            entry: published.id,
             routing_version: published.routing_version.0,
             acked_at: Instant::now(),
         });
