@@ -180,6 +180,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 "#;
 
+/// The sources of the store's scripts as [`Store`] runs them: `LOAD` and `COMMIT` (each after the shared field
+/// checks), then `RELEASE`. Not part of the API: for the Redis Cluster slot test (issue 15), which runs them
+/// through a cluster connection.
+#[doc(hidden)]
+pub fn script_sources() -> [(&'static str, String); 3] {
+    [
+        ("LOAD", format!("{FIELD_CHECKS}{LOAD}")),
+        ("COMMIT", format!("{FIELD_CHECKS}{COMMIT}")),
+        ("RELEASE", RELEASE.to_owned()),
+    ]
+}
+
 /// The keys of one critical section: a hash, its liveness hash and its mutex (one hash tag), and the schema
 /// version of the hash's document.
 #[derive(Debug, Clone)]

@@ -58,6 +58,13 @@ local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', ARGV[2], 1)
 return {fence, last, #pending > 0 and 1 or 0}
 "#;
 
+/// The sources of the `SEAL` and `DRAIN` scripts. Not part of the API: for the Redis Cluster slot test (issue 15),
+/// which runs them through a cluster connection.
+#[doc(hidden)]
+pub fn script_sources() -> [(&'static str, &'static str); 2] {
+    [("SEAL", SEAL), ("DRAIN", DRAIN)]
+}
+
 static SEAL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SEAL));
 static DRAIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DRAIN));
 

@@ -124,3 +124,40 @@ pub use published::Published;
 pub use publisher::{Record, REDIS_REQUIREMENTS};
 pub use routing_cache::RoutingInfo;
 pub use stats::ProducerStats;
+
+/// The publish script's source. Not part of the API: for the Redis Cluster slot test (issue 15), which runs the
+/// script through a cluster connection.
+#[doc(hidden)]
+pub fn publish_script_source() -> &'static str {
+    publish_script::PublishScript::source()
+}
+
+/// One publish-script call (`EVALSHA` of [`publish_script_source`] with the shard's keys and the arguments) exactly
+/// as the producer pipelines it, without trimming; idempotent when `sequence` is `Some((producer id, epoch, first
+/// sequence number))`. Not part of the API: for the Redis Cluster slot test (issue 15).
+#[doc(hidden)]
+pub fn publish_script_call(
+    stream: &protocol::names::StreamName,
+    shard: ShardId,
+    routing_version: RoutingVersion,
+    sequence: Option<(&str, &str, u64)>,
+    records: &[Record],
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    publish_script::PublishScript::default().add_call(
+        &mut pipe,
+        stream,
+        shard,
+        routing_version,
+        publish_script::ScriptTrim::None,
+        sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
+            producer_id,
+            epoch,
+            first,
+            gap: false,
+            idle_ms: 60_000,
+        }),
+        records.iter(),
+    );
+    pipe
+}

@@ -44,6 +44,9 @@
 //! - `metrics` — [`metrics`]: [`metrics::MemoryRecorder`], an in-memory recorder that never resets.
 //! - `history` — [`history`]: the history checker (one member per shard at a time, nothing acknowledged lost,
 //!   per-key order).
+//! - `cluster` — `cluster`: a local Redis Cluster (`cluster::RedisCluster`: 3 masters, optionally one replica
+//!   each) with slot lookup, `kill -9`, `CLUSTER FAILOVER TAKEOVER` and live slot migration, and
+//!   `cluster::key_slot`.
 //!
 //! # Example
 //!
@@ -59,6 +62,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 #[cfg(feature = "consumer")]
 pub mod consumer;
 #[cfg(feature = "coordinator")]

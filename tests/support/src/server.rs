@@ -59,6 +59,7 @@ pub struct RedisServerBuilder {
     renamed_commands: Vec<(String, String)>,
     replica_of: Option<u16>,
     extra_args: Vec<String>,
+    cluster_node_timeout_ms: Option<u64>,
 }
 
 impl RedisServerBuilder {
@@ -106,6 +107,18 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Makes the server a Redis Cluster node: `cluster-enabled yes`, `cluster-node-timeout` of `node_timeout_ms`,
+    /// its `nodes.conf` in its own directory, and a cluster bus on a second free port (`cluster-port`, see
+    /// [`RedisServer::bus_port`]) rather than the port + 10000 default, which may be out of range or taken.
+    ///
+    /// The node starts alone, with no slots; [`RedisCluster`](crate::cluster::RedisCluster) joins nodes into a
+    /// cluster. Incompatible with [`replica_of`](Self::replica_of) (a cluster replica is made with
+    /// `CLUSTER REPLICATE`).
+    pub fn cluster_node(mut self, node_timeout_ms: u64) -> Self {
+        self.cluster_node_timeout_ms = Some(node_timeout_ms);
+        self
+    }
+
     /// Starts the server on a free loopback port and waits until it is ready.
     ///
     /// If another process takes the port between picking and binding it, a
@@ -121,8 +134,10 @@ impl RedisServerBuilder {
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis-server: {e}"));
         let replica_of = self.replica_of;
+        let cluster = self.cluster_node_timeout_ms.is_some();
         let mut server = RedisServer {
             port: free_port(),
+            bus_port: cluster.then(free_port),
             dir,
             options: self,
             state: Mutex::new(State {
@@ -136,6 +151,9 @@ impl RedisServerBuilder {
                 Err(BindRace) if attempt < START_ATTEMPTS => {
                     tracing::debug!(port = server.port, "port taken before redis-server bound it; retrying");
                     server.port = free_port();
+                    if cluster {
+                        server.bus_port = Some(free_port());
+                    }
                 }
                 Err(BindRace) => {}
             }
@@ -167,6 +185,8 @@ struct State {
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// The cluster bus port of a [`RedisServerBuilder::cluster_node`].
+    bus_port: Option<u16>,
     dir: TempDir,
     options: RedisServerBuilder,
     state: Mutex<State>,
@@ -187,6 +207,12 @@ impl RedisServer {
     /// The TCP port the server listens on; stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The cluster bus port (`cluster-port`) of a [`cluster_node`](RedisServerBuilder::cluster_node); `None` for a
+    /// server that is not a cluster node. Stays the same across restarts.
+    pub fn bus_port(&self) -> Option<u16> {
+        self.bus_port
     }
 
     /// The connection URL, `redis://127.0.0.1:PORT`.
@@ -766,6 +792,13 @@ impl RedisServer {
         }
         if let Some(primary) = replica_of {
             lines.push(format!("replicaof 127.0.0.1 {primary}"));
+        }
+        if let (Some(timeout), Some(bus_port)) = (self.options.cluster_node_timeout_ms, self.bus_port) {
+            lines.push("cluster-enabled yes".to_owned());
+            lines.push(format!("cluster-port {bus_port}"));
+            // Relative to `dir`: kept across restarts, so a restarted node keeps its id and its view.
+            lines.push("cluster-config-file nodes.conf".to_owned());
+            lines.push(format!("cluster-node-timeout {timeout}"));
         }
         let mut conf = lines.join("\n");
         conf.push('\n');

@@ -1,0 +1,317 @@
+//! Redis Cluster, issue 15: every Lua script of the project runs in one hash slot (no `CROSSSLOT`), shown on a
+//! local 3-master cluster through a redis-rs cluster connection, with the keys and arguments the Rust code passes:
+//! the coordinator's `LOAD` / `COMMIT` / `RELEASE` (group and routing sections), `SEAL` / `DRAIN`, and the
+//! producer's publish script (plain and idempotent). Every call must succeed.
+//!
+//! The second test pins what is *not* slot-safe yet (listed in docs/cluster.md): the multi-key pipelines of the
+//! coordinator that span slots are refused by the cluster client, and the `SCAN` that rebuilds the groups index
+//! sees one node's keys only.
+
+use std::collections::BTreeSet;
+
+use coord_server::store::{script_sources, SectionKeys};
+use protocol::keys::{self, LAYOUT_VERSION};
+use protocol::names::{GroupName, StreamName};
+use protocol::{RoutingVersion, ShardId};
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, Script, ServerErrorKind, Value};
+use stream_producer::{publish_script_call, publish_script_source, Record};
+use test_support::cluster::{key_slot, RedisCluster};
+
+const TTL_MS: u64 = 5000;
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(n) => n.to_string(),
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+/// Fails the test on any error, naming `CROSSSLOT` when it is one.
+fn ok<T>(what: &str, r: redis::RedisResult<T>) -> T {
+    r.unwrap_or_else(|e| {
+        let cross = e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) || e.to_string().contains("CROSSSLOT");
+        panic!("{what} failed{}: {e}", if cross { " with CROSSSLOT" } else { "" })
+    })
+}
+
+/// `LOAD`, `COMMIT` (a new aggregate and one lease), `LOAD` again, `RELEASE`: one critical section, as
+/// `Store::try_load` / `Store::commit` / `Store::release` send it.
+async fn critical_section(con: &mut ClusterConnection, keys: &SectionKeys, scope: &str, member: Option<&str>) {
+    let [(_, load), (_, commit), (_, release)] = script_sources();
+    let (load, commit, release) = (Script::new(&load), Script::new(&commit), Script::new(&release));
+    let token = "00000000000000010000000000000002";
+    let mut inv = load.key(&keys.hash);
+    inv.key(&keys.liveness)
+        .key(&keys.mutex)
+        .arg(token)
+        .arg(TTL_MS)
+        .arg("")
+        .arg("")
+        .arg(keys.schema)
+        .arg(LAYOUT_VERSION)
+        .arg(scope);
+    if let Some(m) = member {
+        inv.arg(m);
+    }
+    let reply: Vec<Value> = ok(&format!("LOAD {}", keys.hash), inv.invoke_async(con).await);
+    assert_eq!(int(&reply[0]), 1, "LOAD took the mutex: {reply:?}");
+    let now_ms = text(&reply[1]).parse::<u64>().unwrap() * 1000;
+    let run_id = text(&reply[10]);
+    assert_eq!(run_id.len(), 40, "{reply:?}");
+
+    let mut inv = commit.key(&keys.hash);
+    inv.key(&keys.liveness)
+        .key(&keys.mutex)
+        .arg(token)
+        .arg("")
+        .arg("0")
+        .arg(r#"{"cluster":true}"#)
+        .arg(keys.schema)
+        .arg(LAYOUT_VERSION)
+        .arg(now_ms)
+        .arg(&run_id)
+        .arg("");
+    match member {
+        Some(m) => inv.arg(1).arg(m).arg(now_ms + 10_000),
+        None => inv.arg(0),
+    };
+    let reply: Vec<Value> = ok(&format!("COMMIT {}", keys.hash), inv.invoke_async(con).await);
+    assert_eq!(int(&reply[0]), 1, "COMMIT wrote: {reply:?}");
+    assert_eq!(text(&reply[1]), "1", "first revision");
+
+    let mut inv = load.key(&keys.hash);
+    inv.key(&keys.liveness)
+        .key(&keys.mutex)
+        .arg(token)
+        .arg(TTL_MS)
+        .arg("1")
+        .arg("")
+        .arg(keys.schema)
+        .arg(LAYOUT_VERSION)
+        .arg(scope);
+    if let Some(m) = member {
+        inv.arg(m);
+    }
+    let reply: Vec<Value> = ok(&format!("LOAD {} again", keys.hash), inv.invoke_async(con).await);
+    assert_eq!(int(&reply[0]), 1, "{reply:?}");
+    assert_eq!(text(&reply[3]), "1", "the committed revision: {reply:?}");
+    assert_eq!(
+        text(&reply[9]),
+        text(&reply[10]),
+        "runId is the run id of the slot's master: {reply:?}"
+    );
+    let released: i64 = ok(
+        &format!("RELEASE {}", keys.mutex),
+        release.key(&keys.mutex).arg(token).invoke_async(con).await,
+    );
+    assert_eq!(released, 1);
+}
+
+/// Loads the publish script on every master (the producer loads it per connection; a cluster connection sends
+/// `EVALSHA` straight to the slot's master).
+async fn load_publish_script(cluster: &RedisCluster) {
+    for &m in &cluster.masters().await {
+        let mut con = cluster.node(m).server().connection().await;
+        let _: String = ok(
+            "SCRIPT LOAD",
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(publish_script_source())
+                .query_async(&mut con)
+                .await,
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_script_runs_in_one_slot_on_a_cluster() {
+    let cluster = RedisCluster::start().await;
+    let mut con = cluster.connection().await;
+    load_publish_script(&cluster).await;
+    let [(_, seal), (_, drain)] = coord_server::store_reshard::script_sources();
+    let (seal, drain) = (Script::new(seal), Script::new(drain));
+
+    let stream = StreamName::new("orders").unwrap();
+    let mut masters_used = BTreeSet::new();
+    for name in ["billing", "audit", "search", "mail", "ship", "fraud"] {
+        let group = GroupName::new(name).unwrap();
+        let keys = SectionKeys::group(&stream, &group);
+        masters_used.insert(cluster.owner_of_key(&keys.hash).await);
+        critical_section(&mut con, &keys, "m", Some("member-1")).await;
+    }
+    critical_section(&mut con, &SectionKeys::routing(&stream), "", None).await;
+    assert_eq!(
+        masters_used.len(),
+        3,
+        "the groups' metadata is spread over every master"
+    );
+
+    let group = "billing";
+    let mut shard_masters = BTreeSet::new();
+    for n in 0..8 {
+        let shard = ShardId(n);
+        let shard_key = keys::shard_stream(&stream, shard);
+        shard_masters.insert(cluster.owner_of_key(&shard_key).await);
+
+        let records = [
+            Record::with_key("k").field("f", "v"),
+            Record::without_key().field("g", "w"),
+        ];
+        let pipe = publish_script_call(&stream, shard, RoutingVersion(1), None, &records);
+        let reply: Vec<Value> = ok("publish (plain)", pipe.query_async(&mut con).await);
+        let Value::Array(items) = &reply[0] else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(text(&items[0]), "WRITTEN", "{reply:?}");
+
+        let pipe = publish_script_call(&stream, shard, RoutingVersion(1), Some(("p-1", "e1", 0)), &records);
+        let reply: Vec<Value> = ok("publish (idempotent)", pipe.query_async(&mut con).await);
+        let Value::Array(items) = &reply[0] else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(text(&items[0]), "WRITTEN", "{reply:?}");
+        let reply: Vec<Value> = ok("publish (idempotent retry)", pipe.query_async(&mut con).await);
+        let Value::Array(items) = &reply[0] else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(text(&items[0]), "DUPLICATE", "{reply:?}");
+
+        let _: () = ok(
+            "XGROUP CREATE",
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&shard_key)
+                .arg(group)
+                .arg("0")
+                .query_async(&mut con)
+                .await,
+        );
+        let reply: Vec<Value> = ok(
+            "SEAL",
+            seal.key(&shard_key)
+                .key(keys::shard_fence(&stream, shard))
+                .arg(2)
+                .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                .invoke_async(&mut con)
+                .await,
+        );
+        let sealed_at = text(&reply[0]);
+        assert_ne!(sealed_at, "0-0", "four records were written: {reply:?}");
+        let reply: Vec<Value> = ok(
+            "DRAIN",
+            drain
+                .key(&shard_key)
+                .key(keys::shard_fence(&stream, shard))
+                .arg(group)
+                .arg(&sealed_at)
+                .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                .invoke_async(&mut con)
+                .await,
+        );
+        assert_eq!(text(&reply[0]), "2", "the fence SEAL set: {reply:?}");
+        assert_eq!(text(&reply[1]), "0-0", "nothing delivered yet: {reply:?}");
+
+        // The fence now refuses an older routing version, atomically with the write: FENCED, nothing written.
+        let pipe = publish_script_call(&stream, shard, RoutingVersion(1), None, &records);
+        let reply: Vec<Value> = ok("publish (fenced)", pipe.query_async(&mut con).await);
+        let Value::Array(items) = &reply[0] else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(text(&items[0]), "FENCED", "{reply:?}");
+    }
+    assert_eq!(shard_masters.len(), 3, "8 shards land on every master");
+}
+
+#[tokio::test]
+async fn what_is_not_slot_safe_yet() {
+    let cluster = RedisCluster::start().await;
+    let mut con = cluster.connection().await;
+    let stream = StreamName::new("orders").unwrap();
+    let group = GroupName::new("billing").unwrap();
+
+    // `Store::index_group`: one pipeline of two SADDs on the two untagged index sets, in different slots.
+    assert_ne!(
+        key_slot(keys::groups_index().as_bytes()),
+        key_slot(keys::streams_index().as_bytes())
+    );
+    let refused: redis::RedisResult<()> = redis::pipe()
+        .sadd(keys::groups_index(), keys::groups_index_member(&stream, &group))
+        .ignore()
+        .sadd(keys::streams_index(), stream.as_str())
+        .ignore()
+        .query_async(&mut con)
+        .await;
+    let e = refused.expect_err("a pipeline over two slots");
+    assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::CrossSlot), "{e}");
+
+    // `traces::of_group` / `of_stream` and the lag sampler pipeline keys of several tags together.
+    let of_group = [
+        keys::group_metadata(&stream, &group),
+        keys::groups_index(),
+        keys::group_liveness(&stream, &group),
+        keys::stream_routing(&stream),
+    ];
+    let slots: BTreeSet<u16> = of_group.iter().map(|k| key_slot(k.as_bytes())).collect();
+    assert!(slots.len() > 1, "of_group spans {slots:?}");
+    let shards: BTreeSet<u16> = (0..8)
+        .map(|n| key_slot(keys::shard_stream(&stream, ShardId(n)).as_bytes()))
+        .collect();
+    assert_eq!(
+        shards.len(),
+        8,
+        "one slot per shard: a pipeline over shards spans slots"
+    );
+
+    // `Store::rebuild_index`: SCAN MATCH on one connection sees one node's keys. The groups' metadata lands on
+    // every master, so no single node's SCAN finds them all; the union over the masters does.
+    let names = ["billing", "audit", "search", "mail", "ship", "fraud"];
+    for name in names {
+        let keys = SectionKeys::group(&stream, &GroupName::new(name).unwrap());
+        let _: () = ok(
+            "HSET",
+            redis::cmd("HSET")
+                .arg(&keys.hash)
+                .arg("revision")
+                .arg(1)
+                .query_async(&mut con)
+                .await,
+        );
+    }
+    let mut union = BTreeSet::new();
+    for &m in &cluster.masters().await {
+        let mut node = cluster.node(m).server().connection().await;
+        let mut found = BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = ok(
+                "SCAN",
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::group_metadata_pattern())
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut node)
+                    .await,
+            );
+            found.extend(batch);
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        assert!(found.len() < names.len(), "node {m} alone finds {found:?}");
+        union.extend(found);
+    }
+    assert_eq!(union.len(), names.len(), "{union:?}");
+}
