@@ -50,25 +50,31 @@ use protocol::routing::shard_for_key;
 use protocol::{keys, ShardId};
 use stream_producer::{Producer, Record};
 
-/// One shape of the raw loop: `connections` multiplexed connections shared by `tasks` tasks (task `t` uses
-/// connection `t % connections`), each task sending pipelines of `depth` `XADD`s and awaiting every reply before
-/// its next pipeline; `grouped`: the commands of a pipeline are sorted by shard stream (written `CxTxD`, or
-/// `CxTxDg` grouped).
+/// One shape of the raw loop: `connections` multiplexed redis-rs connections shared by `tasks` tasks (task `t`
+/// uses connection `t % connections`), each task sending pipelines of `depth` `XADD`s and awaiting every reply
+/// before its next pipeline; `grouped`: the commands of a pipeline are sorted by shard stream. Written `CxTxD`,
+/// `CxTxDg` grouped; `CxCxDr` (grouped too) is the same loop without redis-rs: each task owns a plain TCP
+/// socket, encodes the RESP of its pipeline by hand into one reused buffer and counts the replies with a minimal
+/// parser (the loop redis-benchmark runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RawShape {
     connections: usize,
     tasks: usize,
     depth: usize,
     grouped: bool,
+    resp: bool,
 }
 
 impl FromStr for RawShape {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (body, grouped) = match s.strip_suffix('g') {
-            Some(body) => (body, true),
-            None => (s, false),
+        let (body, grouped, resp) = if let Some(body) = s.strip_suffix('g') {
+            (body, true, false)
+        } else if let Some(body) = s.strip_suffix('r') {
+            (body, true, true)
+        } else {
+            (s, false, false)
         };
         let parts: Vec<usize> = body
             .split('x')
@@ -82,18 +88,28 @@ impl FromStr for RawShape {
         if connections == 0 || tasks == 0 || depth == 0 {
             return Err(format!("{s:?}: every number must be at least 1"));
         }
+        if resp && tasks != connections {
+            return Err(format!(
+                "{s:?}: a hand-written RESP shape has one task per socket (CxCxDr)"
+            ));
+        }
         Ok(RawShape {
             connections,
             tasks,
             depth,
             grouped,
+            resp,
         })
     }
 }
 
 impl fmt::Display for RawShape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let g = if self.grouped { "g" } else { "" };
+        let g = match (self.resp, self.grouped) {
+            (true, _) => "r",
+            (false, true) => "g",
+            (false, false) => "",
+        };
         write!(f, "{}x{}x{}{g}", self.connections, self.tasks, self.depth)
     }
 }
@@ -121,8 +137,9 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     pipeline: usize,
     /// Raw loop shapes to try, comma-separated `CONNECTIONSxTASKSxDEPTH`, a trailing `g` groups each pipeline by
-    /// shard (e.g. `1x4x256g`). Default: the redis-benchmark-like shape and every combination of 1, 2, 4
-    /// connections x 4, 8, 16 tasks x depth 64, 256, 512, grouped.
+    /// shard (e.g. `1x4x256g`), a trailing `r` is the hand-written RESP loop on plain sockets (`2x2x256r`).
+    /// Default: the redis-benchmark-like shape, every combination of 1, 2, 4 connections x 4, 8, 16 tasks x depth
+    /// 64, 256, 512 grouped, and RESP loops of 1x1x256, 2x2x256, 2x2x512, 4x4x256, 4x4x512, 8x8x256.
     #[arg(long, value_delimiter = ',')]
     raw_shapes: Option<Vec<RawShape>>,
     /// Records of one calibration round of a raw shape (0: no calibration, the first shape is the baseline).
@@ -180,6 +197,7 @@ impl Args {
             tasks: self.raw_connections,
             depth: self.pipeline,
             grouped: false,
+            resp: false,
         }];
         for connections in [1, 2, 4] {
             for tasks in [4, 8, 16] {
@@ -189,9 +207,19 @@ impl Args {
                         tasks,
                         depth,
                         grouped: true,
+                        resp: false,
                     });
                 }
             }
+        }
+        for (sockets, depth) in [(1, 256), (2, 256), (2, 512), (4, 256), (4, 512), (8, 256)] {
+            shapes.push(RawShape {
+                connections: sockets,
+                tasks: sockets,
+                depth,
+                grouped: true,
+                resp: true,
+            });
         }
         shapes
     }
@@ -293,6 +321,9 @@ async fn raw_connections(url: &str, n: usize) -> Result<Vec<redis::aio::Multiple
 /// The raw loop in one shape over the first `n` records: connections are opened before the clock starts;
 /// shards, pipelines and commands are built inside it.
 async fn raw_run(url: &str, shape: RawShape, n: usize, work: &Arc<Workload>) -> Result<Duration> {
+    if shape.resp {
+        return resp_run(url, shape, n, work).await;
+    }
     let cons = raw_connections(url, shape.connections).await?;
     let next = Arc::new(AtomicUsize::new(0));
     let depth = shape.depth;
@@ -338,6 +369,113 @@ async fn raw_run(url: &str, shape: RawShape, n: usize, work: &Arc<Workload>) -> 
         t.await??;
     }
     Ok(start.elapsed())
+}
+
+/// The hand-written loop: one plain socket per task, pipelines encoded as RESP into one reused buffer (inside the
+/// clock, like every other mode's commands), replies counted by [`skip_replies`].
+async fn resp_run(url: &str, shape: RawShape, n: usize, work: &Arc<Workload>) -> Result<Duration> {
+    use tokio::io::AsyncWriteExt;
+    let addr = url.strip_prefix("redis://").context("a redis:// url")?;
+    let mut sockets = Vec::with_capacity(shape.tasks);
+    for _ in 0..shape.tasks {
+        let socket = tokio::net::TcpStream::connect(addr).await?;
+        socket.set_nodelay(true)?;
+        sockets.push(socket);
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let depth = shape.depth;
+    let start = Instant::now();
+    let tasks: Vec<_> = sockets
+        .into_iter()
+        .map(|mut socket| {
+            let work = work.clone();
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut order: Vec<(usize, usize)> = Vec::with_capacity(depth);
+                let mut out: Vec<u8> = Vec::with_capacity(depth * (work.payload.len() + 96));
+                let mut replies = ReplyBuffer::default();
+                loop {
+                    let from = next.fetch_add(depth, Ordering::Relaxed);
+                    if from >= n {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    let to = (from + depth).min(n);
+                    order.clear();
+                    order.extend((from..to).map(|i| (shard_for_key(work.keys[i].as_bytes(), work.shards).index(), i)));
+                    order.sort_unstable();
+                    out.clear();
+                    for &(shard, _) in &order {
+                        encode_xadd(&mut out, work.shard_keys[shard].as_bytes(), &work.payload);
+                    }
+                    socket.write_all(&out).await?;
+                    skip_replies(&mut socket, &mut replies, to - from).await?;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
+/// Appends `XADD <key> * p <payload>` in RESP.
+fn encode_xadd(out: &mut Vec<u8>, key: &[u8], payload: &[u8]) {
+    use std::io::Write;
+    out.extend_from_slice(b"*5\r\n$4\r\nXADD\r\n");
+    let _ = write!(out, "${}\r\n", key.len());
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\r\n$1\r\n*\r\n$1\r\np\r\n");
+    let _ = write!(out, "${}\r\n", payload.len());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Bytes read from a socket and not yet parsed.
+#[derive(Default)]
+struct ReplyBuffer {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// Reads and checks `n` replies of `XADD` (bulk strings; an error reply fails the run).
+async fn skip_replies(socket: &mut tokio::net::TcpStream, r: &mut ReplyBuffer, mut n: usize) -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    while n > 0 {
+        if let Some(used) = one_reply(&r.buf[r.start..r.end])? {
+            r.start += used;
+            n -= 1;
+            continue;
+        }
+        r.buf.copy_within(r.start..r.end, 0);
+        r.end -= r.start;
+        r.start = 0;
+        if r.buf.len() < r.end + 16 * 1024 {
+            r.buf.resize(r.end + 64 * 1024, 0);
+        }
+        let got = socket.read(&mut r.buf[r.end..]).await?;
+        ensure!(got > 0, "redis closed the connection with {n} replies outstanding");
+        r.end += got;
+    }
+    Ok(())
+}
+
+/// The length of the first complete reply in `b`, if there is one.
+fn one_reply(b: &[u8]) -> Result<Option<usize>> {
+    let Some(nl) = b.iter().position(|&c| c == b'\n') else {
+        return Ok(None);
+    };
+    let line = &b[..nl.saturating_sub(1)];
+    match line.first() {
+        Some(b'$') => {
+            let len: usize = std::str::from_utf8(&line[1..])?.parse()?;
+            let total = nl + 1 + len + 2;
+            Ok((b.len() >= total).then_some(total))
+        }
+        Some(b'+' | b':') => Ok(Some(nl + 1)),
+        _ => bail!("unexpected reply to XADD: {}", String::from_utf8_lossy(line)),
+    }
 }
 
 async fn sdk_batch_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workload>) -> Result<Duration> {
@@ -579,8 +717,9 @@ fn load_average() -> String {
 }
 
 /// What a mode runs.
-const MODES: [(&str, &str); 7] = [
+const MODES: [(&str, &str); 8] = [
     ("raw", "raw pipelined XADD"),
+    ("raw-rs", "raw pipelined XADD, best redis-rs"),
     ("sdk-batch", "send_batch, fenced script"),
     ("sdk-plain", "send_batch, plain XADD"),
     ("sdk-idem", "send_batch, fenced+idempotent"),
@@ -590,7 +729,8 @@ const MODES: [(&str, &str); 7] = [
 ];
 
 /// Interleaved short rounds of every raw shape over the first `n` records; returns the shape with the best
-/// median rate, after printing every shape's median and spread.
+/// median rate and the best redis-rs shape (no hand-written RESP) if that is another one, after printing every
+/// shape's median and spread.
 async fn calibrate(
     redis: &PrivateRedis,
     con: &mut redis::aio::MultiplexedConnection,
@@ -598,7 +738,7 @@ async fn calibrate(
     args: &Args,
     work: &Arc<Workload>,
     shapes: &[RawShape],
-) -> Result<RawShape> {
+) -> Result<(RawShape, Option<RawShape>)> {
     let n = args.calibration_records.min(args.records);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
     for _ in 0..args.calibration_rounds.max(1) {
@@ -624,7 +764,7 @@ async fn calibrate(
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     println!(
-        "raw shapes (connections x tasks x depth, g = grouped by shard), {} rounds of {n} records, \
+        "raw shapes (connections x tasks x depth, g = grouped by shard, r = hand-written RESP), {} rounds of {n} records, \
          load {}:",
         args.calibration_rounds.max(1),
         load_average()
@@ -636,8 +776,12 @@ async fn calibrate(
         );
     }
     let best = ranked.first().context("no raw shape")?.0;
-    println!("raw baseline: {best}");
-    Ok(best)
+    let best_rs = ranked.iter().map(|r| r.0).find(|s| !s.resp).filter(|s| *s != best);
+    match best_rs {
+        Some(rs) => println!("raw baseline: {best}; best redis-rs shape (mode raw-rs): {rs}"),
+        None => println!("raw baseline: {best}"),
+    }
+    Ok((best, best_rs))
 }
 
 #[tokio::main]
@@ -701,12 +845,15 @@ async fn main() -> Result<()> {
         args.delivery_window
     );
     let runs_raw = args.modes.iter().any(|m| m == "raw");
-    let raw_shape = if runs_raw && shapes.len() > 1 && args.calibration_records > 0 {
+    let (raw_shape, rs_shape) = if runs_raw && shapes.len() > 1 && args.calibration_records > 0 {
         calibrate(&redis, &mut con, &stream, &args, &work, &shapes).await?
     } else {
-        shapes[0]
+        (shapes[0], None)
     };
     let mut modes: Vec<&str> = args.modes.iter().map(String::as_str).collect();
+    if let (Some(_), Some(at)) = (rs_shape, modes.iter().position(|m| *m == "raw")) {
+        modes.insert(at + 1, "raw-rs");
+    }
     if args.redis_benchmark {
         if on_path("redis-benchmark") {
             modes.push("redis-benchmark");
@@ -731,6 +878,10 @@ async fn main() -> Result<()> {
             let (cpu_before, children_before) = process_cpu();
             let took = match mode {
                 "raw" => raw_run(&redis.url(), raw_shape, args.records, &work).await?,
+                "raw-rs" => {
+                    let shape = rs_shape.context("raw-rs without a shape")?;
+                    raw_run(&redis.url(), shape, args.records, &work).await?
+                }
                 "sdk-batch" => sdk_batch_run(&producer, &args, &work).await?,
                 "sdk-plain" => sdk_batch_run(&plain, &args, &work).await?,
                 "sdk-idem" => sdk_batch_run(&idempotent, &args, &work).await?,
@@ -783,7 +934,7 @@ async fn main() -> Result<()> {
     let raw = samples.get("raw").map_or(0.0, |s| median_of(s, |s| s.rate));
     println!(
         "medians of {} interleaved rounds, {} records each (load average now {}); raw = shape {raw_shape} \
-         (connections x tasks x depth, g = grouped by shard); CPU per record: client = this process (for \
+         (connections x tasks x depth, g = grouped by shard, r = hand-written RESP); CPU per record: client = this process (for \
          redis-benchmark: its process), redis = INFO cpu of the server; RSS of this process after / peak during \
          the mode:",
         args.rounds,
@@ -810,6 +961,7 @@ async fn main() -> Result<()> {
         };
         let label = match mode {
             "raw" => format!("{name}, {raw_shape}"),
+            "raw-rs" => format!("{name}, {}", rs_shape.map(|s| s.to_string()).unwrap_or_default()),
             "redis-benchmark" => format!(
                 "redis-benchmark -P {} -c {} -r {} XADD (reference)",
                 args.pipeline, args.raw_connections, args.shards
@@ -835,4 +987,36 @@ async fn main() -> Result<()> {
     producer.close().await?;
     coordinator.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_print() {
+        for text in ["50x50x32", "1x4x256g", "2x2x512r"] {
+            assert_eq!(text.parse::<RawShape>().expect(text).to_string(), text);
+        }
+        assert!(
+            "2x4x256r".parse::<RawShape>().is_err(),
+            "RESP shapes have one task per socket"
+        );
+        assert!("0x4x256".parse::<RawShape>().is_err());
+        assert!("4x256".parse::<RawShape>().is_err());
+    }
+
+    #[test]
+    fn replies_are_counted_whole() {
+        let mut out = Vec::new();
+        encode_xadd(&mut out, b"k", b"vv");
+        assert_eq!(
+            out,
+            b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\np\r\n$2\r\nvv\r\n"
+        );
+        assert_eq!(one_reply(b"$15\r\n1700000000000-0\r\n$3").unwrap(), Some(22));
+        assert_eq!(one_reply(b"$15\r\n1700000000000-").unwrap(), None);
+        assert_eq!(one_reply(b"$15").unwrap(), None);
+        assert!(one_reply(b"-ERR wrong\r\n").is_err());
+    }
 }
