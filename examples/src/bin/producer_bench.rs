@@ -7,9 +7,11 @@
 //! ```
 //!
 //! * raw: a pipelined `XADD <shard stream> * p <payload>` loop in one of several shapes (`--raw-shapes`:
-//!   connections x tasks x pipeline depth, optionally grouped by shard). A short calibration round of every shape
-//!   (`--calibration-records`, `--calibration-rounds`, interleaved) picks the fastest; that shape is the `raw`
-//!   baseline of every ratio, and the calibration table says which shapes were tried and how fast they were.
+//!   connections x tasks x pipeline depth, optionally grouped by shard, or hand-written RESP on plain sockets).
+//!   Short interleaved calibration rounds of every shape (`--calibration-records`, `--calibration-rounds`)
+//!   rank them (the table says which shapes were tried and how fast they were); the best `--raw-finalists`,
+//!   plus the best redis-rs and the best hand-written shape, run in the main rounds as modes of their own, and
+//!   the finalist with the best median there is the baseline of every ratio.
 //! * sdk-batch: `--sdk-tasks` tasks calling `Producer::send_batch` with `--sdk-batch` records each (the SDK
 //!   routes them, groups them by shard and sends one `EVALSHA` of the fenced publish script per shard batch: the
 //!   default publish path).
@@ -29,10 +31,10 @@
 //! its spread (min and max), and per record the median client CPU (this process's user + system time from
 //! `/proc/self/stat`, which covers the in-process coordinator as well, idle during a round; for redis-benchmark
 //! the CPU of the child process) and Redis CPU (`INFO cpu` of the private server), and the process's resident
-//! memory (`VmRSS` after the mode, and its peak during the mode from `VmHWM`, reset before the mode through
+//! memory (`VmRSS` before the mode, and its peak during the mode from `VmHWM`, reset before the mode through
 //! `/proc/self/clear_refs` where the kernel allows it). The load average is printed with every round.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -142,12 +144,16 @@ struct Args {
     /// 64, 256, 512 grouped, and RESP loops of 1x1x256, 2x2x256, 2x2x512, 4x4x256, 4x4x512, 8x8x256.
     #[arg(long, value_delimiter = ',')]
     raw_shapes: Option<Vec<RawShape>>,
-    /// Records of one calibration round of a raw shape (0: no calibration, the first shape is the baseline).
+    /// Records of one calibration round of a raw shape (0: no calibration, every shape runs in the main rounds).
     #[arg(long, default_value_t = 60_000)]
     calibration_records: usize,
-    /// Interleaved calibration rounds per raw shape (the shape with the best median wins).
+    /// Interleaved calibration rounds per raw shape.
     #[arg(long, default_value_t = 2)]
     calibration_rounds: usize,
+    /// Raw shapes with the best calibration medians that go on to the main rounds (plus the best redis-rs and
+    /// the best hand-written RESP shape if not among them); the best median there is the baseline of the ratios.
+    #[arg(long, default_value_t = 2)]
+    raw_finalists: usize,
     /// SDK: publishing connections.
     #[arg(long, default_value_t = 2)]
     sdk_connections: usize,
@@ -658,7 +664,7 @@ struct Sample {
     rate: f64,
     client_cpu_us: f64,
     redis_cpu_us: f64,
-    rss_mib: f64,
+    rss_before_mib: f64,
     peak_rss_mib: Option<f64>,
 }
 
@@ -716,21 +722,45 @@ fn load_average() -> String {
         .unwrap_or_else(|| "n/a".into())
 }
 
-/// What a mode runs.
-const MODES: [(&str, &str); 8] = [
-    ("raw", "raw pipelined XADD"),
-    ("raw-rs", "raw pipelined XADD, best redis-rs"),
+/// The SDK modes: name on the command line, what it runs.
+const SDK_MODES: [(&str, &str); 5] = [
     ("sdk-batch", "send_batch, fenced script"),
     ("sdk-plain", "send_batch, plain XADD"),
     ("sdk-idem", "send_batch, fenced+idempotent"),
     ("sdk-enqueue", "enqueue, fenced script"),
     ("sdk-enqueue-idem", "enqueue, fenced+idempotent"),
-    ("redis-benchmark", "redis-benchmark XADD (reference)"),
 ];
 
-/// Interleaved short rounds of every raw shape over the first `n` records; returns the shape with the best
-/// median rate and the best redis-rs shape (no hand-written RESP) if that is another one, after printing every
-/// shape's median and spread.
+/// One measured mode of the main rounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// A raw loop finalist.
+    Raw(RawShape),
+    /// An SDK mode (a name of [`SDK_MODES`]).
+    Sdk(&'static str),
+    /// `redis-benchmark`, the physical reference.
+    RedisBenchmark,
+}
+
+impl Mode {
+    fn label(&self, args: &Args) -> String {
+        match self {
+            Mode::Raw(shape) => format!("raw {shape}"),
+            Mode::Sdk(name) => SDK_MODES
+                .iter()
+                .find(|(m, _)| m == name)
+                .map_or_else(|| name.to_string(), |(_, what)| what.to_string()),
+            Mode::RedisBenchmark => format!(
+                "redis-benchmark -P {} -c {} -r {} XADD",
+                args.pipeline, args.raw_connections, args.shards
+            ),
+        }
+    }
+}
+
+/// Interleaved short rounds of every raw shape over the first `n` records, after which the best
+/// `--raw-finalists` shapes go on to the main rounds, together with the best redis-rs shape and the best
+/// hand-written RESP shape if they are not among them. Prints every shape's median and spread.
 async fn calibrate(
     redis: &PrivateRedis,
     con: &mut redis::aio::MultiplexedConnection,
@@ -738,10 +768,11 @@ async fn calibrate(
     args: &Args,
     work: &Arc<Workload>,
     shapes: &[RawShape],
-) -> Result<(RawShape, Option<RawShape>)> {
+) -> Result<Vec<RawShape>> {
     let n = args.calibration_records.min(args.records);
+    let rounds = args.calibration_rounds.max(1);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
-    for _ in 0..args.calibration_rounds.max(1) {
+    for _ in 0..rounds {
         for (shape, rates) in shapes.iter().zip(&mut rates) {
             clear(con, stream, args.shards).await?;
             let took = raw_run(&redis.url(), *shape, n, work).await?;
@@ -764,9 +795,7 @@ async fn calibrate(
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     println!(
-        "raw shapes (connections x tasks x depth, g = grouped by shard, r = hand-written RESP), {} rounds of {n} records, \
-         load {}:",
-        args.calibration_rounds.max(1),
+        "raw shape calibration ({SHAPE_LEGEND}), {rounds} interleaved rounds of {n} records, load {}:",
         load_average()
     );
     for (shape, median, min, max) in &ranked {
@@ -775,14 +804,24 @@ async fn calibrate(
             shape.to_string()
         );
     }
-    let best = ranked.first().context("no raw shape")?.0;
-    let best_rs = ranked.iter().map(|r| r.0).find(|s| !s.resp).filter(|s| *s != best);
-    match best_rs {
-        Some(rs) => println!("raw baseline: {best}; best redis-rs shape (mode raw-rs): {rs}"),
-        None => println!("raw baseline: {best}"),
+    let mut finalists: Vec<RawShape> = ranked.iter().take(args.raw_finalists.max(1)).map(|r| r.0).collect();
+    for resp in [false, true] {
+        if let Some(best) = ranked.iter().map(|r| r.0).find(|s| s.resp == resp) {
+            if !finalists.contains(&best) {
+                finalists.push(best);
+            }
+        }
     }
-    Ok((best, best_rs))
+    let names: Vec<String> = finalists.iter().map(RawShape::to_string).collect();
+    println!(
+        "raw finalists (the best median of the main rounds is the baseline): {}",
+        names.join(", ")
+    );
+    Ok(finalists)
 }
+
+/// How raw shapes are written.
+const SHAPE_LEGEND: &str = "connections x tasks x depth, g = grouped by shard, r = hand-written RESP";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -844,19 +883,26 @@ async fn main() -> Result<()> {
         args.max_batch_size,
         args.delivery_window
     );
-    let runs_raw = args.modes.iter().any(|m| m == "raw");
-    let (raw_shape, rs_shape) = if runs_raw && shapes.len() > 1 && args.calibration_records > 0 {
-        calibrate(&redis, &mut con, &stream, &args, &work, &shapes).await?
-    } else {
-        (shapes[0], None)
-    };
-    let mut modes: Vec<&str> = args.modes.iter().map(String::as_str).collect();
-    if let (Some(_), Some(at)) = (rs_shape, modes.iter().position(|m| *m == "raw")) {
-        modes.insert(at + 1, "raw-rs");
+    let mut modes: Vec<Mode> = Vec::new();
+    for name in &args.modes {
+        if name == "raw" {
+            let finalists = if shapes.len() > 1 && args.calibration_records > 0 {
+                calibrate(&redis, &mut con, &stream, &args, &work, &shapes).await?
+            } else {
+                shapes.clone()
+            };
+            modes.extend(finalists.into_iter().map(Mode::Raw));
+        } else {
+            let (name, _) = SDK_MODES
+                .iter()
+                .find(|(m, _)| m == name)
+                .with_context(|| format!("unknown mode {name:?}"))?;
+            modes.push(Mode::Sdk(name));
+        }
     }
     if args.redis_benchmark {
         if on_path("redis-benchmark") {
-            modes.push("redis-benchmark");
+            modes.push(Mode::RedisBenchmark);
         } else {
             println!("redis-benchmark is not on PATH: no physical reference in this run");
         }
@@ -866,42 +912,42 @@ async fn main() -> Result<()> {
         println!("/proc/self/clear_refs not writable: peak RSS is the process's peak so far");
     }
 
-    let mut samples: HashMap<&str, Vec<Sample>> = HashMap::new();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); modes.len()];
     for round in 1..=args.rounds {
-        for &mode in &modes {
+        for (&mode, samples) in modes.iter().zip(&mut samples) {
             clear(&mut con, &stream, args.shards).await?;
             if args.commandstats {
                 let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await?;
             }
+            let rss_before = status_mib("VmRSS").unwrap_or(0.0);
             reset_peak_rss();
             let redis_before = redis_cpu(&mut con).await?;
             let (cpu_before, children_before) = process_cpu();
             let took = match mode {
-                "raw" => raw_run(&redis.url(), raw_shape, args.records, &work).await?,
-                "raw-rs" => {
-                    let shape = rs_shape.context("raw-rs without a shape")?;
-                    raw_run(&redis.url(), shape, args.records, &work).await?
-                }
-                "sdk-batch" => sdk_batch_run(&producer, &args, &work).await?,
-                "sdk-plain" => sdk_batch_run(&plain, &args, &work).await?,
-                "sdk-idem" => sdk_batch_run(&idempotent, &args, &work).await?,
-                "sdk-enqueue" => sdk_enqueue_run(&producer, &args, &work).await?,
-                "sdk-enqueue-idem" => sdk_enqueue_run(&idempotent, &args, &work).await?,
-                "redis-benchmark" => {
+                Mode::Raw(shape) => raw_run(&redis.url(), shape, args.records, &work).await?,
+                Mode::Sdk("sdk-batch") => sdk_batch_run(&producer, &args, &work).await?,
+                Mode::Sdk("sdk-plain") => sdk_batch_run(&plain, &args, &work).await?,
+                Mode::Sdk("sdk-idem") => sdk_batch_run(&idempotent, &args, &work).await?,
+                Mode::Sdk("sdk-enqueue") => sdk_enqueue_run(&producer, &args, &work).await?,
+                Mode::Sdk("sdk-enqueue-idem") => sdk_enqueue_run(&idempotent, &args, &work).await?,
+                Mode::Sdk(other) => bail!("unknown mode {other:?}"),
+                Mode::RedisBenchmark => {
                     let port = redis.port;
                     let a = args.clone();
                     let r = tokio::task::spawn_blocking(move || redis_benchmark_run(port, &a)).await??;
                     Duration::from_secs_f64(args.records as f64 / r)
                 }
-                other => bail!("unknown mode {other:?}"),
             };
             let (cpu_after, children_after) = process_cpu();
             let redis_after = redis_cpu(&mut con).await?;
             let written = total_len(&mut con, &stream, args.shards).await?;
-            if written != args.records as u64 {
-                bail!("{mode}: {written} entries written, expected {}", args.records);
-            }
-            let client_cpu = if mode == "redis-benchmark" {
+            let label = mode.label(&args);
+            ensure!(
+                written == args.records as u64,
+                "{label}: {written} entries written, expected {}",
+                args.records
+            );
+            let client_cpu = if mode == Mode::RedisBenchmark {
                 children_after - children_before
             } else {
                 cpu_after - cpu_before
@@ -911,72 +957,67 @@ async fn main() -> Result<()> {
                 rate: rate(args.records, took),
                 client_cpu_us: client_cpu * per_record,
                 redis_cpu_us: (redis_after - redis_before) * per_record,
-                rss_mib: status_mib("VmRSS").unwrap_or(0.0),
+                rss_before_mib: rss_before,
                 peak_rss_mib: if peak_resettable { status_mib("VmHWM") } else { None },
             };
             println!(
-                "round {round} {mode:<17} {:>10.0} records/s ({took:.2?})  client {:.2} us/rec  redis {:.2} us/rec  \
-                 rss {:.0} MiB  load {}",
+                "round {round} {label:<40} {:>8.0} records/s ({took:.2?})  client {:.2} us/rec  redis {:.2} us/rec  \
+                 rss {:.0} -> peak {} MiB  load {}",
                 sample.rate,
                 sample.client_cpu_us,
                 sample.redis_cpu_us,
-                sample.rss_mib,
+                sample.rss_before_mib,
+                sample
+                    .peak_rss_mib
+                    .map_or_else(|| "n/a".to_string(), |p| format!("{p:.0}")),
                 load_average()
             );
             if args.commandstats {
                 println!("        {}", command_usec(&mut con).await?);
             }
-            samples.entry(mode).or_default().push(sample);
+            samples.push(sample);
         }
     }
     clear(&mut con, &stream, args.shards).await?;
     println!();
-    let raw = samples.get("raw").map_or(0.0, |s| median_of(s, |s| s.rate));
+    let baseline = modes
+        .iter()
+        .zip(&samples)
+        .filter(|(m, _)| matches!(m, Mode::Raw(_)))
+        .map(|(m, s)| (*m, median_of(s, |s| s.rate)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
     println!(
-        "medians of {} interleaved rounds, {} records each (load average now {}); raw = shape {raw_shape} \
-         (connections x tasks x depth, g = grouped by shard, r = hand-written RESP); CPU per record: client = this process (for \
-         redis-benchmark: its process), redis = INFO cpu of the server; RSS of this process after / peak during \
-         the mode:",
+        "medians of {} interleaved rounds, {} records each (load average now {}); baseline = {} ({SHAPE_LEGEND}); \
+         CPU per record: client = this process (for redis-benchmark: its own process), Redis = INFO cpu; memory: \
+         this process's VmRSS before the mode and its peak (VmHWM) during the mode, in round 1:",
         args.rounds,
         args.records,
-        load_average()
+        load_average(),
+        baseline.map_or_else(|| "none (raw not run)".to_string(), |(m, _)| m.label(&args))
     );
     println!();
     println!(
-        "| mode | median records/s | min - max | ratio to raw | client CPU us/record | Redis CPU us/record | \
-         RSS after / peak MiB |"
+        "| mode | median records/s | min - max | ratio to baseline | client CPU us/record | Redis CPU us/record | \
+         RSS before / peak MiB |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (mode, name) in MODES {
-        let Some(s) = samples.get(mode) else {
-            continue;
-        };
+    for (mode, s) in modes.iter().zip(&samples) {
         let r = median_of(s, |s| s.rate);
         let min = s.iter().map(|s| s.rate).fold(f64::INFINITY, f64::min);
         let max = s.iter().map(|s| s.rate).fold(0.0, f64::max);
-        let ratio = if raw > 0.0 {
-            format!("{:.3}", r / raw)
-        } else {
-            "n/a (raw not run)".to_string()
-        };
-        let label = match mode {
-            "raw" => format!("{name}, {raw_shape}"),
-            "raw-rs" => format!("{name}, {}", rs_shape.map(|s| s.to_string()).unwrap_or_default()),
-            "redis-benchmark" => format!(
-                "redis-benchmark -P {} -c {} -r {} XADD (reference)",
-                args.pipeline, args.raw_connections, args.shards
-            ),
-            _ => name.to_string(),
-        };
-        let peak = s
-            .iter()
-            .filter_map(|s| s.peak_rss_mib)
-            .fold(None, |acc: Option<f64>, p| Some(acc.map_or(p, |a| a.max(p))));
+        let ratio = baseline.map_or_else(|| "n/a".to_string(), |(_, b)| format!("{:.3}", r / b));
+        let mut label = mode.label(&args);
+        if baseline.is_some_and(|(m, _)| m == *mode) {
+            label.push_str(" (baseline)");
+        } else if *mode == Mode::RedisBenchmark {
+            label.push_str(" (reference)");
+        }
+        let peak = s.first().and_then(|s| s.peak_rss_mib);
         println!(
             "| {label} | {r:.0} | {min:.0} - {max:.0} | {ratio} | {:.2} | {:.2} | {:.0} / {} |",
             median_of(s, |s| s.client_cpu_us),
             median_of(s, |s| s.redis_cpu_us),
-            median_of(s, |s| s.rss_mib),
+            s.first().map_or(0.0, |s| s.rss_before_mib),
             peak.map_or_else(|| "n/a".to_string(), |p| format!("{p:.0}")),
         );
     }
