@@ -31,11 +31,11 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 if [ "$quick" = 1 ]; then
-  producer_args=(--records 100000 --rounds 1)
+  producer_args=(--records 100000 --rounds 1 --calibration-rounds 1)
   consumer_args=(--records 100000 --rounds 1)
   latency_args=(--trials 2 --e2e-secs 4)
 else
-  producer_args=(--records 300000 --rounds 2)
+  producer_args=(--records 300000 --rounds 3)
   consumer_args=(--records 400000 --rounds 4)
   latency_args=(--trials 5 --e2e-secs 10)
 fi
