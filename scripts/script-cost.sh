@@ -96,10 +96,10 @@ failed=""
 for v in floor fenced idem; do
   total="$(measure "$v")"
   per=$(((total - empty) / records))
-  ratio="$(echo "($native - $empty) / ($total - $empty)" | bc -l)"
+  ratio="$(awk -v n="$native" -v e="$empty" -v t="$total" 'BEGIN { printf "%.6f", (n - e) / (t - e) }')"
   printf '%-8s %14d %10.3f\n' "$v" "$per" "$ratio"
   min="${floor_of[$v]:-}"
-  if [ -n "$min" ] && [ "$(echo "$ratio < $min" | bc -l)" = 1 ]; then
+  if [ -n "$min" ] && awk -v r="$ratio" -v m="$min" 'BEGIN { exit !(r < m) }'; then
     failed="$failed $v ($(printf '%.3f' "$ratio") < $min)"
   fi
 done
