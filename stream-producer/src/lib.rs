@@ -127,6 +127,7 @@ pub use stats::ProducerStats;
 
 /// The publish script's source. Not part of the API: for the Redis Cluster slot test (issue 15), which runs the
 /// script through a cluster connection.
+#[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub fn publish_script_source() -> &'static str {
     publish_script::PublishScript::source()
@@ -135,6 +136,7 @@ pub fn publish_script_source() -> &'static str {
 /// One publish-script call (`EVALSHA` of [`publish_script_source`] with the shard's keys and the arguments) exactly
 /// as the producer pipelines it, without trimming; idempotent when `sequence` is `Some((producer id, epoch, first
 /// sequence number))`. Not part of the API: for the Redis Cluster slot test (issue 15).
+#[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub fn publish_script_call(
     stream: &protocol::names::StreamName,

@@ -13,11 +13,18 @@
 //! script runs atomically, so either the whole batch is in the stream or none of it; the checks come first
 //! because a script that fails half-way keeps what it already wrote.
 //!
+//! # Arguments and answer
+//! A batch whose records all have the same number of fields is sent without a field count per record, and
+//! one-field records are passed to `XADD` directly: the script's Redis CPU per record is what limits a saturated
+//! Redis (`scripts/script-cost.sh` counts it). The entry ids of one call are answered, and remembered for
+//! [`ScriptReply::Duplicate`], as one run `<first id>+<count>` when they are consecutive (as `XADD *` gives them
+//! within one call), else as the list of every id ([`expand_ids`] reads both).
+//!
 //! # Sequence rules (idempotent producer)
 //! Per (producer id, shard) the producer numbers its records 0, 1, 2, ... in the order it sends them to the
 //! shard, and sends at most one batch per shard at a time. The state remembers `epoch` (a random value per
 //! producer instance), `next` (the sequence number after the last batch written), and the last batch written
-//! (`first` and its entry `ids`). For a batch starting at `s`:
+//! (`first` and its entry `ids`, in either form above). For a batch starting at `s`:
 //!
 //! | state | answer |
 //! |---|---|
@@ -104,19 +111,17 @@ local call = redis.call
 local k = KEYS[1]
 local tm, tv = A[2], A[3]
 local trim = tm ~= ''
--- One-field records without trimming, the commonest shape, pass their arguments to XADD directly: every Lua
--- operation per record costs Redis CPU that a plain XADD pipeline does not spend.
-if uniform == 1 and not trim then
+-- One-field records, the commonest shape, pass their arguments to XADD directly: every Lua operation per record
+-- (an argument table, unpack) costs Redis CPU that a plain XADD pipeline does not spend.
+if uniform == 1 then
   local j = 0
   for p = 10, #A, 2 do
     j = j + 1
-    ids[j] = call('XADD', k, '*', A[p], A[p + 1])
-  end
-elseif uniform == 1 then
-  local j = 0
-  for p = 10, #A, 2 do
-    j = j + 1
-    ids[j] = call('XADD', k, tm, '~', tv, '*', A[p], A[p + 1])
+    if trim then
+      ids[j] = call('XADD', k, tm, '~', tv, '*', A[p], A[p + 1])
+    else
+      ids[j] = call('XADD', k, '*', A[p], A[p + 1])
+    end
   end
 else
   -- One argument table for every record: the fields overwrite the previous record's, and unpack takes exactly
