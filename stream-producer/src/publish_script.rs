@@ -527,6 +527,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_malformed_layout_is_refused_before_anything_is_written() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let stream_key = keys::shard_stream(&shard.stream, ShardId(0));
+        let fence_key = keys::shard_fence(&shard.stream, ShardId(0));
+        let seq_key = keys::producer_sequence(&shard.stream, ShardId(0), "-");
+        // (record count, fields per record or 0, then the record arguments)
+        let cases: [(&str, &str, &[&str], &str); 4] = [
+            ("2", "1", &["f", "v"], "malformed arguments"),
+            ("1", "-1", &["f", "v"], "malformed header"),
+            ("1", "x", &["f", "v"], "malformed header"),
+            ("2", "0", &["1", "f", "v", "0"], "malformed record 2"),
+        ];
+        for (count, uniform, fields, why) in cases {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(shard.script.script.get_hash())
+                .arg(3)
+                .arg(&stream_key)
+                .arg(&fence_key)
+                .arg(&seq_key)
+                .arg(1)
+                .arg("")
+                .arg("")
+                .arg("")
+                .arg("")
+                .arg("0")
+                .arg(0)
+                .arg(count)
+                .arg(uniform)
+                .arg(fields);
+            let err = cmd.query_async::<Value>(&mut shard.con).await.unwrap_err();
+            assert!(err.to_string().contains(why), "{count}/{uniform}: {err}");
+        }
+        assert_eq!(shard.len().await, 0, "nothing written by a refused call");
+    }
+
+    #[tokio::test]
     async fn an_unreadable_fence_refuses_the_call() {
         let redis = test_support::RedisServer::start().await;
         let mut shard = Shard::new(&redis).await;
