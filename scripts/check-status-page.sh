@@ -59,10 +59,38 @@ call() {
   curl -fsS -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d "$2" "$BASE$1"
 }
 call "/v1/streams/$STREAM/groups/$GROUP" '{"shardCount": 8}' >/dev/null
-for member in worker-1 worker-2; do
-  call "/v1/streams/$STREAM/groups/$GROUP/heartbeat" \
-    "{\"memberId\": \"$member\", \"instanceId\": \"$member-i\", \"memberEpoch\": 0, \"metadataVersion\": 0, \"maxObservedVersion\": 0, \"owned\": [], \"revoking\": []}" \
-    >/dev/null
+# Both members join, then keep heartbeating until the check ends: a slow (cold) Chromium start must not outlast
+# their lease, so the page is checked against live members rather than against the member TTL.
+cat >"$WORK/members.py" <<'PY'
+import json, sys, time, urllib.request
+base, token, path = sys.argv[1:4]
+state = {m: {"memberEpoch": 0, "metadataVersion": 0} for m in ("worker-1", "worker-2")}
+def beat(member):
+    body = {"memberId": member, "instanceId": member + "-i", "maxObservedVersion": 0, "owned": [], "revoking": [],
+            **state[member]}
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST", headers={
+        "Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        resp = json.load(r)
+    state[member] = {"memberEpoch": resp["memberEpoch"], "metadataVersion": resp["metadataVersion"]}
+for m in state:
+    beat(m)
+print("joined", flush=True)
+while True:
+    time.sleep(1)
+    for m in state:
+        try:
+            beat(m)
+        except Exception as e:
+            print("heartbeat failed:", m, e, file=sys.stderr, flush=True)
+PY
+python3 -u "$WORK/members.py" "$BASE" "$TOKEN" "/v1/streams/$STREAM/groups/$GROUP/heartbeat" >"$WORK/members.log" \
+  2>&1 &
+PIDS+=($!)
+deadline=$((SECONDS + 30))
+until grep -q joined "$WORK/members.log" 2>/dev/null; do
+  [ "$SECONDS" -lt "$deadline" ] || { cat "$WORK/members.log" >&2; missing "the members did not join within 30 s"; }
+  sleep 0.2
 done
 
 browse() {
