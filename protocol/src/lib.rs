@@ -38,6 +38,7 @@ pub mod reshard;
 pub use reshard::EntryId;
 pub mod routes;
 pub mod routing;
+pub mod slot;
 pub mod status;
 pub mod version;
 

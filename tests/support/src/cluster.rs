@@ -30,8 +30,7 @@ use tokio::time::{sleep, Instant};
 use crate::server::{info_field, RedisServer};
 use crate::wait::POLL_INTERVAL;
 
-/// Number of hash slots of a Redis Cluster.
-pub const SLOTS: u16 = 16384;
+pub use protocol::slot::{crc16, hash_tag, key_slot, SLOTS};
 
 /// How long forming the cluster, a takeover or the end of a migration may take before the harness gives up.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,42 +40,6 @@ pub const MIGRATE_BATCH: usize = 100;
 
 /// `MIGRATE` timeout, in ms.
 const MIGRATE_TIMEOUT_MS: u64 = 5000;
-
-/// The hash slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of the key's hash tag (the bytes between
-/// the first `{` and the next `}`, if there are any), else of the whole key, modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
-    crc16(hash_tag(key)) % SLOTS
-}
-
-/// The part of `key` Redis Cluster hashes: the bytes between the first `{` and the next `}` when non-empty, else
-/// the whole key.
-pub fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        let rest = &key[open + 1..];
-        if let Some(len) = rest.iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &rest[..len];
-            }
-        }
-    }
-    key
-}
-
-/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the checksum of Redis Cluster key slots.
-pub fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
 
 /// The even split of the 16384 slots over `masters` masters, as inclusive ranges: master `i` starts at
 /// `round(i * 16384 / masters)`. For 3 masters: 0-5460, 5461-10922, 10923-16383. Empty for 0 masters.

@@ -1,0 +1,87 @@
+//! The shared connection: one server's connection manager, or a cluster connection.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// A shared, cloneable, reconnecting connection to the configured Redis.
+///
+/// Against a cluster, keyed commands and pipelines whose keys share one slot go to that slot's master, and
+/// `MOVED`, `ASK` and failovers are followed by redis-rs. A pipeline whose keys span slots is refused
+/// (`CrossSlot`) before anything is sent, and keyless commands (`INFO`, `TIME`) reach one node of redis-rs's
+/// choice: ask a specific node through [`crate::NodePool`] instead. A command redis-rs retries after a lost
+/// connection may have run twice, so only idempotent or compare-and-set writes go through it.
+#[derive(Clone)]
+pub enum Connection {
+    /// One Redis server.
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects to a cluster through `seeds` (see [`crate::RedisTarget`]), with these timeouts per node
+    /// connection and per answer.
+    ///
+    /// # Errors
+    /// Malformed seeds; no seed reachable; a cluster whose slots are not all served.
+    pub async fn cluster(
+        seeds: &[String],
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let client = ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(connection_timeout)
+            .response_timeout(response_timeout)
+            .build()?;
+        Ok(Connection::Cluster(client.get_async_connection().await?))
+    }
+
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Connection::Cluster(_))
+    }
+}
+
+impl From<ConnectionManager> for Connection {
+    fn from(conn: ConnectionManager) -> Self {
+        Connection::Single(conn)
+    }
+}
+
+impl From<ClusterConnection> for Connection {
+    fn from(conn: ClusterConnection) -> Self {
+        Connection::Cluster(conn)
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
