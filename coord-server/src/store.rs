@@ -25,12 +25,18 @@ use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+use redis_link::{Connection, RedisTarget};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tracing::warn;
 
 use crate::error::StoreError;
+
+/// Connect timeout of each cluster node connection.
+const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Answer timeout on a cluster (the single-server connection manager keeps redis-rs's default).
+const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub mod lag;
 pub mod traces;
@@ -349,7 +355,9 @@ impl Drop for Token {
 /// Redis access of the coordinator.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    conn: Connection,
+    /// The cluster's nodes (for what every master must answer), `None` on one server.
+    nodes: Option<Arc<redis_link::NodePool>>,
     load: Script,
     commit: Script,
     release: Script,
@@ -368,10 +376,15 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Wraps a connection manager.
+    /// Wraps a connection to one server.
     pub fn new(conn: ConnectionManager) -> Self {
+        Self::with_connection(Connection::Single(conn), None)
+    }
+
+    fn with_connection(conn: Connection, nodes: Option<Arc<redis_link::NodePool>>) -> Self {
         Store {
             conn,
+            nodes,
             load: Script::new(&format!("{FIELD_CHECKS}{LOAD}")),
             commit: Script::new(&format!("{FIELD_CHECKS}{COMMIT}")),
             release: Script::new(RELEASE),
@@ -380,13 +393,39 @@ impl Store {
         }
     }
 
-    /// Connects to the Redis server at `url` (the connection reconnects by itself afterwards).
+    /// Connects to the Redis that `url` names: one server's URL, or `cluster:` and seed URLs (see
+    /// [`RedisTarget`]). The connection reconnects by itself afterwards; on a cluster it follows `MOVED`, `ASK`
+    /// and failovers (a retried write is harmless: every write is a revision compare-and-set or idempotent).
     ///
     /// # Errors
     /// A malformed URL; Redis unreachable.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)?;
-        Ok(Store::new(ConnectionManager::new(client).await?))
+        let target = RedisTarget::parse(url).map_err(|e| {
+            StoreError::Redis(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "invalid Redis target",
+                e.to_string(),
+            )))
+        })?;
+        match target {
+            RedisTarget::Single(url) => {
+                let client = redis::Client::open(url)?;
+                Ok(Store::new(ConnectionManager::new(client).await?))
+            }
+            RedisTarget::Cluster(seeds) => {
+                let conn = Connection::cluster(&seeds, CLUSTER_CONNECT_TIMEOUT, CLUSTER_RESPONSE_TIMEOUT).await?;
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CLUSTER_CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(CLUSTER_RESPONSE_TIMEOUT));
+                let nodes = redis_link::NodePool::new(&seeds, config)?;
+                Ok(Self::with_connection(conn, Some(Arc::new(nodes))))
+            }
+        }
+    }
+
+    /// The cluster's nodes, `None` on one server.
+    pub fn nodes(&self) -> Option<&Arc<redis_link::NodePool>> {
+        self.nodes.as_ref()
     }
 
     /// The text of `INFO section`.
@@ -415,7 +454,7 @@ impl Store {
     }
 
     /// A clone of the underlying connection, for plain commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Connection {
         self.conn.clone()
     }
 

@@ -6,7 +6,6 @@ use protocol::keys::{self, shard_fence_fields};
 use protocol::names::{GroupName, StreamName};
 use protocol::reshard::EntryId;
 use protocol::{RoutingVersion, ShardId};
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use std::sync::LazyLock;
 
@@ -83,7 +82,7 @@ pub struct Sealed {
 /// [`StoreError::Redis`] when the script fails, [`StoreError::Corrupt`] for a fence or an answer that does not
 /// parse.
 pub async fn seal(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
     stream: &StreamName,
     shard: ShardId,
     version: RoutingVersion,
@@ -124,7 +123,7 @@ impl DrainState {
 /// # Errors
 /// As [`seal`].
 pub async fn drain_state(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
     stream: &StreamName,
     group: &GroupName,
     shard: ShardId,
