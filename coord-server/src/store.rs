@@ -696,12 +696,17 @@ impl Store {
     /// # Errors
     /// Redis errors.
     pub async fn index_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), StoreError> {
+        // Two commands, not one pipeline: the two sets are in two hash slots on a cluster. Both are rebuildable
+        // indexes, so nothing needs them written together.
         let mut conn = self.conn.clone();
-        redis::pipe()
-            .sadd(keys::groups_index(), keys::groups_index_member(stream, group))
-            .ignore()
-            .sadd(keys::streams_index(), stream.as_str())
-            .ignore()
+        redis::cmd("SADD")
+            .arg(keys::groups_index())
+            .arg(keys::groups_index_member(stream, group))
+            .query_async::<()>(&mut conn)
+            .await?;
+        redis::cmd("SADD")
+            .arg(keys::streams_index())
+            .arg(stream.as_str())
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())

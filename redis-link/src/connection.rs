@@ -40,6 +40,29 @@ impl Connection {
         Ok(Connection::Cluster(client.get_async_connection().await?))
     }
 
+    /// Like [`Connection::cluster`], but connects in the background: a cluster unreachable now is an outage
+    /// the first commands see (and ride out), not an error here.
+    ///
+    /// # Errors
+    /// Malformed seeds.
+    pub fn cluster_lazy(
+        seeds: &[String],
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let client = ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(connection_timeout)
+            .response_timeout(response_timeout)
+            .build()?;
+        // The per-call config replaces the builder's response timeout (with none when unset): set both here.
+        let config = redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(connection_timeout)
+            .set_response_timeout(response_timeout);
+        Ok(Connection::Cluster(
+            client.get_pending_async_connection_with_config(config),
+        ))
+    }
+
     /// Whether this is a cluster connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Connection::Cluster(_))

@@ -98,6 +98,12 @@ impl RedisTarget {
         Ok(RedisTarget::Cluster(seeds))
     }
 
+    /// Whether `text` uses the cluster form (starts with `cluster:`), valid or not: lets a caller keep its own
+    /// error for a malformed single URL.
+    pub fn names_cluster(text: &str) -> bool {
+        text.trim_start().starts_with(CLUSTER_PREFIX)
+    }
+
     /// Whether this is a cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisTarget::Cluster(_))

@@ -132,7 +132,10 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Redis URL of the shard streams (`redis://host:port/db`).
+    /// Redis of the shard streams: one server's URL (`redis://host:port/db`), or a Redis Cluster as `cluster:`
+    /// followed by the comma-separated URLs of some of its nodes (`cluster:redis://10.0.0.1:7000,redis://10.0.0.2:7000`;
+    /// credentials in every URL, database 0 only). On a cluster every shard reader reads from the master of its
+    /// shard's hash slot and follows `MOVED`, `ASK` and failovers.
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.redis_url = Some(url.into());
         self
@@ -386,6 +389,11 @@ mod tests {
         assert!(matches!(e, ConfigError::InvalidCoordinatorUrl(_)), "{e}");
         let e = base().redis("nope://").build().unwrap_err();
         assert!(matches!(e, ConfigError::InvalidRedisUrl { .. }), "{e}");
+        let e = base().redis("cluster:redis://a:1,,redis://b:2").build().unwrap_err();
+        assert!(matches!(e, ConfigError::InvalidRedisTarget(_)), "{e}");
+        let e = base().redis("cluster:redis://:hunter2@a:1/4").build().unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        assert!(base().redis("cluster:redis://a:1,redis://b:2").build().is_ok());
         let e = base().member_id("a:b").build().unwrap_err();
         assert!(matches!(e, ConfigError::InvalidName(_)), "{e}");
     }

@@ -109,7 +109,8 @@ pub struct ConsumerConfig {
     pub coordinator_urls: Vec<String>,
     /// Bearer token for the coordinator, if it requires one.
     pub coordinator_token: Option<String>,
-    /// Redis URL of the shard streams.
+    /// Redis of the shard streams: one server's URL, or `cluster:` and the comma-separated URLs of some of a
+    /// Redis Cluster's nodes (see [`ConsumerBuilder::redis`](crate::ConsumerBuilder::redis)).
     pub redis_url: String,
     /// Where a new Redis consumer group starts.
     pub start_from: StartPosition,
@@ -151,10 +152,14 @@ impl ConsumerConfig {
         if let Some(bad) = client_core::coord_client::first_invalid_url(&self.coordinator_urls) {
             return Err(ConfigError::InvalidCoordinatorUrl(bad.to_owned()));
         }
-        redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-            url: protocol::redact::redact_url(&self.redis_url),
-            source,
-        })?;
+        if redis_link::RedisTarget::names_cluster(&self.redis_url) {
+            redis_link::RedisTarget::parse(&self.redis_url).map_err(ConfigError::InvalidRedisTarget)?;
+        } else {
+            redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(&self.redis_url),
+                source,
+            })?;
+        }
         let t = &self.timings;
         let positive = [
             ("heartbeat_interval", t.heartbeat_interval),

@@ -1,11 +1,10 @@
 //! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
 //! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
 
+use crate::redis_nodes::RedisNodes;
 use protocol::names::MemberId;
 use protocol::MetadataVersion;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -141,8 +140,9 @@ impl Consumer {
     /// # Errors
     /// [`ConsumerError::RedisUnusable`] (or [`ConsumerError::Redis`]) when Redis fails the check.
     pub async fn start(self) -> Result<ConsumerHandle, ConsumerError> {
-        let redis = redis::Client::open(self.config.redis_url.as_str()).map_err(ConsumerError::Redis)?;
-        check_redis(&redis, &self.config).await?;
+        let (_, nodes) = RedisNodes::open(&self.config.redis_url, self.config.timings.redis_response_timeout)
+            .map_err(ConsumerError::Redis)?;
+        check_redis(&nodes, &self.config).await?;
         Ok(self.spawn_checked(true))
     }
 
@@ -192,17 +192,12 @@ impl Consumer {
         let c = &self.config;
         let key = version_key(&c.stream, &c.group);
         let max_observed = self.store.load(&key).await?;
-        let redis = redis::Client::open(c.redis_url.as_str()).map_err(ConsumerError::Redis)?;
+        // Lazy: Redis being down at start is an outage to ride out, not a start failure.
+        let (conn, redis) =
+            RedisNodes::open(&c.redis_url, c.timings.redis_response_timeout).map_err(ConsumerError::Redis)?;
         if !checked {
             check_redis(&redis, c).await?;
         }
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(c.timings.redis_response_timeout))
-            .set_max_delay(Duration::from_secs(2));
-        // Lazy: Redis being down at start is an outage to ride out, not a start failure.
-        let conn =
-            ConnectionManager::new_lazy_with_config(redis.clone(), manager_config).map_err(ConsumerError::Redis)?;
         let shared = Arc::new(ReaderShared {
             stream: c.stream.clone(),
             group: c.group.clone(),

@@ -38,6 +38,10 @@ pub enum ConfigError {
         #[source]
         source: redis::RedisError,
     },
+    /// The Redis target is empty or a `cluster:` list is malformed (an empty or invalid seed, too many seeds, a
+    /// database other than 0).
+    #[error("invalid Redis target: {0}")]
+    InvalidRedisTarget(#[source] redis_link::TargetError),
     /// No handler was given.
     #[error("a message handler is required")]
     MissingHandler,

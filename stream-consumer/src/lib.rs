@@ -158,6 +158,7 @@ pub mod metrics;
 mod outcome;
 mod pull;
 mod redis_check;
+mod redis_nodes;
 mod shard_reader;
 mod status;
 mod stream_reply;

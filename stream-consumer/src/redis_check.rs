@@ -3,7 +3,8 @@
 
 use client_core::redis_check::{check_redis as check_server, RedisRequirements, MIN_REDIS_VERSION};
 use redis::AsyncConnectionConfig;
-use std::time::Duration;
+
+use crate::redis_nodes::{RedisNodes, CONNECT_TIMEOUT};
 
 use crate::config::ConsumerConfig;
 use crate::error::{ConsumerError, RedisUnusableReason};
@@ -27,29 +28,40 @@ pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
     ],
 };
 
-/// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends.
-/// Bounded by the connection timeout plus two response timeouts.
-pub(crate) async fn check_redis(redis: &redis::Client, config: &ConsumerConfig) -> Result<(), ConsumerError> {
+/// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends; on
+/// a cluster, every master (a shard may be on any of them). Bounded by the connection timeout plus two response
+/// timeouts per server.
+pub(crate) async fn check_redis(nodes: &RedisNodes, config: &ConsumerConfig) -> Result<(), ConsumerError> {
     let response_timeout = config.timings.redis_response_timeout;
     let connection = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(response_timeout));
-    let unusable = |reason: RedisUnusableReason| ConsumerError::RedisUnusable {
-        url: protocol::redact::redact_url(&config.redis_url),
+    let unusable = |node: Option<&redis_link::NodeAddr>, reason: RedisUnusableReason| ConsumerError::RedisUnusable {
+        url: match node {
+            None => protocol::redact::redact_url(&config.redis_url),
+            Some(node) => format!("{} (node {node})", protocol::redact::redact_url(&config.redis_url)),
+        },
         reason,
     };
-    let check = async {
-        let mut conn = redis
-            .get_multiplexed_async_connection_with_config(&connection)
-            .await
-            .map_err(|e| unusable(RedisUnusableReason::Connect(e)))?;
-        check_server(&mut conn, &config.redis_url, &REDIS_REQUIREMENTS)
-            .await
-            .map(|_| ())
-            .map_err(|e| unusable(RedisUnusableReason::Check(e)))
-    };
-    let bound = Duration::from_secs(2) + response_timeout * 2;
-    tokio::time::timeout(bound, check)
+    let bound = CONNECT_TIMEOUT + response_timeout * 2;
+    let targets = tokio::time::timeout(bound, nodes.check_targets())
         .await
-        .map_err(|_| unusable(RedisUnusableReason::TimedOut(bound)))?
+        .map_err(|_| unusable(None, RedisUnusableReason::TimedOut(bound)))?
+        .map_err(|e| unusable(None, RedisUnusableReason::Connect(e)))?;
+    for (node, client) in targets {
+        let check = async {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&connection)
+                .await
+                .map_err(|e| unusable(node.as_ref(), RedisUnusableReason::Connect(e)))?;
+            check_server(&mut conn, &config.redis_url, &REDIS_REQUIREMENTS)
+                .await
+                .map(|_| ())
+                .map_err(|e| unusable(node.as_ref(), RedisUnusableReason::Check(e)))
+        };
+        tokio::time::timeout(bound, check)
+            .await
+            .map_err(|_| unusable(node.as_ref(), RedisUnusableReason::TimedOut(bound)))??;
+    }
+    Ok(())
 }

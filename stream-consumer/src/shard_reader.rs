@@ -59,8 +59,9 @@ use futures::FutureExt;
 use protocol::keys;
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{FencingToken, ShardId};
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis_link::{Connection, Redirect};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -75,6 +76,7 @@ use crate::in_flight::{InFlight, InFlightGuard};
 use crate::lease::{now, LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
+use crate::redis_nodes::{ReadRoute, RedisNodes};
 use crate::stream_reply::{self, RawEntry};
 use ack_batch::AckBatch;
 use commands::{with_delivery_counts, ShardCommands};
@@ -89,10 +91,10 @@ pub(crate) struct ReaderShared {
     pub stream: StreamName,
     pub group: GroupName,
     pub member_id: MemberId,
-    /// For the dedicated blocking connections.
-    pub redis: redis::Client,
+    /// Where the dedicated blocking connections go (see [`crate::redis_nodes`]).
+    pub redis: RedisNodes,
     /// For every non-blocking command.
-    pub conn: ConnectionManager,
+    pub conn: Connection,
     pub handler: Arc<dyn DynHandler>,
     pub listener: Arc<dyn DynListener>,
     /// Checked before every read and every entry.
@@ -168,6 +170,9 @@ pub(crate) async fn run(
         failing: false,
         dedicated: None,
         blocked_client: None,
+        next_route: None,
+        refresh_route: false,
+        redirects: 0,
         redis_backoff: None,
         acks: AckBatch::default(),
         last_claim: now(),
@@ -180,8 +185,8 @@ pub(crate) async fn run(
     if exit == ReaderExit::Killed {
         // The body was dropped mid-way; if it was blocked in XREADGROUP, end that read on the server too.
         reader.dedicated = None;
-        if let Some(id) = reader.blocked_client.take() {
-            let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(id)).await;
+        if let Some((id, route)) = reader.blocked_client.take() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(&route, id)).await;
         }
         // Entries handled but not yet acknowledged: one brief try; if it fails they are delivered again.
         if !reader.acks.is_empty() && reader.within_lease() {
@@ -207,16 +212,32 @@ struct Reader {
     health: Arc<ReadHealth>,
     /// Local copy of whether `health` says failing (so a success costs no lock when nothing changes).
     failing: bool,
-    /// The dedicated connection and its `CLIENT ID`, once connected.
-    dedicated: Option<(MultiplexedConnection, Option<i64>)>,
-    /// The client id of a blocking read in progress.
-    blocked_client: Option<i64>,
+    /// The dedicated connection, once connected.
+    dedicated: Option<Dedicated>,
+    /// The client id of a blocking read in progress, and where it runs.
+    blocked_client: Option<(i64, ReadRoute)>,
+    /// Where the next dedicated connection goes, when a redirect said so (else the slot map decides).
+    next_route: Option<ReadRoute>,
+    /// Whether the slot map is read again before the next connection (the last one failed: a failover may
+    /// have moved the shard's slot to another master).
+    refresh_route: bool,
+    /// Redirects since the last successful read (a second one in a row waits like an error).
+    redirects: u32,
     /// Backoff after Redis errors; reset by a success.
     redis_backoff: Option<ExponentialBackoff>,
     /// Entries handled and not yet acknowledged (still in flight), for the next batched `XACK`.
     acks: AckBatch<InFlightGuard>,
     /// When the last claim of pending entries finished (see [`ReaderShared::reclaim_every`]).
     last_claim: Instant,
+}
+
+/// A reader's own connection for `XREADGROUP BLOCK`.
+struct Dedicated {
+    conn: MultiplexedConnection,
+    /// Its `CLIENT ID` (for `CLIENT UNBLOCK`), when the server told it.
+    client_id: Option<i64>,
+    /// The node it is connected to.
+    route: ReadRoute,
 }
 
 fn is_nogroup(e: &RedisError) -> bool {
@@ -419,15 +440,32 @@ impl Reader {
 
     /// Opens a dedicated connection and learns its `CLIENT ID` (for `CLIENT UNBLOCK`). Without the id (an ACL that
     /// forbids `CLIENT`), a stop waits for the read to return on its own, at most `read_block`.
-    async fn connect_dedicated(&self) -> Result<(MultiplexedConnection, Option<i64>), RedisError> {
+    async fn connect_dedicated(&mut self) -> Result<Dedicated, RedisError> {
+        let route = match self.next_route.clone() {
+            Some(route) => route,
+            None => {
+                let refresh = std::mem::take(&mut self.refresh_route);
+                self.shared.redis.route_for(&self.cmds.key, refresh).await?
+            }
+        };
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(crate::redis_nodes::CONNECT_TIMEOUT))
             .set_response_timeout(Some(self.shared.blocking_response_timeout()));
-        let mut conn = self
+        let connected = self
             .shared
             .redis
+            .client(&route)?
             .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+            .await;
+        let mut conn = match connected {
+            Ok(conn) => conn,
+            Err(e) => {
+                // The node may be gone (a failover): ask the cluster again next time.
+                self.next_route = None;
+                self.refresh_route = true;
+                return Err(e);
+            }
+        };
         let name = format!("stream-consumer:{}:{}", self.shared.member_id, self.shard);
         let named: Result<((), i64), RedisError> = redis::pipe()
             .cmd("CLIENT")
@@ -437,21 +475,24 @@ impl Reader {
             .arg("ID")
             .query_async(&mut conn)
             .await;
-        match named {
-            Ok(((), id)) => Ok((conn, Some(id))),
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => Err(e),
+        let client_id = match named {
+            Ok(((), id)) => Some(id),
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                self.next_route = None;
+                self.refresh_route = true;
+                return Err(e);
+            }
             Err(e) => {
                 debug!(shard = %self.shard, error = %e, "CLIENT SETNAME/ID refused; stops wait for BLOCK to run out");
-                Ok((conn, None))
+                None
             }
-        }
+        };
+        Ok(Dedicated { conn, client_id, route })
     }
 
-    /// Ends a blocking read of client `id` on the server (it answers as if `BLOCK` ran out).
-    async fn unblock(&self, id: i64) {
-        let mut conn = self.shared.conn.clone();
-        let r: Result<Value, RedisError> = redis::cmd("CLIENT").arg("UNBLOCK").arg(id).query_async(&mut conn).await;
-        if let Err(e) = r {
+    /// Ends a blocking read of client `id` on the node of `route` (it answers as if `BLOCK` ran out).
+    async fn unblock(&self, route: &ReadRoute, id: i64) {
+        if let Err(e) = self.shared.redis.unblock(&self.shared.conn, route, id).await {
             debug!(shard = %self.shard, error = %e, "CLIENT UNBLOCK failed");
         }
     }
@@ -472,7 +513,7 @@ impl Reader {
             if !self.wait_for_lease().await {
                 return false;
             }
-            let (mut conn, client_id) = match self.dedicated.take() {
+            let mut dedicated = match self.dedicated.take() {
                 Some(c) => c,
                 None => match self.connect_dedicated().await {
                     Ok(c) => c,
@@ -484,11 +525,12 @@ impl Reader {
                     }
                 },
             };
-            let result = self.blocking_read(&mut conn, client_id).await;
+            let result = self.blocking_read(&mut dedicated).await;
             match result {
                 Ok(entries) => {
                     self.redis_ok();
-                    self.dedicated = Some((conn, client_id));
+                    self.redirects = 0;
+                    self.dedicated = Some(dedicated);
                     for entry in entries {
                         // Re-checked after every blocking read and before every entry.
                         if !self.may_handle() {
@@ -499,14 +541,28 @@ impl Reader {
                     // The acknowledgements still queued go out with the next read (see `blocking_read`).
                 }
                 Err(e) if is_nogroup(&e) => {
-                    self.dedicated = Some((conn, client_id));
+                    self.dedicated = Some(dedicated);
                     if !self.ensure_group().await {
                         return false;
                     }
                 }
                 Err(e) => {
-                    // The connection may be broken: reconnect after the backoff, and claim again first.
-                    drop(conn);
+                    drop(dedicated);
+                    if let Some(redirect) = Redirect::from_error(&e) {
+                        // The shard's slot is served elsewhere (moved, or migrating and the stream already moved):
+                        // nothing was read; read there, after claiming again like after any failed read.
+                        debug!(shard = %self.shard, ?redirect, "XREADGROUP redirected");
+                        self.next_route = Some(self.shared.redis.after_redirect(&redirect).await);
+                        self.redirects += 1;
+                        if self.redirects == 1 {
+                            return true;
+                        }
+                        return self.redis_failed("XREADGROUP (redirected again)", &e).await;
+                    }
+                    // The connection may be broken: reconnect after the backoff (to the slot's master by a fresh
+                    // slot map), and claim again first.
+                    self.next_route = None;
+                    self.refresh_route = true;
                     return self.redis_failed("XREADGROUP", &e).await;
                 }
             }
@@ -519,17 +575,23 @@ impl Reader {
     /// the read, without waiting for their answer first: both travel in one round trip, and the entries stop
     /// being in flight as soon as the `XACK` answer arrives (it comes before the read's, which may block). If it
     /// fails they stay queued and are sent again on the shared connection before anything is claimed.
-    async fn blocking_read(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-        client_id: Option<i64>,
-    ) -> Result<Vec<RawEntry>, RedisError> {
+    async fn blocking_read(&mut self, dedicated: &mut Dedicated) -> Result<Vec<RawEntry>, RedisError> {
         if !self.within_lease() {
             // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
             return Ok(Vec::new());
         }
-        let cmd = self.cmds.read_new(self.shared.batch_size, self.shared.read_block);
-        let ack = (!self.acks.is_empty()).then(|| {
+        let client_id = dedicated.client_id;
+        let asking = dedicated.route.asking();
+        let conn = &mut dedicated.conn;
+        let mut read_pipe = redis::pipe();
+        if asking {
+            // Applies to the next command only: sent in one write with the read, its answer skipped.
+            read_pipe.cmd("ASKING");
+        }
+        read_pipe.add_command(self.cmds.read_new(self.shared.batch_size, self.shared.read_block));
+        let skip = usize::from(asking);
+        // While asking, the acknowledgements wait for the shared connection (they would need ASKING too).
+        let ack = (!self.acks.is_empty() && !asking).then(|| {
             let mut ack_conn = conn.clone();
             let xack = self.cmds.ack(self.acks.ids());
             async move { xack.query_async::<i64>(&mut ack_conn).await }
@@ -537,8 +599,9 @@ impl Reader {
         let mut ack_done = ack.is_none();
         let ack = futures::future::OptionFuture::from(ack);
         tokio::pin!(ack);
-        self.blocked_client = client_id;
-        let read = cmd.query_async::<Value>(conn);
+        self.blocked_client = client_id.map(|id| (id, dedicated.route.clone()));
+        let route = dedicated.route.clone();
+        let read = redis::aio::ConnectionLike::req_packed_commands(conn, &read_pipe, skip, 1);
         tokio::pin!(read);
         let mut unblock_at: Option<tokio::time::Instant> = None;
         let reply = loop {
@@ -558,7 +621,7 @@ impl Reader {
                 // connections) finds nothing to unblock.
                 _ = tokio::time::sleep_until(unblock_at.unwrap_or_else(tokio::time::Instant::now)), if unblock_at.is_some() => {
                     if let Some(id) = client_id {
-                        self.unblock(id).await;
+                        self.unblock(&route, id).await;
                     }
                     unblock_at = Some(tokio::time::Instant::now() + UNBLOCK_RETRY);
                 }
@@ -571,7 +634,17 @@ impl Reader {
                 self.acks.clear();
             }
         }
-        stream_reply::read_group(reply?).map_err(reply_error)
+        let reply = match reply?.pop() {
+            Some(Value::ServerError(e)) => return Err(e.into()),
+            Some(value) => value,
+            None => {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "XREADGROUP answered nothing",
+                )));
+            }
+        };
+        stream_reply::read_group(reply).map_err(reply_error)
     }
 
     /// Handles one entry until it is acknowledged, dead-lettered, or left pending because the shard is no longer
