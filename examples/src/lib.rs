@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
+pub mod cluster_launcher;
 pub mod redis_launcher;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a

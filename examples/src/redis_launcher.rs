@@ -88,6 +88,15 @@ impl RedisLauncher {
     /// [`LaunchError::NotInstalled`] without a binary; [`LaunchError::Failed`] when it exits or does not answer
     /// within [`READY_TIMEOUT`].
     pub async fn start() -> Result<RedisLauncher, LaunchError> {
+        Self::start_with(|_| Vec::new()).await
+    }
+
+    /// As [`RedisLauncher::start`], with more `redis-server` arguments, made from the chosen port (the cluster
+    /// launcher's `--cluster-enabled yes` and bus port).
+    ///
+    /// # Errors
+    /// As [`RedisLauncher::start`].
+    pub async fn start_with(extra: impl Fn(u16) -> Vec<String>) -> Result<RedisLauncher, LaunchError> {
         let bin = match find_redis_server() {
             Err(LaunchError::NotInstalled { reason }) if std::env::var_os(SERVER_BIN_ENV).is_none() => {
                 provision(&reason)?
@@ -96,7 +105,7 @@ impl RedisLauncher {
         };
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&bin).await {
+            match Self::start_once(&bin, &extra).await {
                 Ok(server) => return Ok(server),
                 Err(Attempt::PortTaken(e)) => last = Some(e),
                 Err(Attempt::Fatal(e)) => return Err(e),
@@ -108,7 +117,7 @@ impl RedisLauncher {
         }))
     }
 
-    async fn start_once(bin: &Path) -> Result<RedisLauncher, Attempt> {
+    async fn start_once(bin: &Path, extra: &impl Fn(u16) -> Vec<String>) -> Result<RedisLauncher, Attempt> {
         let fatal = |reason: String| {
             Attempt::Fatal(LaunchError::Failed {
                 reason,
@@ -129,6 +138,7 @@ impl RedisLauncher {
             .arg(dir.path())
             .arg("--logfile")
             .arg(&log)
+            .args(extra(port))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -292,7 +302,7 @@ fn is_executable(path: &Path) -> bool {
     path.is_file()
 }
 
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 

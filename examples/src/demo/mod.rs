@@ -5,7 +5,8 @@
 //! ```
 //!
 //! 1. Redis: `--redis-url` / `REDIS_URL` when given, else a private `redis-server` from `PATH` on a free loopback
-//!    port (persistence off, killed at the end; see `examples::redis_launcher`).
+//!    port (persistence off, killed at the end; see `examples::redis_launcher`); with `--cluster`, a private
+//!    local Redis Cluster of three masters (`examples::cluster_launcher`), the 8 shards spread over them.
 //! 2. Coordinator: in-process (`CoordinatorHandle` on `127.0.0.1:0`), or an external one with
 //!    `--coordinator-url` (then `--redis-url` must name the Redis that coordinator uses).
 //! 3. The demo creates stream `demo-<unique>` with 8 shards and group `demo` through the admin API
@@ -47,7 +48,15 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::cluster_launcher::ClusterLauncher;
 use crate::redis_launcher::RedisLauncher;
+
+/// The private Redis the demo started, killed when dropped.
+#[allow(dead_code)] // held for its drop
+enum Launched {
+    Single(RedisLauncher),
+    Cluster(ClusterLauncher),
+}
 
 /// The demo: parses the command line, runs, prints the summary; the exit status as the module documentation
 /// says.
@@ -100,10 +109,25 @@ pub async fn main() -> ExitCode {
                 None,
             )
         }
+        None if args.cluster => match ClusterLauncher::start().await {
+            Ok(c) => {
+                let label = format!(
+                    "{} (private 3-master Redis Cluster, {})",
+                    c.target(),
+                    c.nodes()[0].bin().display()
+                );
+                (c.target(), label, Some(Launched::Cluster(c)))
+            }
+            Err(e) => {
+                out.finish();
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
         None => match RedisLauncher::start().await {
             Ok(l) => {
                 let label = format!("{} (private redis-server, {})", l.url(), l.bin().display());
-                (l.url(), label, Some(l))
+                (l.url(), label, Some(Launched::Single(l)))
             }
             Err(e) => {
                 out.finish();

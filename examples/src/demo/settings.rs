@@ -23,8 +23,12 @@ pub(crate) struct Args {
     /// Redis to use instead of starting a private redis-server; the demo leaves a `demo-*` stream in it. Only this
     /// flag selects it: an exported `REDIS_URL` is ignored (and said so), so that the demo never writes into a
     /// Redis by accident.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     pub(crate) redis_url: Option<String>,
+    /// Run on a private local Redis Cluster of three masters (started and removed like the private
+    /// redis-server) instead of one server: the shards spread over the masters.
+    #[arg(long)]
+    pub(crate) cluster: bool,
     /// An external coordinator instead of the in-process one; it must use the Redis of --redis-url. Flag only, as
     /// --redis-url.
     #[arg(long, requires = "redis_url")]
