@@ -255,7 +255,7 @@ async fn an_unknown_schema_version_under_a_warm_cache_fails_closed_and_is_not_re
 #[tokio::test]
 async fn an_unknown_layout_version_under_a_warm_cache_fails_closed() {
     let mut f = group_with_a().await;
-    hset(&mut f.conn, &metadata_key(S, G), "layoutVersion", "2").await;
+    hset(&mut f.conn, &metadata_key(S, G), "layoutVersion", "3").await;
     f.fails_closed(true).await;
 }
 

@@ -128,6 +128,35 @@ enum Command {
         /// Stream name.
         stream: String,
     },
+    /// Print the Redis keys of one shard (its stream, dead-letter stream, fence) and their hash slot, computed
+    /// locally (no coordinator is asked): shard keys carry a slot-choosing salt (see docs/cluster.md).
+    Keys {
+        /// Stream name.
+        stream: String,
+        /// Shard number.
+        shard: u32,
+    },
+}
+
+/// What `coordctl keys` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ShardKeys {
+    shard_stream: String,
+    dead_letter: String,
+    fence: String,
+    slot: u16,
+}
+
+fn shard_keys(stream: &str, shard: u32) -> Result<ShardKeys, CliError> {
+    let stream = protocol::names::StreamName::new(stream).map_err(|e| CliError::Refused(e.to_string()))?;
+    let shard = protocol::ShardId(shard);
+    Ok(ShardKeys {
+        shard_stream: protocol::keys::shard_stream(&stream, shard),
+        dead_letter: protocol::keys::dead_letter_stream(&stream, shard),
+        fence: protocol::keys::shard_fence(&stream, shard),
+        slot: protocol::keys::shard_slot(&stream, shard),
+    })
 }
 
 /// A group's timings for `create` and `recreate`: all four, or none for the coordinator's defaults.
@@ -244,6 +273,16 @@ fn url(cli: &Cli) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
+    if let Command::Keys { stream, shard } = &cli.command {
+        let keys = shard_keys(stream, *shard)?;
+        emit(cli.json, &keys, || {
+            format!(
+                "shard stream  {}\ndead letters  {}\nfence         {}\nhash slot     {}\n",
+                keys.shard_stream, keys.dead_letter, keys.fence, keys.slot
+            )
+        });
+        return Ok(());
+    }
     let client = AdminClient::new(&url(&cli), token(&cli)?, Duration::from_millis(cli.timeout_ms))?;
     let json = cli.json;
     match cli.command {
@@ -338,6 +377,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let r = client.routing(&stream).await?;
             emit(json, &r, || output::routing(&r));
         }
+        Command::Keys { .. } => unreachable!("answered before connecting"),
     }
     Ok(())
 }

@@ -492,3 +492,20 @@ async fn group_tables_after_fence_and_create_show_the_lag_the_metrics_page_has()
         down.stderr
     );
 }
+
+#[tokio::test]
+async fn keys_prints_a_shards_keys_and_slot_without_a_coordinator() {
+    // Nothing listens on this URL: `keys` asks no one.
+    let run = coordctl("http://127.0.0.1:1", None, &["--json", "keys", S, "5"]).await;
+    let v = run.decode::<Value>();
+    assert_eq!(v["shardStream"], key(5));
+    let stream = StreamName::new(S).expect("stream");
+    assert_eq!(v["deadLetter"], protocol::keys::dead_letter_stream(&stream, ShardId(5)));
+    assert_eq!(v["fence"], protocol::keys::shard_fence(&stream, ShardId(5)));
+    assert_eq!(v["slot"], protocol::keys::shard_slot(&stream, ShardId(5)));
+    let human = coordctl("http://127.0.0.1:1", None, &["keys", S, "5"]).await;
+    assert_eq!(human.code, 0, "{}", human.stderr);
+    assert!(human.stdout.contains(&key(5)), "{}", human.stdout);
+    let bad = coordctl("http://127.0.0.1:1", None, &["keys", "no spaces", "5"]).await;
+    assert_eq!(bad.code, 4, "a bad stream name is refused: {}", bad.stderr);
+}

@@ -61,7 +61,12 @@ impl ClusterLauncher {
         let mut conns = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
             let client = redis::Client::open(node.url()).map_err(|e| e.to_string())?;
-            conns.push(client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?);
+            conns.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
         }
         let n = conns.len() as u32;
         for (i, conn) in conns.iter_mut().enumerate() {
@@ -92,7 +97,10 @@ impl ClusterLauncher {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("not every node says cluster_state:ok within {} s", FORM_TIMEOUT.as_secs()));
+                return Err(format!(
+                    "not every node says cluster_state:ok within {} s",
+                    FORM_TIMEOUT.as_secs()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

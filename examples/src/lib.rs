@@ -2,10 +2,10 @@
 //! `demo` binary), a private `redis-server` launcher ([`redis_launcher`]), the demo's delivery bookkeeping
 //! ([`ledger`]), and fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]).
 
+pub mod cluster_launcher;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
-pub mod cluster_launcher;
 pub mod redis_launcher;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a

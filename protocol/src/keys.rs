@@ -10,13 +10,24 @@
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
 //! | `redis-stream:coord:{<stream>}:routing-mutex` | stream | the stream's routing mutex |
 //! | `redis-stream:coord:groups` / `redis-stream:coord:streams` | none | rebuildable indexes (sets) |
-//! | `redis-stream:shard:{<stream>:<n>}` | shard | the Redis stream of shard `n` |
-//! | `redis-stream:dead-letter:{<stream>:<n>}` | shard | entries of shard `n` that exceeded the delivery limit |
-//! | `redis-stream:shard-fence:{<stream>:<n>}` | shard | the data-plane fence of shard `n` (hash: `routingVersion`, the lowest routing version a producer must hold to write into the shard; written only by the coordinator's seal) |
-//! | `redis-stream:producer-seq:{<stream>:<n>}:<producer id>` | shard | an idempotent producer's sequence state for shard `n` (hash: `epoch`, `next`, `first`, `ids`; written only by the producer's publish script, expires when the producer is idle) |
+//! | `redis-stream:shard:{<stream>:<n>:<salt>}` | shard | the Redis stream of shard `n` |
+//! | `redis-stream:dead-letter:{<stream>:<n>:<salt>}` | shard | entries of shard `n` that exceeded the delivery limit |
+//! | `redis-stream:shard-fence:{<stream>:<n>:<salt>}` | shard | the data-plane fence of shard `n` (hash: `routingVersion`, the lowest routing version a producer must hold to write into the shard; written only by the coordinator's seal) |
+//! | `redis-stream:producer-seq:{<stream>:<n>:<salt>}:<producer id>` | shard | an idempotent producer's sequence state for shard `n` (hash: `epoch`, `next`, `first`, `ids`; written only by the producer's publish script, expires when the producer is idle) |
 //!
-//! Every shard gets its own tag so the shards of one stream spread over a Cluster; a shard's dead-letter stream
-//! shares its tag so one pipeline can move an entry between them.
+//! Every shard gets its own tag so the shards of one stream spread over a Cluster; a shard's dead-letter stream,
+//! fence and sequence state share it so one script or `MULTI` touches them together.
+//!
+//! # Shard slots
+//! A shard's tag does not leave its slot to the hash: `<salt>` (three letters or digits,
+//! [`crate::slot::salt_for`]) puts shard `n` of `stream` into slot
+//! `(key_slot(stream) + reverse14(n)) mod 16384` ([`shard_slot`]). `reverse14` (the 14 low bits of `n` reversed)
+//! places shard 0 and 1 half the slot space apart, 2 and 3 in the middle of the halves, and so on, so the first
+//! `N` shards split every contiguous slot range, such as one master's share, in proportion to its size: within
+//! one shard of the even share for a power of two. Hashed tags spread binomially instead (8 shards over 3
+//! masters measured 4 / 2 / 2). A shard's slot depends on the stream and `n` only, never on the shard count, so
+//! growing a stream renames no key; `key_slot(stream)` keeps shard 0 of different streams on different
+//! masters.
 
 use crate::names::{GroupName, StreamName};
 use crate::version::ShardId;
@@ -25,7 +36,8 @@ use crate::version::ShardId;
 pub const KEY_PREFIX: &str = "redis-stream";
 
 /// Version of this key layout, stored in every metadata hash as `layoutVersion`.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version 2: shard tags carry the slot-choosing salt (version 1 hashed `{<stream>:<n>}`).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Hash fields of a metadata or routing hash.
 pub mod fields {
@@ -90,21 +102,36 @@ pub fn groups_index_member(stream: &StreamName, group: &GroupName) -> String {
     format!("{stream}:{group}")
 }
 
+/// The slot every key of shard `shard` of `stream` is in (see [Shard slots](self#shard-slots)).
+pub fn shard_slot(stream: &StreamName, shard: ShardId) -> u16 {
+    let base = crate::slot::key_slot(stream.as_str().as_bytes());
+    (base + crate::slot::reverse14(shard.0)) % crate::slot::SLOTS
+}
+
+/// The hash tag of shard `shard` of `stream`: `<stream>:<n>:<salt>`, in [`shard_slot`].
+pub fn shard_tag(stream: &StreamName, shard: ShardId) -> String {
+    let prefix = format!("{stream}:{shard}:");
+    let salt = crate::slot::salt_for(prefix.as_bytes(), shard_slot(stream, shard));
+    let mut tag = prefix;
+    tag.extend(salt.iter().map(|&b| char::from(b)));
+    tag
+}
+
 /// The Redis stream key of one shard.
 pub fn shard_stream(stream: &StreamName, shard: ShardId) -> String {
-    format!("{KEY_PREFIX}:shard:{{{stream}:{shard}}}")
+    format!("{KEY_PREFIX}:shard:{{{}}}", shard_tag(stream, shard))
 }
 
 /// The dead-letter stream of one shard (same hash slot as the shard).
 pub fn dead_letter_stream(stream: &StreamName, shard: ShardId) -> String {
-    format!("{KEY_PREFIX}:dead-letter:{{{stream}:{shard}}}")
+    format!("{KEY_PREFIX}:dead-letter:{{{}}}", shard_tag(stream, shard))
 }
 
 /// The data-plane fence of one shard (same hash slot as the shard, so the publish script can check it atomically
 /// with the write). A hash with field [`shard_fence_fields::ROUTING_VERSION`]; an absent key or field means no
 /// fence (version 0).
 pub fn shard_fence(stream: &StreamName, shard: ShardId) -> String {
-    format!("{KEY_PREFIX}:shard-fence:{{{stream}:{shard}}}")
+    format!("{KEY_PREFIX}:shard-fence:{{{}}}", shard_tag(stream, shard))
 }
 
 /// Hash fields of a [`shard_fence`] key.
@@ -117,7 +144,10 @@ pub mod shard_fence_fields {
 /// and advances it atomically with the write). `producer_id` is chosen by the producer SDK (it checks its
 /// characters and length); the key expires when the producer stops writing to the shard.
 pub fn producer_sequence(stream: &StreamName, shard: ShardId, producer_id: &str) -> String {
-    format!("{KEY_PREFIX}:producer-seq:{{{stream}:{shard}}}:{producer_id}")
+    format!(
+        "{KEY_PREFIX}:producer-seq:{{{}}}:{producer_id}",
+        shard_tag(stream, shard)
+    )
 }
 
 /// The hash tag of a key (the part Redis Cluster hashes), as Redis computes it: the text between the first `{`
@@ -162,16 +192,43 @@ mod tests {
     fn every_shard_has_its_own_tag_shared_with_its_dead_letter_stream() {
         let (s, _) = names();
         let k3 = shard_stream(&s, ShardId(3));
-        assert_eq!(k3, "redis-stream:shard:{orders:3}");
+        let tag = shard_tag(&s, ShardId(3));
+        assert!(
+            tag.starts_with("orders:3:") && tag.len() == "orders:3:".len() + 3,
+            "{tag}"
+        );
+        assert_eq!(k3, format!("redis-stream:shard:{{{tag}}}"));
+        assert_eq!(
+            crate::slot::key_slot(k3.as_bytes()),
+            shard_slot(&s, ShardId(3)),
+            "the salt puts the shard into its slot"
+        );
         assert_ne!(hash_tag(&k3), hash_tag(&shard_stream(&s, ShardId(4))));
         assert_eq!(hash_tag(&k3), hash_tag(&dead_letter_stream(&s, ShardId(3))));
-        assert_eq!(shard_fence(&s, ShardId(3)), "redis-stream:shard-fence:{orders:3}");
+        assert_eq!(
+            shard_fence(&s, ShardId(3)),
+            format!("redis-stream:shard-fence:{{{tag}}}")
+        );
         assert_eq!(hash_tag(&k3), hash_tag(&shard_fence(&s, ShardId(3))));
         let seq = producer_sequence(&s, ShardId(3), "p-1");
-        assert_eq!(seq, "redis-stream:producer-seq:{orders:3}:p-1");
+        assert_eq!(seq, format!("redis-stream:producer-seq:{{{tag}}}:p-1"));
         assert_eq!(hash_tag(&k3), hash_tag(&seq));
         // The producer id cannot move the key to another slot: only the first {...} is the tag.
         assert_eq!(hash_tag(&producer_sequence(&s, ShardId(3), "{x}")), hash_tag(&k3));
+    }
+
+    #[test]
+    fn shards_sit_half_the_slot_space_apart_then_a_quarter() {
+        let (s, _) = names();
+        let base = crate::slot::key_slot(b"orders");
+        let slot = |n| shard_slot(&s, ShardId(n));
+        assert_eq!(slot(0), base);
+        assert_eq!(slot(1), (base + 8192) % 16384);
+        assert_eq!(slot(2), (base + 4096) % 16384);
+        assert_eq!(slot(3), (base + 12288) % 16384);
+        // Every slot of a 1024-shard stream is distinct, and the same whatever the shard count.
+        let slots: std::collections::BTreeSet<u16> = (0..1024).map(slot).collect();
+        assert_eq!(slots.len(), 1024);
     }
 
     #[test]

@@ -24,7 +24,10 @@
 //! let stream = StreamName::new("orders").unwrap();
 //! let shard = shard_for_key(b"customer-42", 8);
 //! assert!(shard.0 < 8);
-//! assert_eq!(keys::shard_stream(&stream, shard), format!("redis-stream:shard:{{orders:{}}}", shard.0));
+//! let key = keys::shard_stream(&stream, shard);
+//! assert!(key.starts_with(&format!("redis-stream:shard:{{orders:{}:", shard.0)));
+//! // Its hash slot is chosen, not hashed: the shards of a stream spread evenly over a Redis Cluster.
+//! assert_eq!(protocol::slot::key_slot(key.as_bytes()), keys::shard_slot(&stream, shard));
 //! ```
 #![warn(missing_docs)]
 

@@ -43,9 +43,93 @@ pub fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
+/// Characters of a [`salt_for`] suffix: letters and digits only, so a salted tag stays readable, never holds a
+/// `{`, `}` or `:`, and matches the same ACL key patterns as the unsalted name.
+const SALT_ALPHABET: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+/// Length of a [`salt_for`] suffix: every one of the 16384 slots is reachable with three characters.
+pub const SALT_LEN: usize = 3;
+
+/// For each 14-bit value `v`, the first three-character string (in [`SALT_ALPHABET`] order) whose CRC16 has low
+/// 14 bits `v`. Built once per process (238,328 CRCs of three bytes, a few milliseconds).
+fn salt_table() -> &'static [[u8; SALT_LEN]] {
+    static TABLE: std::sync::OnceLock<Vec<[u8; SALT_LEN]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = vec![[0u8; SALT_LEN]; usize::from(SLOTS)];
+        let mut seen = vec![false; usize::from(SLOTS)];
+        let mut left = usize::from(SLOTS);
+        'all: for &a in SALT_ALPHABET {
+            for &b in SALT_ALPHABET {
+                for &c in SALT_ALPHABET {
+                    let v = usize::from(crc16(&[a, b, c]) % SLOTS);
+                    if !seen[v] {
+                        seen[v] = true;
+                        table[v] = [a, b, c];
+                        left -= 1;
+                        if left == 0 {
+                            break 'all;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(left, 0, "three salt characters reach every slot");
+        table
+    })
+}
+
+/// The suffix that puts a hash tag starting with `prefix` into `slot`: `key_slot` of `{<prefix><salt>}` is
+/// `slot`.
+///
+/// CRC16 without final XOR is linear and starts from 0, so `crc(prefix ‖ s) = crc(prefix ‖ 000) ⊕ crc(s)`
+/// for a suffix `s` of fixed length (`000`: three zero bytes), and so are its low 14 bits: the salt is the
+/// precomputed string whose CRC supplies the missing bits.
+pub fn salt_for(prefix: &[u8], slot: u16) -> [u8; SALT_LEN] {
+    let mut padded = Vec::with_capacity(prefix.len() + SALT_LEN);
+    padded.extend_from_slice(prefix);
+    padded.extend_from_slice(&[0; SALT_LEN]);
+    let base = crc16(&padded) % SLOTS;
+    salt_table()[usize::from((base ^ (slot % SLOTS)) % SLOTS)]
+}
+
+/// The 14 low bits of `n` in reverse order (the van der Corput sequence over the slots): consecutive `n` land as
+/// far apart as the slots before them allow, so any first `N` of them split every contiguous slot range evenly.
+pub fn reverse14(n: u32) -> u16 {
+    ((n & 0x3FFF).reverse_bits() >> 18) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_salt_puts_any_prefix_into_any_slot() {
+        for prefix in [&b"orders:3:"[..], b"", b"payments-eu:1023:", b"s:0:"] {
+            for slot in [0u16, 1, 5460, 5461, 10922, 12345, 16383] {
+                let salt = salt_for(prefix, slot);
+                assert!(salt.iter().all(u8::is_ascii_alphanumeric));
+                let mut tag = prefix.to_vec();
+                tag.extend_from_slice(&salt);
+                assert_eq!(crc16(&tag) % SLOTS, slot, "{}", String::from_utf8_lossy(&tag));
+            }
+        }
+        assert_eq!(salt_table().len(), usize::from(SLOTS));
+    }
+
+    #[test]
+    fn reverse14_spreads_the_first_n_evenly() {
+        assert_eq!(reverse14(0), 0);
+        assert_eq!(reverse14(1), 8192);
+        assert_eq!(reverse14(2), 4096);
+        assert_eq!(reverse14(3), 12288);
+        assert_eq!(reverse14(16384), 0);
+        let mut all: Vec<u16> = (0..16384).map(reverse14).collect();
+        all.sort_unstable();
+        assert!(
+            all.iter().enumerate().all(|(i, &v)| usize::from(v) == i),
+            "a permutation of the slots"
+        );
+    }
 
     #[test]
     fn slots_match_the_redis_cluster_spec() {

@@ -2,7 +2,7 @@
 //!
 //! An entry whose delivery count exceeds the consumer's `max_deliveries` is not handed to the handler again.
 //! It is appended to its shard's dead-letter stream, [`protocol::keys::dead_letter_stream`]
-//! (`redis-stream:dead-letter:{<stream>:<shard>}`, in the same hash slot as the shard), and acknowledged on the
+//! (`redis-stream:dead-letter:{<stream>:<shard>:<salt>}`, in the same hash slot as the shard), and acknowledged on the
 //! shard stream, both in one `MULTI`/`EXEC` so the entry is never lost between the two nor dead-lettered twice
 //! by the same attempt.
 //!

@@ -1,7 +1,7 @@
 //! Consumer SDK of redis-stream-coord: many processes share a sharded Redis Stream the way Kafka consumer
 //! groups share a topic, with Redis as the only infrastructure.
 //!
-//! A logical stream is split into shard streams (`redis-stream:shard:{<stream>:<n>}`, see
+//! A logical stream is split into shard streams (`redis-stream:shard:{<stream>:<n>:<salt>}`, see
 //! [`protocol::keys::shard_stream`]). The coordinator assigns each shard to one member of a consumer group; this
 //! crate is the member's side: it heartbeats, reads the shards it is given, hands their entries to your handler
 //! (in order within a shard, shards in parallel), acknowledges them, and gives shards back safely when the group
@@ -79,7 +79,7 @@
 //!   [`Timings::read_block`], response timeout longer than that); one shared `ConnectionManager` for the rest.
 //! * On gaining a shard the reader first re-delivers the pending entries earlier owners left (`XAUTOCLAIM` from
 //!   `0-0`, min-idle 0, to the end of the cursor), then reads new entries.
-//! * Dead letters: `redis-stream:dead-letter:{<stream>:<n>}` ([`protocol::keys::dead_letter_stream`]); fields
+//! * Dead letters: `redis-stream:dead-letter:{<stream>:<n>:<salt>}` ([`protocol::keys::dead_letter_stream`]); fields
 //!   in [`dead_letter`].
 //! * The highest observed metadata version is kept through a [`VersionStore`] under `"<stream>/<group>"`:
 //!   in memory by default, or in a file ([`FileVersionStore`]) so a restarted process still lets the coordinator

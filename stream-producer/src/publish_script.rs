@@ -426,7 +426,7 @@ mod tests {
             assert_eq!(words[0], "EVALSHA");
             assert_eq!(words[2], "3");
             let tag = keys::hash_tag(words[3]);
-            assert_eq!(tag, "orders:3");
+            assert_eq!(tag, keys::shard_tag(&stream, ShardId(3)));
             assert!(words[4..6].iter().all(|k| keys::hash_tag(k) == tag), "{words:?}");
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use protocol::names::StreamName;
 use protocol::{keys, ShardId};
 use redis::AsyncCommands;
-use test_support::cluster::{even_slot_ranges, key_slot, RedisCluster, SLOTS};
+use test_support::cluster::{even_slot_ranges, key_slot, RedisCluster};
 use test_support::wait_until;
 
 async fn set(con: &mut redis::cluster_async::ClusterConnection, key: &str, value: &str) {
@@ -93,7 +93,7 @@ async fn migrate_slot_moves_every_key_and_clients_follow() {
     let cluster = RedisCluster::start().await;
     let mut con = cluster.connection().await;
     // 250 keys in one slot (one hash tag), more than two MIGRATE batches.
-    let key = |n: usize| format!("redis-stream:shard:{{orders:3}}:k{n}");
+    let key = |n: usize| format!("redis-stream:shard:{{orders:3:x}}:k{n}");
     let slot = key_slot(key(0).as_bytes());
     for n in 0..250 {
         set(&mut con, &key(n), &n.to_string()).await;
@@ -216,60 +216,25 @@ fn per_master(slots: impl Iterator<Item = u16>) -> [usize; 3] {
     counts
 }
 
-/// The slot of a shard under the proposed naming: `(slot of the stream name + reverse14(n)) mod 16384`, where
-/// `reverse14` reverses the 14 low bits of `n` (the van der Corput sequence). Shards `0..N` of a power-of-two `N`
-/// then sit exactly `16384 / N` slots apart, and any other prefix `0..N` fills the gaps of the last power of two, so
-/// every contiguous slot range (a master's share) holds its fair share of shards within one; a shard's slot never
-/// depends on `N`, so growing a stream renames no key.
-fn proposed_slot(stream: &str, n: u32) -> u16 {
-    let reversed = (n % u32::from(SLOTS)).reverse_bits() >> (32 - 14);
-    ((u32::from(key_slot(stream.as_bytes())) + reversed) % u32::from(SLOTS)) as u16
-}
-
-/// The shortest tag (alphabet `0-9a-zA-Z`, then by length and order) of every slot.
-fn slot_tags() -> Vec<Option<String>> {
-    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
-    let mut current: Vec<String> = vec![String::new()];
-    for _ in 0..4 {
-        let mut next = Vec::new();
-        for prefix in &current {
-            for &c in ALPHABET {
-                let tag = format!("{prefix}{}", c as char);
-                let slot = usize::from(key_slot(tag.as_bytes()));
-                if tags[slot].is_none() {
-                    tags[slot] = Some(tag.clone());
-                }
-                next.push(tag);
-            }
-        }
-        if tags.iter().all(Option::is_some) {
-            break;
-        }
-        current = next;
-    }
-    tags
+/// The slot of shard `n` under layout 1, which hashed `{<stream>:<n>}`.
+fn hashed_slot(stream: &str, n: u32) -> u16 {
+    key_slot(format!("redis-stream:shard:{{{stream}:{n}}}").as_bytes())
 }
 
 #[test]
 fn spread_of_shard_keys_over_three_masters() {
-    let tags = slot_tags();
-    assert!(tags.iter().all(Option::is_some), "every slot has a printable tag");
     let mut table = String::from(
-        "| stream | N | current `{<stream>:<n>}` min / max per master | max/mean | proposed min / max | max/mean |\n\
-         |---|---|---|---|---|---|\n",
+        "| stream | N | hashed `{<stream>:<n>}` (layout 1) min / max per master | max/mean | chosen slots (layout 2) \
+         min / max | max/mean |\n|---|---|---|---|---|---|\n",
     );
-    let mut worst_current: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut worst: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
     for stream in ["orders", "payments-eu", "s"] {
         let s = StreamName::new(stream).unwrap();
         for n in [8u32, 16, 24, 64, 100, 256, 1024] {
             let mean = f64::from(n) / 3.0;
-            let current = per_master((0..n).map(|i| key_slot(keys::shard_stream(&s, ShardId(i)).as_bytes())));
-            let proposed = per_master((0..n).map(|i| {
-                let tag = tags[usize::from(proposed_slot(stream, i))].as_deref().unwrap();
-                key_slot(format!("redis-stream:shard:{{{tag}}}:{stream}:{i}").as_bytes())
-            }));
-            for counts in [current, proposed] {
+            let hashed = per_master((0..n).map(|i| hashed_slot(stream, i)));
+            let chosen = per_master((0..n).map(|i| key_slot(keys::shard_stream(&s, ShardId(i)).as_bytes())));
+            for counts in [hashed, chosen] {
                 assert_eq!(counts.iter().sum::<usize>(), n as usize);
                 assert!(
                     counts.iter().all(|&c| c >= 1),
@@ -277,24 +242,21 @@ fn spread_of_shard_keys_over_three_masters() {
                 );
             }
             let ratio = |c: [usize; 3]| *c.iter().max().unwrap() as f64 / mean;
-            let (rc, rp) = (ratio(current), ratio(proposed));
-            // The proposal is within one shard of the even share for every N.
+            let (rh, rc) = (ratio(hashed), ratio(chosen));
+            // The layout's keys are within one shard of the even share for every N.
             let ideal = (f64::from(n) / 3.0).ceil() as usize;
-            assert!(
-                *proposed.iter().max().unwrap() <= ideal + 1,
-                "{stream} N={n}: proposed {proposed:?}"
-            );
-            let w = worst_current.entry(n).or_insert(0.0);
-            *w = w.max(rc);
+            assert!(*chosen.iter().max().unwrap() <= ideal + 1, "{stream} N={n}: {chosen:?}");
+            let w = worst.entry(n).or_insert((0.0, 0.0));
+            *w = (w.0.max(rh), w.1.max(rc));
             table.push_str(&format!(
-                "| {stream} | {n} | {} / {} | {rc:.3} | {} / {} | {rp:.3} |\n",
-                current.iter().min().unwrap(),
-                current.iter().max().unwrap(),
-                proposed.iter().min().unwrap(),
-                proposed.iter().max().unwrap(),
+                "| {stream} | {n} | {} / {} | {rh:.3} | {} / {} | {rc:.3} |\n",
+                hashed.iter().min().unwrap(),
+                hashed.iter().max().unwrap(),
+                chosen.iter().min().unwrap(),
+                chosen.iter().max().unwrap(),
             ));
         }
     }
     println!("{table}");
-    println!("worst current max/mean per N: {worst_current:?}");
+    println!("worst max/mean per N (hashed, chosen): {worst:?}");
 }
