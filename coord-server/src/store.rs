@@ -17,6 +17,22 @@
 //! when a stalled coordinator outlives its mutex.
 //!
 //! Every script touches keys of one hash tag only, so it runs on Redis Cluster.
+//!
+//! On a cluster, redis-rs's connection follows `MOVED` / `ASK` and retries `TRYAGAIN`; it also sends a command
+//! again after a lost connection, so a script may run twice. Each one stays right when it does:
+//! - `LOAD` run again finds the mutex holding its own token (unique per attempt) and goes on as if it had just
+//!   taken it; it writes nothing else.
+//! - `COMMIT` run again after an aggregate write finds the revision it bumped, not the expected one: the
+//!   compare-and-set fails (`Conflict`), nothing is written twice, and the caller reloads and finds its own write.
+//!   A renewal-only `COMMIT` run again writes leases that never move backwards (no change) and bumps
+//!   `livenessRevision` once more, which can only make a concurrent decision that read the liveness conflict and
+//!   retry. Its release deletes the mutex only while it holds this token.
+//! - A redirected command (`MOVED`, `ASK`) did not run where it was refused, and the keys of one slot move
+//!   together (`MIGRATE` keeps the mutex's TTL), so a section that started on the old node commits on the new one
+//!   under the same mutex and revision.
+//! - A failover may lose the last writes, the mutex included: two sections may then overlap, and the revision
+//!   compare-and-set decides between them, as after a stalled holder's TTL. The lost writes themselves are found
+//!   by the stored run id (see [`Store::try_load`]).
 
 use protocol::keys::{self, fields, LAYOUT_VERSION};
 use protocol::messages::GroupRef;
@@ -39,6 +55,7 @@ const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub mod lag;
+pub mod nodes;
 pub mod traces;
 
 /// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
@@ -100,7 +117,13 @@ elseif ARGV[7] == 'm' and #ARGV > 7 then
   end
 end
 local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
-if not ok then return {0, redis.call('GET', KEYS[3]) or ''} end
+if not ok then
+  local holder = redis.call('GET', KEYS[3]) or ''
+  -- Our own token: this LOAD was sent again after it ran (a cluster client re-sends after a lost connection or
+  -- a redirect). Tokens are unique per attempt, so the mutex is ours: go on as if just taken.
+  if holder ~= ARGV[1] then return {0, holder} end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+end
 local t = redis.call('TIME')
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 -- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
@@ -179,6 +202,19 @@ if renewals > 0 then redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1) end
 for i = 11 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
 release()
 return {1, newrev}
+"#;
+
+/// After a slot migration: the metadata was last written on the node the slot left (its run id is stored) and is
+/// read now on the node it moved to. Once the caller has checked that the stored run id is the one of a live
+/// master (so no failover or restart replaced that node), this records the run id of the node the script runs
+/// on, provided it is still the one `LOAD` saw and the stored one is unchanged. Run under the group's mutex.
+///
+/// ARGV: stored run id, current run id. Answers 1 when it wrote.
+const ADOPT_RUN_ID: &str = r#"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+if run ~= ARGV[2] or redis.call('HGET', KEYS[1], 'runId') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'runId', run)
+return 1
 "#;
 
 const RELEASE: &str = r#"
@@ -361,6 +397,7 @@ pub struct Store {
     load: Script,
     commit: Script,
     release: Script,
+    adopt_run_id: Script,
     /// Prefix of this store's mutex tokens (random per process).
     owner: Arc<str>,
     /// Tokens of the sections running now.
@@ -388,6 +425,7 @@ impl Store {
             load: Script::new(&format!("{FIELD_CHECKS}{LOAD}")),
             commit: Script::new(&format!("{FIELD_CHECKS}{COMMIT}")),
             release: Script::new(RELEASE),
+            adopt_run_id: Script::new(ADOPT_RUN_ID),
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
         }
@@ -428,29 +466,33 @@ impl Store {
         self.nodes.as_ref()
     }
 
-    /// The text of `INFO section`.
+    /// The text of `INFO section` of every master (of the server on one server), with the master's address.
     ///
     /// # Errors
-    /// Redis errors.
-    pub async fn info(&self, section: &str) -> Result<String, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("INFO").arg(section).query_async(&mut conn).await?)
+    /// Redis errors, naming the cluster node.
+    pub async fn info(&self, section: &str) -> Result<Vec<(Option<redis_link::NodeAddr>, String)>, StoreError> {
+        self.on_each_master(redis::cmd("INFO").arg(section)).await
     }
 
-    /// Which of `names` the server offers (`COMMAND INFO`: a renamed or disabled command is missing).
+    /// Which of `names` each master offers (`COMMAND INFO`: a renamed or disabled command is missing).
     ///
     /// # Errors
-    /// Redis errors.
-    pub async fn commands_present(&self, names: &[&str]) -> Result<Vec<bool>, StoreError> {
-        let mut conn = self.conn.clone();
-        let infos: Vec<Value> = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(names)
-            .query_async(&mut conn)
+    /// Redis errors, naming the cluster node.
+    pub async fn commands_present(
+        &self,
+        names: &[&str],
+    ) -> Result<Vec<(Option<redis_link::NodeAddr>, Vec<bool>)>, StoreError> {
+        let infos: Vec<(Option<redis_link::NodeAddr>, Vec<Value>)> = self
+            .on_each_master(redis::cmd("COMMAND").arg("INFO").arg(names))
             .await?;
-        let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
-        present.resize(names.len(), false);
-        Ok(present)
+        Ok(infos
+            .into_iter()
+            .map(|(node, infos)| {
+                let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
+                present.resize(names.len(), false);
+                (node, present)
+            })
+            .collect())
     }
 
     /// A clone of the underlying connection, for plain commands.
@@ -550,6 +592,9 @@ impl Store {
                 if let (true, Some(c)) = (loaded.cache_hit, cached) {
                     loaded.aggregate_digest = c.digest.to_owned();
                 }
+                if loaded.run_id_changed() && self.nodes.is_some() {
+                    self.explain_moved_run_id(keys, &mut loaded).await;
+                }
                 Ok(Attempt::Loaded(loaded))
             }
             Err(e) => {
@@ -558,6 +603,46 @@ impl Store {
                 let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
                 Err(e)
             }
+        }
+    }
+
+    /// On a cluster a stored run id other than the node's also follows a slot migration, which loses nothing: the
+    /// keys moved whole. Told apart from a failover or restart by the stored run id still being a live master's
+    /// (a replaced node's run id is nobody's, or a replica's). Then the node's run id is recorded
+    /// ([`ADOPT_RUN_ID`]) and the load reports no change. Any doubt (an error, a master's run id unreadable)
+    /// leaves the change reported: a needless correction round is safe, a missed one is not.
+    async fn explain_moved_run_id(&self, keys: &SectionKeys, loaded: &mut Loaded) {
+        let masters = match self.master_run_ids().await {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(key = %keys.hash, error = %e, "cannot read the masters' run ids; treating the run id change \
+                    as a possible loss");
+                return;
+            }
+        };
+        let Some(from) = masters
+            .iter()
+            .find(|(_, id)| *id == loaded.stored_run_id)
+            .map(|(node, _)| node.clone())
+        else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let adopted: Result<i64, _> = self
+            .adopt_run_id
+            .key(&keys.hash)
+            .arg(&loaded.stored_run_id)
+            .arg(&loaded.run_id)
+            .invoke_async(&mut conn)
+            .await;
+        match adopted {
+            Ok(1) => {
+                tracing::info!(key = %keys.hash, from = ?from, run_id = %loaded.run_id,
+                    "metadata moved by a slot migration from a live master: not a loss; run id recorded");
+                loaded.stored_run_id.clone_from(&loaded.run_id);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(key = %keys.hash, error = %e, "cannot record the run id after a slot migration"),
         }
     }
 
@@ -697,12 +782,17 @@ impl Store {
     /// Redis errors.
     pub async fn index_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        redis::pipe()
-            .sadd(keys::groups_index(), keys::groups_index_member(stream, group))
-            .ignore()
-            .sadd(keys::streams_index(), stream.as_str())
-            .ignore()
-            .query_async::<()>(&mut conn)
+        // Two commands, not one pipeline: the two sets have no tag, so on a cluster they lie in two slots. The
+        // indexes are rebuildable (SCAN), so nothing needs them written together.
+        let _: () = redis::cmd("SADD")
+            .arg(keys::groups_index())
+            .arg(keys::groups_index_member(stream, group))
+            .query_async(&mut conn)
+            .await?;
+        let _: () = redis::cmd("SADD")
+            .arg(keys::streams_index())
+            .arg(stream.as_str())
+            .query_async(&mut conn)
             .await?;
         Ok(())
     }
@@ -719,36 +809,40 @@ impl Store {
             .await?)
     }
 
-    /// Rebuilds the groups index by scanning metadata keys. Returns the `stream:group` pairs found.
+    /// Rebuilds the groups index by scanning metadata keys (on every master of a cluster: `SCAN` sees one
+    /// node's keys). Returns the `stream:group` pairs found.
     ///
     /// # Errors
-    /// Redis errors.
+    /// Redis errors, naming the cluster node.
     pub async fn rebuild_index(&self) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
         let mut found = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(keys::group_metadata_pattern())
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await?;
-            for key in batch {
-                let tag = keys::hash_tag(&key);
-                if tag != key {
-                    found.push(tag.to_owned());
+        for mut node in self.each_master().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::group_metadata_pattern())
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut node.conn)
+                    .await
+                    .map_err(|e| node.failed(e.into()))?;
+                for key in batch {
+                    let tag = keys::hash_tag(&key);
+                    if tag != key {
+                        found.push(tag.to_owned());
+                    }
                 }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         found.sort();
         found.dedup();
+        let mut conn = self.conn.clone();
         if !found.is_empty() {
             let _: () = redis::cmd("SADD")
                 .arg(keys::groups_index())
@@ -759,14 +853,12 @@ impl Store {
         Ok(found)
     }
 
-    /// Redis `TIME`, in ms.
+    /// Redis `TIME`, in ms; on a cluster the latest clock of the masters ([`Store::max_time_ms`]).
     ///
     /// # Errors
     /// Redis errors.
     pub async fn time_ms(&self) -> Result<u64, StoreError> {
-        let mut conn = self.conn.clone();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        Ok(time_ms(secs, micros))
+        self.max_time_ms().await
     }
 
     /// Whether the hash of `keys` exists in any form (a damaged hash without a revision too).
@@ -789,16 +881,24 @@ impl Store {
         Ok(())
     }
 
-    /// Redis `run_id` (changes when the server restarts).
+    /// Redis `run_id` (changes when the server restarts). On a cluster, one text naming every master and its run
+    /// id (`host:port=run id`, sorted, comma-separated): it changes when any master restarts or a replica takes
+    /// over, which is what the global expiry grace is for. The per-group check does not use it: `LOAD` reads the
+    /// run id of the node holding the group.
     ///
     /// # Errors
-    /// Redis errors, or a reply without `run_id`.
+    /// Redis errors (naming the cluster node), or a reply without `run_id`.
     pub async fn run_id(&self) -> Result<String, StoreError> {
-        let info = self.info("server").await?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|s| s.trim().to_owned())
-            .ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))
+        let ids = self.master_run_ids().await?;
+        let mut parts: Vec<String> = ids
+            .into_iter()
+            .map(|(node, id)| match node {
+                Some(node) => format!("{node}={id}"),
+                None => id,
+            })
+            .collect();
+        parts.sort();
+        Ok(parts.join(","))
     }
 }
 
