@@ -2,7 +2,7 @@
 //! compare-and-set under the group's mutex.
 //!
 //! A critical section costs two round trips:
-//! 1. `LOAD` (one script): take the mutex (`SET NX PX`), read Redis `TIME`, the hash's `revision`,
+//! 1. `LOAD` (one script): take the mutex (free when missing or empty; `SET PX`), read Redis `TIME`, the hash's `revision`,
 //!    `livenessRevision`, `schemaVersion`, `layoutVersion` and `runId`, the server's current run id, the
 //!    aggregate only when the revision differs from the one the caller has cached, and the liveness entries the
 //!    input needs. A stored `runId` other than the server's means the metadata outlived a Redis restart or
@@ -18,6 +18,13 @@
 //!
 //! Every script touches keys of one hash tag only, so it runs on Redis Cluster.
 //!
+//! A released mutex is left as an empty string, not deleted: while a slot migrates, Redis refuses (`TRYAGAIN`)
+//! every multi-key command of the slot that names a key missing on the node, and the scripts name the mutex.
+//! With the mutex (and, for a group with members, the liveness hash) always present, a group's sections keep
+//! running on the source node until its keys move, and on the target right after (`ASK`); only while the slot's
+//! few keys are split between two `MIGRATE` batches are they refused. A mutex that expired (its holder died) is
+//! missing again until the next section.
+//!
 //! On a cluster, redis-rs's connection follows `MOVED` / `ASK` and retries `TRYAGAIN`; it also sends a command
 //! again after a lost connection, so a script may run twice. Each one stays right when it does:
 //! - `LOAD` run again finds the mutex holding its own token (unique per attempt) and goes on as if it had just
@@ -26,7 +33,7 @@
 //!   compare-and-set fails (`Conflict`), nothing is written twice, and the caller reloads and finds its own write.
 //!   A renewal-only `COMMIT` run again writes leases that never move backwards (no change) and bumps
 //!   `livenessRevision` once more, which can only make a concurrent decision that read the liveness conflict and
-//!   retry. Its release deletes the mutex only while it holds this token.
+//!   retry. Its release frees the mutex only while it holds this token.
 //! - A redirected command (`MOVED`, `ASK`) did not run where it was refused, and the keys of one slot move
 //!   together (`MIGRATE` keeps the mutex's TTL), so a section that started on the old node commits on the new one
 //!   under the same mutex and revision.
@@ -53,6 +60,16 @@ use crate::error::StoreError;
 const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Answer timeout on a cluster (the single-server connection manager keeps redis-rs's default).
 const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the cluster connection retries a command after `TRYAGAIN`, `CLUSTERDOWN`, a redirect or a lost
+/// node. redis-rs's default (16 retries, each after at least 1.28 s) would hold a section far past its mutex TTL
+/// and the members' leases; these retries end within about half a second (waits between
+/// [`CLUSTER_MIN_RETRY_WAIT_MS`] and [`CLUSTER_MAX_RETRY_WAIT_MS`], doubling from 10 ms), after which the request
+/// answers a retryable `STORE_UNAVAILABLE` and the member retries.
+const CLUSTER_RETRIES: u32 = 6;
+/// Shortest wait before a cluster retry, in ms.
+const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
+/// Longest wait before a cluster retry, in ms.
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 pub mod lag;
 pub mod nodes;
@@ -116,14 +133,11 @@ elseif ARGV[7] == 'm' and #ARGV > 7 then
     if values[i] then live[#live + 1] = m; live[#live + 1] = values[i] end
   end
 end
-local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
-if not ok then
-  local holder = redis.call('GET', KEYS[3]) or ''
-  -- Our own token: this LOAD was sent again after it ran (a cluster client re-sends after a lost connection or
-  -- a redirect). Tokens are unique per attempt, so the mutex is ours: go on as if just taken.
-  if holder ~= ARGV[1] then return {0, holder} end
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-end
+-- Free: missing or empty (released). Our own token: this LOAD was sent again after it ran (a cluster client
+-- re-sends after a lost connection); tokens are unique per attempt, so the mutex is ours: go on as if just taken.
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= '' and holder ~= ARGV[1] then return {0, holder} end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 -- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
@@ -154,7 +168,7 @@ return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, liv
 /// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
 const COMMIT: &str = r#"
 local function release()
-  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
+  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('SET', KEYS[3], '') end
 end
 local function corrupt(why)
   release()
@@ -217,8 +231,12 @@ redis.call('HSET', KEYS[1], 'runId', run)
 return 1
 "#;
 
+/// Frees the mutex if `ARGV[1]` holds it: sets it empty (no TTL) rather than deleting it (see the module docs).
 const RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], '')
+  return 1
+end
 return 0
 "#;
 
@@ -451,7 +469,15 @@ impl Store {
                 Ok(Store::new(ConnectionManager::new(client).await?))
             }
             RedisTarget::Cluster(seeds) => {
-                let conn = Connection::cluster(&seeds, CLUSTER_CONNECT_TIMEOUT, CLUSTER_RESPONSE_TIMEOUT).await?;
+                let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+                    .connection_timeout(CLUSTER_CONNECT_TIMEOUT)
+                    .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
+                    .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+                    .retry_wait_formula(10, 2)
+                    .build()?;
+                let conn = Connection::Cluster(client.get_async_connection().await?);
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CLUSTER_CONNECT_TIMEOUT))
                     .set_response_timeout(Some(CLUSTER_RESPONSE_TIMEOUT));
