@@ -18,7 +18,7 @@
 //!
 //! Every script touches keys of one hash tag only, so it runs on Redis Cluster.
 //!
-//! A released mutex is left as an empty string, not deleted: while a slot migrates, Redis refuses (`TRYAGAIN`)
+//! A released mutex of an existing hash is left as an empty string, not deleted: while a slot migrates, Redis refuses (`TRYAGAIN`)
 //! every multi-key command of the slot that names a key missing on the node, and the scripts name the mutex.
 //! With the mutex (and, for a group with members, the liveness hash) always present, a group's sections keep
 //! running on the source node until its keys move, and on the target right after (`ASK`); only while the slot's
@@ -168,7 +168,8 @@ return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, liv
 /// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
 const COMMIT: &str = r#"
 local function release()
-  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('SET', KEYS[3], '') end
+  if redis.call('GET', KEYS[3]) ~= ARGV[1] then return end
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SET', KEYS[3], '') else redis.call('DEL', KEYS[3]) end
 end
 local function corrupt(why)
   release()
@@ -231,10 +232,12 @@ redis.call('HSET', KEYS[1], 'runId', run)
 return 1
 "#;
 
-/// Frees the mutex if `ARGV[1]` holds it: sets it empty (no TTL) rather than deleting it (see the module docs).
+/// Frees the mutex if `ARGV[1]` holds it: sets it empty (no TTL) while the hash (`KEYS[2]`) exists, rather than
+/// deleting it (see the module docs); deletes it when there is no hash, so a request naming a group that does not
+/// exist leaves no key behind.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], '')
+  if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('SET', KEYS[1], '') else redis.call('DEL', KEYS[1]) end
   return 1
 end
 return 0
@@ -565,6 +568,7 @@ impl Store {
                     let deleted: i64 = self
                         .release
                         .key(&keys.mutex)
+                        .key(&keys.hash)
                         .arg(&holder)
                         .invoke_async(&mut conn)
                         .await?;
@@ -626,7 +630,13 @@ impl Store {
             Err(e) => {
                 // The script checked every field already; a reply this build cannot parse must not leave the
                 // group blocked for a mutex TTL either.
-                let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
+                let _: i64 = self
+                    .release
+                    .key(&keys.mutex)
+                    .key(&keys.hash)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await?;
                 Err(e)
             }
         }
@@ -724,7 +734,13 @@ impl Store {
     /// Redis errors.
     pub async fn release(&self, keys: &SectionKeys, token: &str) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
+        let _: i64 = self
+            .release
+            .key(&keys.mutex)
+            .key(&keys.hash)
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await?;
         Ok(())
     }
 
