@@ -431,6 +431,22 @@ async fn what_was_not_slot_safe_is_now() {
         ok_store("memory policy", coord_server::memory_policy::read(&store).await),
         "noeviction"
     );
+    // One master with an unsafe policy is named.
+    let lax = cluster.masters().await[1];
+    let mut node = cluster.node(lax).server().connection().await;
+    let _: () = ok(
+        "CONFIG SET",
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query_async(&mut node)
+            .await,
+    );
+    assert_eq!(
+        ok_store("memory policy", coord_server::memory_policy::read(&store).await),
+        format!("allkeys-lru on 127.0.0.1:{}", cluster.node(lax).port())
+    );
     let before = ok_store("time_ms", store.time_ms().await);
     assert!(before > 1_600_000_000_000, "{before}");
 }
