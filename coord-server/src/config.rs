@@ -7,11 +7,26 @@ use std::time::Duration;
 
 use crate::auth::{self, Credentials, Grant, Role};
 
+/// `text` (a Redis target) with every password hidden, for logs and errors; also for a target that does not
+/// parse (each comma-separated part redacted on its own).
+pub fn redact_redis_target(text: &str) -> String {
+    match redis_link::RedisTarget::parse(text) {
+        Ok(target) => target.redacted(),
+        Err(_) => text
+            .split(',')
+            .map(protocol::redact::redact_url)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
 /// Settings of one coordinator instance. `Debug` hides the tokens and the Redis URL's credentials.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
-    /// Redis URL (`redis://host:port/db`).
+    /// The Redis to use: one server's URL (`redis://host:port/db`), or a Redis Cluster as `cluster:` followed by
+    /// the comma-separated URLs of some of its nodes (`cluster:redis://h1:7000,redis://h2:7000`; the other nodes
+    /// are discovered, every URL's database must be 0). See [`redis_link::RedisTarget`].
     pub redis_url: String,
     /// HTTP listen address (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
@@ -59,7 +74,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hidden = |t: &Option<String>| t.as_ref().map(|_| "***");
         f.debug_struct("Config")
-            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("redis_url", &redact_redis_target(&self.redis_url))
             .field("listen", &self.listen)
             .field("tick_interval", &self.tick_interval)
             .field("mutex_ttl", &self.mutex_ttl)
@@ -110,6 +125,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The Redis target [`Config::redis_url`] names.
+    ///
+    /// # Errors
+    /// [`redis_link::TargetError`]: empty, a malformed URL, too many seeds, a cluster seed with a database.
+    pub fn redis_target(&self) -> Result<redis_link::RedisTarget, redis_link::TargetError> {
+        redis_link::RedisTarget::parse(&self.redis_url)
+    }
+
     /// A default configuration for the given Redis URL.
     pub fn new(redis_url: impl Into<String>) -> Self {
         Config {
@@ -123,6 +146,7 @@ impl Config {
     /// # Errors
     /// A sentence naming the broken rule.
     pub fn validate(&self) -> Result<(), String> {
+        self.redis_target().map_err(|e| format!("redis_url: {e}"))?;
         if self.critical_section_timeout >= self.mutex_ttl {
             return Err("critical_section_timeout must be shorter than mutex_ttl".into());
         }
@@ -251,6 +275,32 @@ mod tests {
         let text = format!("{config:?}");
         assert!(!text.contains("hunter"), "{text}");
         assert!(text.contains("***@redis:6379"), "{text}");
+    }
+
+    #[test]
+    fn the_redis_target_is_one_url_or_cluster_seeds() {
+        let cluster = Config::new("cluster:redis://:pw1@10.0.0.1:7000,redis://:pw2@10.0.0.2:7000");
+        cluster.validate().expect("a cluster target");
+        assert!(cluster.redis_target().unwrap().is_cluster());
+        let text = format!("{cluster:?}");
+        assert!(!text.contains("pw1") && !text.contains("pw2"), "{text}");
+        assert!(text.contains("10.0.0.2:7000"), "{text}");
+        for (bad, why) in [
+            ("", "no redis url"),
+            ("cluster:", "seed"),
+            ("cluster:redis://a:1/2", "database"),
+            ("http://a:1", "a:1"),
+        ] {
+            let err = Config::new(bad).validate().expect_err(bad);
+            assert!(err.starts_with("redis_url: "), "{err}");
+            assert!(err.to_lowercase().contains(why), "{bad}: {err}");
+        }
+        let err = Config::new("cluster:redis://:secret@a:1/3").validate().unwrap_err();
+        assert!(!err.contains("secret"), "{err}");
+        assert!(
+            !redact_redis_target("cluster:redis://:secret@a:1,,bad").contains("secret"),
+            "an unparsable target is redacted too"
+        );
     }
 
     #[test]

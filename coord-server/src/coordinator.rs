@@ -51,7 +51,10 @@ pub struct Coordinator {
 impl std::fmt::Debug for Coordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coordinator")
-            .field("redis", &protocol::redact::redact_url(&self.inner.config.redis_url))
+            .field(
+                "redis",
+                &crate::config::redact_redis_target(&self.inner.config.redis_url),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +86,8 @@ impl Coordinator {
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
         let store = Store::connect(&config.redis_url).await?;
+        tracing::info!(redis = %crate::config::redact_redis_target(&config.redis_url), cluster = store.nodes().is_some(),
+            "connected to Redis");
         crate::startup::check_redis(&store)
             .await
             .inspect_err(crate::metrics::count_startup_failure)?;

@@ -148,6 +148,26 @@ pub enum StoreError {
     /// The Redis server lacks a command or version the coordinator needs.
     #[error("unsupported Redis: {0}")]
     Unsupported(String),
+    /// A failure of one node of a Redis Cluster, in something every master must answer (start-up checks,
+    /// `SCAN`, run ids).
+    #[error("Redis Cluster node {node}: {source}")]
+    Node {
+        /// The node's address (`host:port`).
+        node: String,
+        /// What failed there.
+        #[source]
+        source: Box<StoreError>,
+    },
+}
+
+impl StoreError {
+    /// This error as a failure of cluster node `node`.
+    pub fn on_node(self, node: impl std::fmt::Display) -> StoreError {
+        StoreError::Node {
+            node: node.to_string(),
+            source: Box::new(self),
+        }
+    }
 }
 
 #[cfg(test)]

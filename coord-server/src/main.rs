@@ -4,9 +4,9 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coord_server::auth::{self, Grant, Role};
+use coord_server::config::redact_redis_target;
 use coord_server::server::serve;
 use coord_server::{Config, Coordinator};
-use protocol::redact::redact_url;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,10 @@ use tracing::{error, info, warn};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Redis URL.
+    /// Redis to use: one server's URL (redis://[user:password@]host:port[/db], rediss:// for TLS), or a Redis
+    /// Cluster as `cluster:` followed by the comma-separated URLs of one or more of its nodes, e.g.
+    /// cluster:redis://10.0.0.1:7000,redis://10.0.0.2:7000 (the other nodes are discovered; database 0 only;
+    /// every node connection uses the first URL's credentials and TLS settings).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
     /// HTTP listen address.
@@ -284,7 +287,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listen = config.listen;
     let coordinator = Coordinator::connect(config)
         .await
-        .with_context(|| format!("cannot start against Redis at {}", redact_url(&args.redis_url)))?;
+        .with_context(|| format!("cannot start against Redis at {}", redact_redis_target(&args.redis_url)))?;
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -103,15 +103,30 @@ impl PolicyCheck {
     }
 }
 
-/// Reads `maxmemory_policy` from `INFO memory`.
+/// Reads `maxmemory_policy` from `INFO memory`. On a cluster every master is read: the answer is
+/// [`REQUIRED_POLICY`] when every master has it, else the first other policy followed by the node that has it
+/// (`allkeys-lru on 10.0.0.2:7001`), so the log and `/readyz` name the node to fix.
 ///
 /// # Errors
-/// Redis errors; [`StoreError::Protocol`] when the field is missing.
+/// Redis errors; [`StoreError::Protocol`] when the field is missing (both naming the cluster node).
 pub async fn read(store: &Store) -> Result<String, StoreError> {
-    let info = store.info("memory").await?;
-    parse(&info)
-        .map(str::to_owned)
-        .ok_or_else(|| StoreError::Protocol("INFO memory reports no maxmemory_policy".into()))
+    let mut unsafe_policy = None;
+    for (node, info) in store.info("memory").await? {
+        let Some(policy) = parse(&info) else {
+            let e = StoreError::Protocol("INFO memory reports no maxmemory_policy".into());
+            return Err(match node {
+                Some(node) => e.on_node(node),
+                None => e,
+            });
+        };
+        if policy != REQUIRED_POLICY && unsafe_policy.is_none() {
+            unsafe_policy = Some(match node {
+                Some(node) => format!("{policy} on {node}"),
+                None => policy.to_owned(),
+            });
+        }
+    }
+    Ok(unsafe_policy.unwrap_or_else(|| REQUIRED_POLICY.to_owned()))
 }
 
 /// The `maxmemory_policy` field of an `INFO memory` reply.

@@ -223,6 +223,7 @@ pub(crate) fn count_startup_failure(e: &StoreError) {
 pub fn is_compatibility_failure(e: &StoreError) -> bool {
     match e {
         StoreError::Unsupported(_) => true,
+        StoreError::Node { source, .. } => is_compatibility_failure(source),
         StoreError::Redis(e) => {
             let text = e.to_string();
             e.code() == Some("NOPERM") || text.contains("NOPERM") || text.contains("unknown command")

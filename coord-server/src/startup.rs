@@ -1,7 +1,8 @@
 //! Start-up checks: the Redis version and every command the coordinator and the SDKs need.
 //!
 //! A missing or renamed command fails start-up with a message naming it, before any client depends on it.
-//! There is no fallback: each command below is needed for correctness (XAUTOCLAIM, for instance, is how a new
+//! On a Redis Cluster every master is checked (each may run another version or configuration), and a failure
+//! names the node. There is no fallback: each command below is needed for correctness (XAUTOCLAIM, for instance, is how a new
 //! owner takes over the entries a previous owner left pending).
 
 use crate::error::StoreError;
@@ -49,12 +50,26 @@ pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
     ("EXEC", "K: dead letter and acknowledgement in one transaction"),
 ];
 
-/// Checks the server version and commands.
+/// Checks the server version and commands (of every master on a cluster).
 ///
 /// # Errors
-/// [`StoreError::Unsupported`] naming the version or command; Redis errors.
+/// [`StoreError::Unsupported`] naming the version or command (inside [`StoreError::Node`] naming the node on a
+/// cluster); Redis errors.
 pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
-    let info = store.info("server").await?;
+    let names: Vec<&str> = REQUIRED_COMMANDS.iter().map(|(name, _)| *name).collect();
+    let infos = store.info("server").await?;
+    let commands = store.commands_present(&names).await?;
+    for ((node, info), (_, present)) in infos.iter().zip(commands) {
+        check_node(info, present).map_err(|e| match node {
+            Some(node) => e.on_node(node),
+            None => e,
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks one server's `INFO server` text and which of [`REQUIRED_COMMANDS`] it offers.
+fn check_node(info: &str, present: Vec<bool>) -> Result<(), StoreError> {
     let version = info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -68,8 +83,6 @@ pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
             MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
         )));
     }
-    let names: Vec<&str> = REQUIRED_COMMANDS.iter().map(|(name, _)| *name).collect();
-    let present = store.commands_present(&names).await?;
     let missing: Vec<String> = REQUIRED_COMMANDS
         .iter()
         .zip(present)

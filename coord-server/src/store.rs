@@ -2,7 +2,7 @@
 //! compare-and-set under the group's mutex.
 //!
 //! A critical section costs two round trips:
-//! 1. `LOAD` (one script): take the mutex (`SET NX PX`), read Redis `TIME`, the hash's `revision`,
+//! 1. `LOAD` (one script): take the mutex (free when missing or empty; `SET PX`), read Redis `TIME`, the hash's `revision`,
 //!    `livenessRevision`, `schemaVersion`, `layoutVersion` and `runId`, the server's current run id, the
 //!    aggregate only when the revision differs from the one the caller has cached, and the liveness entries the
 //!    input needs. A stored `runId` other than the server's means the metadata outlived a Redis restart or
@@ -17,6 +17,29 @@
 //! when a stalled coordinator outlives its mutex.
 //!
 //! Every script touches keys of one hash tag only, so it runs on Redis Cluster.
+//!
+//! A released mutex of an existing hash is left as an empty string, not deleted: while a slot migrates, Redis refuses (`TRYAGAIN`)
+//! every multi-key command of the slot that names a key missing on the node, and the scripts name the mutex.
+//! With the mutex (and, for a group with members, the liveness hash) always present, a group's sections keep
+//! running on the source node until its keys move, and on the target right after (`ASK`); only while the slot's
+//! few keys are split between two `MIGRATE` batches are they refused. A mutex that expired (its holder died) is
+//! missing again until the next section.
+//!
+//! On a cluster, redis-rs's connection follows `MOVED` / `ASK` and retries `TRYAGAIN`; it also sends a command
+//! again after a lost connection, so a script may run twice. Each one stays right when it does:
+//! - `LOAD` run again finds the mutex holding its own token (unique per attempt) and goes on as if it had just
+//!   taken it; it writes nothing else.
+//! - `COMMIT` run again after an aggregate write finds the revision it bumped, not the expected one: the
+//!   compare-and-set fails (`Conflict`), nothing is written twice, and the caller reloads and finds its own write.
+//!   A renewal-only `COMMIT` run again writes leases that never move backwards (no change) and bumps
+//!   `livenessRevision` once more, which can only make a concurrent decision that read the liveness conflict and
+//!   retry. Its release frees the mutex only while it holds this token.
+//! - A redirected command (`MOVED`, `ASK`) did not run where it was refused, and the keys of one slot move
+//!   together (`MIGRATE` keeps the mutex's TTL), so a section that started on the old node commits on the new one
+//!   under the same mutex and revision.
+//! - A failover may lose the last writes, the mutex included: two sections may then overlap, and the revision
+//!   compare-and-set decides between them, as after a stalled holder's TTL. The lost writes themselves are found
+//!   by the stored run id (see [`Store::try_load`]).
 
 use protocol::keys::{self, fields, LAYOUT_VERSION};
 use protocol::messages::GroupRef;
@@ -37,8 +60,19 @@ use crate::error::StoreError;
 const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Answer timeout on a cluster (the single-server connection manager keeps redis-rs's default).
 const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the cluster connection retries a command after `TRYAGAIN`, `CLUSTERDOWN`, a redirect or a lost
+/// node. redis-rs's default (16 retries, each after at least 1.28 s) would hold a section far past its mutex TTL
+/// and the members' leases; these retries end within about half a second (waits between
+/// [`CLUSTER_MIN_RETRY_WAIT_MS`] and [`CLUSTER_MAX_RETRY_WAIT_MS`], doubling from 10 ms), after which the request
+/// answers a retryable `STORE_UNAVAILABLE` and the member retries.
+const CLUSTER_RETRIES: u32 = 6;
+/// Shortest wait before a cluster retry, in ms.
+const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
+/// Longest wait before a cluster retry, in ms.
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 pub mod lag;
+pub mod nodes;
 pub mod traces;
 
 /// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
@@ -99,8 +133,11 @@ elseif ARGV[7] == 'm' and #ARGV > 7 then
     if values[i] then live[#live + 1] = m; live[#live + 1] = values[i] end
   end
 end
-local ok = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
-if not ok then return {0, redis.call('GET', KEYS[3]) or ''} end
+-- Free: missing or empty (released). Our own token: this LOAD was sent again after it ran (a cluster client
+-- re-sends after a lost connection); tokens are unique per attempt, so the mutex is ours: go on as if just taken.
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= '' and holder ~= ARGV[1] then return {0, holder} end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 -- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
@@ -131,7 +168,8 @@ return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, liv
 /// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
 const COMMIT: &str = r#"
 local function release()
-  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
+  if redis.call('GET', KEYS[3]) ~= ARGV[1] then return end
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SET', KEYS[3], '') else redis.call('DEL', KEYS[3]) end
 end
 local function corrupt(why)
   release()
@@ -181,8 +219,27 @@ release()
 return {1, newrev}
 "#;
 
+/// After a slot migration: the metadata was last written on the node the slot left (its run id is stored) and is
+/// read now on the node it moved to. Once the caller has checked that the stored run id is the one of a live
+/// master (so no failover or restart replaced that node), this records the run id of the node the script runs
+/// on, provided it is still the one `LOAD` saw and the stored one is unchanged. Run under the group's mutex.
+///
+/// ARGV: stored run id, current run id. Answers 1 when it wrote.
+const ADOPT_RUN_ID: &str = r#"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+if run ~= ARGV[2] or redis.call('HGET', KEYS[1], 'runId') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'runId', run)
+return 1
+"#;
+
+/// Frees the mutex if `ARGV[1]` holds it: sets it empty (no TTL) while the hash (`KEYS[2]`) exists, rather than
+/// deleting it (see the module docs); deletes it when there is no hash, so a request naming a group that does not
+/// exist leaves no key behind.
 const RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('SET', KEYS[1], '') else redis.call('DEL', KEYS[1]) end
+  return 1
+end
 return 0
 "#;
 
@@ -361,6 +418,7 @@ pub struct Store {
     load: Script,
     commit: Script,
     release: Script,
+    adopt_run_id: Script,
     /// Prefix of this store's mutex tokens (random per process).
     owner: Arc<str>,
     /// Tokens of the sections running now.
@@ -388,6 +446,7 @@ impl Store {
             load: Script::new(&format!("{FIELD_CHECKS}{LOAD}")),
             commit: Script::new(&format!("{FIELD_CHECKS}{COMMIT}")),
             release: Script::new(RELEASE),
+            adopt_run_id: Script::new(ADOPT_RUN_ID),
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
         }
@@ -413,7 +472,15 @@ impl Store {
                 Ok(Store::new(ConnectionManager::new(client).await?))
             }
             RedisTarget::Cluster(seeds) => {
-                let conn = Connection::cluster(&seeds, CLUSTER_CONNECT_TIMEOUT, CLUSTER_RESPONSE_TIMEOUT).await?;
+                let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+                    .connection_timeout(CLUSTER_CONNECT_TIMEOUT)
+                    .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
+                    .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+                    .retry_wait_formula(10, 2)
+                    .build()?;
+                let conn = Connection::Cluster(client.get_async_connection().await?);
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CLUSTER_CONNECT_TIMEOUT))
                     .set_response_timeout(Some(CLUSTER_RESPONSE_TIMEOUT));
@@ -428,29 +495,33 @@ impl Store {
         self.nodes.as_ref()
     }
 
-    /// The text of `INFO section`.
+    /// The text of `INFO section` of every master (of the server on one server), with the master's address.
     ///
     /// # Errors
-    /// Redis errors.
-    pub async fn info(&self, section: &str) -> Result<String, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("INFO").arg(section).query_async(&mut conn).await?)
+    /// Redis errors, naming the cluster node.
+    pub async fn info(&self, section: &str) -> Result<Vec<(Option<redis_link::NodeAddr>, String)>, StoreError> {
+        self.on_each_master(redis::cmd("INFO").arg(section)).await
     }
 
-    /// Which of `names` the server offers (`COMMAND INFO`: a renamed or disabled command is missing).
+    /// Which of `names` each master offers (`COMMAND INFO`: a renamed or disabled command is missing).
     ///
     /// # Errors
-    /// Redis errors.
-    pub async fn commands_present(&self, names: &[&str]) -> Result<Vec<bool>, StoreError> {
-        let mut conn = self.conn.clone();
-        let infos: Vec<Value> = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(names)
-            .query_async(&mut conn)
+    /// Redis errors, naming the cluster node.
+    pub async fn commands_present(
+        &self,
+        names: &[&str],
+    ) -> Result<Vec<(Option<redis_link::NodeAddr>, Vec<bool>)>, StoreError> {
+        let infos: Vec<(Option<redis_link::NodeAddr>, Vec<Value>)> = self
+            .on_each_master(redis::cmd("COMMAND").arg("INFO").arg(names))
             .await?;
-        let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
-        present.resize(names.len(), false);
-        Ok(present)
+        Ok(infos
+            .into_iter()
+            .map(|(node, infos)| {
+                let mut present: Vec<bool> = infos.iter().map(|v| !matches!(v, Value::Nil)).collect();
+                present.resize(names.len(), false);
+                (node, present)
+            })
+            .collect())
     }
 
     /// A clone of the underlying connection, for plain commands.
@@ -497,6 +568,7 @@ impl Store {
                     let deleted: i64 = self
                         .release
                         .key(&keys.mutex)
+                        .key(&keys.hash)
                         .arg(&holder)
                         .invoke_async(&mut conn)
                         .await?;
@@ -550,14 +622,63 @@ impl Store {
                 if let (true, Some(c)) = (loaded.cache_hit, cached) {
                     loaded.aggregate_digest = c.digest.to_owned();
                 }
+                if loaded.run_id_changed() && self.nodes.is_some() {
+                    self.explain_moved_run_id(keys, &mut loaded).await;
+                }
                 Ok(Attempt::Loaded(loaded))
             }
             Err(e) => {
                 // The script checked every field already; a reply this build cannot parse must not leave the
                 // group blocked for a mutex TTL either.
-                let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
+                let _: i64 = self
+                    .release
+                    .key(&keys.mutex)
+                    .key(&keys.hash)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await?;
                 Err(e)
             }
+        }
+    }
+
+    /// On a cluster a stored run id other than the node's also follows a slot migration, which loses nothing: the
+    /// keys moved whole. Told apart from a failover or restart by the stored run id still being a live master's
+    /// (a replaced node's run id is nobody's, or a replica's). Then the node's run id is recorded
+    /// ([`ADOPT_RUN_ID`]) and the load reports no change. Any doubt (an error, a master's run id unreadable)
+    /// leaves the change reported: a needless correction round is safe, a missed one is not.
+    async fn explain_moved_run_id(&self, keys: &SectionKeys, loaded: &mut Loaded) {
+        let masters = match self.master_run_ids().await {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(key = %keys.hash, error = %e, "cannot read the masters' run ids; treating the run id change \
+                    as a possible loss");
+                return;
+            }
+        };
+        let Some(from) = masters
+            .iter()
+            .find(|(_, id)| *id == loaded.stored_run_id)
+            .map(|(node, _)| node.clone())
+        else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let adopted: Result<i64, _> = self
+            .adopt_run_id
+            .key(&keys.hash)
+            .arg(&loaded.stored_run_id)
+            .arg(&loaded.run_id)
+            .invoke_async(&mut conn)
+            .await;
+        match adopted {
+            Ok(1) => {
+                tracing::info!(key = %keys.hash, from = ?from, run_id = %loaded.run_id,
+                    "metadata moved by a slot migration from a live master: not a loss; run id recorded");
+                loaded.stored_run_id.clone_from(&loaded.run_id);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(key = %keys.hash, error = %e, "cannot record the run id after a slot migration"),
         }
     }
 
@@ -613,7 +734,13 @@ impl Store {
     /// Redis errors.
     pub async fn release(&self, keys: &SectionKeys, token: &str) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        let _: i64 = self.release.key(&keys.mutex).arg(token).invoke_async(&mut conn).await?;
+        let _: i64 = self
+            .release
+            .key(&keys.mutex)
+            .key(&keys.hash)
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await?;
         Ok(())
     }
 
@@ -696,18 +823,18 @@ impl Store {
     /// # Errors
     /// Redis errors.
     pub async fn index_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), StoreError> {
-        // Two commands, not one pipeline: the two sets are in two hash slots on a cluster. Both are rebuildable
-        // indexes, so nothing needs them written together.
         let mut conn = self.conn.clone();
-        redis::cmd("SADD")
+        // Two commands, not one pipeline: the two sets have no tag, so on a cluster they lie in two slots. The
+        // indexes are rebuildable (SCAN), so nothing needs them written together.
+        let _: () = redis::cmd("SADD")
             .arg(keys::groups_index())
             .arg(keys::groups_index_member(stream, group))
-            .query_async::<()>(&mut conn)
+            .query_async(&mut conn)
             .await?;
-        redis::cmd("SADD")
+        let _: () = redis::cmd("SADD")
             .arg(keys::streams_index())
             .arg(stream.as_str())
-            .query_async::<()>(&mut conn)
+            .query_async(&mut conn)
             .await?;
         Ok(())
     }
@@ -724,36 +851,40 @@ impl Store {
             .await?)
     }
 
-    /// Rebuilds the groups index by scanning metadata keys. Returns the `stream:group` pairs found.
+    /// Rebuilds the groups index by scanning metadata keys (on every master of a cluster: `SCAN` sees one
+    /// node's keys). Returns the `stream:group` pairs found.
     ///
     /// # Errors
-    /// Redis errors.
+    /// Redis errors, naming the cluster node.
     pub async fn rebuild_index(&self) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
         let mut found = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(keys::group_metadata_pattern())
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await?;
-            for key in batch {
-                let tag = keys::hash_tag(&key);
-                if tag != key {
-                    found.push(tag.to_owned());
+        for mut node in self.each_master().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::group_metadata_pattern())
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut node.conn)
+                    .await
+                    .map_err(|e| node.failed(e.into()))?;
+                for key in batch {
+                    let tag = keys::hash_tag(&key);
+                    if tag != key {
+                        found.push(tag.to_owned());
+                    }
                 }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         found.sort();
         found.dedup();
+        let mut conn = self.conn.clone();
         if !found.is_empty() {
             let _: () = redis::cmd("SADD")
                 .arg(keys::groups_index())
@@ -764,14 +895,12 @@ impl Store {
         Ok(found)
     }
 
-    /// Redis `TIME`, in ms.
+    /// Redis `TIME`, in ms; on a cluster the latest clock of the masters ([`Store::max_time_ms`]).
     ///
     /// # Errors
     /// Redis errors.
     pub async fn time_ms(&self) -> Result<u64, StoreError> {
-        let mut conn = self.conn.clone();
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        Ok(time_ms(secs, micros))
+        self.max_time_ms().await
     }
 
     /// Whether the hash of `keys` exists in any form (a damaged hash without a revision too).
@@ -794,16 +923,24 @@ impl Store {
         Ok(())
     }
 
-    /// Redis `run_id` (changes when the server restarts).
+    /// Redis `run_id` (changes when the server restarts). On a cluster, one text naming every master and its run
+    /// id (`host:port=run id`, sorted, comma-separated): it changes when any master restarts or a replica takes
+    /// over, which is what the global expiry grace is for. The per-group check does not use it: `LOAD` reads the
+    /// run id of the node holding the group.
     ///
     /// # Errors
-    /// Redis errors, or a reply without `run_id`.
+    /// Redis errors (naming the cluster node), or a reply without `run_id`.
     pub async fn run_id(&self) -> Result<String, StoreError> {
-        let info = self.info("server").await?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|s| s.trim().to_owned())
-            .ok_or_else(|| StoreError::Protocol("INFO server has no run_id".into()))
+        let ids = self.master_run_ids().await?;
+        let mut parts: Vec<String> = ids
+            .into_iter()
+            .map(|(node, id)| match node {
+                Some(node) => format!("{node}={id}"),
+                None => id,
+            })
+            .collect();
+        parts.sort();
+        Ok(parts.join(","))
     }
 }
 

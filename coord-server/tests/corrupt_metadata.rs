@@ -45,8 +45,10 @@ async fn hset(conn: &mut MultiplexedConnection, key: &str, field: &str, value: &
         .unwrap();
 }
 
-async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query_async(conn).await.unwrap()
+/// Whether a mutex is held: a released one is left empty (or has expired: missing).
+async fn held(conn: &mut MultiplexedConnection, key: &str) -> bool {
+    let holder: Option<String> = redis::cmd("GET").arg(key).query_async(conn).await.unwrap();
+    holder.is_some_and(|h| !h.is_empty())
 }
 
 struct Fixture {
@@ -108,7 +110,7 @@ impl Fixture {
         .await;
         assert_eq!(stored(&mut self.conn).await, before, "nothing was written");
         assert!(
-            !exists(&mut self.conn, &mutex_key(S, G)).await,
+            !held(&mut self.conn, &mutex_key(S, G)).await,
             "the mutex is not left held"
         );
         self.coord.shutdown().await;
@@ -178,10 +180,7 @@ async fn a_non_numeric_lease_of_a_joining_member_is_refused_before_the_aggregate
     let before = stored(&mut f.conn).await;
     f.refused(&join("b")).await;
     assert_eq!(stored(&mut f.conn).await, before, "nothing was written");
-    assert!(
-        !exists(&mut f.conn, &mutex_key(S, G)).await,
-        "the mutex is not left held"
-    );
+    assert!(!held(&mut f.conn, &mutex_key(S, G)).await, "the mutex is not left held");
     // Members the corrupt entry does not concern keep working: a's heartbeats load only a's lease.
     let r = f.api.hb(S, G, &follow_up(&f.a, &f.a.assigned)).await;
     assert_eq!(r.status, Status::Ok);
@@ -236,7 +235,7 @@ async fn commit_checks_what_it_overwrites_before_writing_anything() {
         assert!(matches!(err, coord_server::StoreError::Corrupt(_)), "{field}: {err:?}");
         assert_eq!(stored(&mut f.conn).await, before, "{field}: nothing was written");
         assert!(
-            !exists(&mut f.conn, &mutex_key(S, G)).await,
+            !held(&mut f.conn, &mutex_key(S, G)).await,
             "{field}: the mutex was released"
         );
         hset(&mut f.conn, &key, field, &original).await;
@@ -351,7 +350,7 @@ async fn a_corrupt_routing_hash_fails_closed_for_reads_and_writes() {
             "{field}={value}: nothing was written"
         );
         assert!(
-            !exists(&mut f.conn, &keys::stream_routing_mutex(&stream)).await,
+            !held(&mut f.conn, &keys::stream_routing_mutex(&stream)).await,
             "{field}={value}: the routing mutex is not left held"
         );
         // The group's own ticks go on (expiry must not stop because the routing is damaged).

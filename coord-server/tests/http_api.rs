@@ -703,15 +703,16 @@ async fn request_timeout_is_a_typed_503_and_the_section_still_completes() {
     api.create_group_with(S, G, 2, patient_timings()).await;
 
     let mut con = redis.connection().await;
-    let taken: Option<String> = redis::cmd("SET")
-        .arg(mutex_key(S, G))
-        .arg("test")
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let taken: Option<String> = redis::Script::new(
+        "local h = redis.call('GET', KEYS[1]) if h and h ~= '' then return nil end \
+         return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    )
+    .key(mutex_key(S, G))
+    .arg("test")
+    .arg(10_000)
+    .invoke_async(&mut con)
+    .await
+    .unwrap();
     assert_eq!(taken.as_deref(), Some("OK"));
     let resp = api.post(HB, &join("a")).await;
     assert!(resp.headers().contains_key(RETRY_AFTER));

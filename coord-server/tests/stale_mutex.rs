@@ -42,8 +42,10 @@ async fn coordinator(redis: &RedisServer) -> CoordinatorHandle {
     CoordinatorHandle::spawn(config).await.expect("coordinator starts")
 }
 
+/// The mutex's holder; `None` when it is free (released mutexes are left empty, expired ones are missing).
 async fn mutex_holder(conn: &mut MultiplexedConnection) -> Option<String> {
-    redis::cmd("GET").arg(mutex_key(S, G)).query_async(conn).await.unwrap()
+    let holder: Option<String> = redis::cmd("GET").arg(mutex_key(S, G)).query_async(conn).await.unwrap();
+    holder.filter(|h| !h.is_empty())
 }
 
 fn keys() -> SectionKeys {

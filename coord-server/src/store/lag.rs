@@ -73,14 +73,14 @@ impl Store {
             };
             let shards: Vec<ShardId> = (0..shard_count.min(MAX_SHARDS_PER_STREAM)).map(ShardId).collect();
             for chunk in shards.chunks(PIPELINE / 2) {
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
+                // One slot per shard: one pipeline on one server, one per master on a cluster.
+                let mut reads = Vec::with_capacity(chunk.len() * 2);
                 for &shard in chunk {
                     let key = protocol::keys::shard_stream(&stream, shard);
-                    pipe.cmd("XLEN").arg(&key).cmd("XINFO").arg("GROUPS").arg(&key);
+                    reads.push((key.clone(), redis::cmd("XLEN").arg(&key).clone()));
+                    reads.push((key.clone(), redis::cmd("XINFO").arg("GROUPS").arg(&key).clone()));
                 }
-                let mut conn = self.conn.clone();
-                let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+                let replies: Vec<redis::RedisResult<Value>> = self.read_many(&reads).await?;
                 for (&shard, pair) in chunk.iter().zip(replies.chunks(2)) {
                     let [length, info] = pair else { continue };
                     let length = match length {

@@ -22,6 +22,7 @@ use protocol::keys;
 use protocol::names::{GroupName, StreamName};
 use protocol::ShardId;
 use redis::streams::StreamInfoGroupsReply;
+use redis::{Cmd, FromRedisValue, RedisResult, Value};
 use std::collections::HashSet;
 use std::fmt;
 
@@ -72,27 +73,47 @@ impl fmt::Display for Trace {
     }
 }
 
-/// Reply of the first group check: the metadata hash, index membership, the liveness hash, the stream's routing.
-type GroupTraceReply = (bool, HashSet<String>, bool, (Option<u64>, Option<Vec<u8>>));
+/// One keyed read: the key that routes it (on a cluster) and the command.
+fn read(key: String, cmd: &mut Cmd) -> (String, Cmd) {
+    (key, cmd.clone())
+}
+
+/// A reply as `T`; a command error is an error.
+fn typed<T: FromRedisValue>(reply: Option<RedisResult<Value>>) -> Result<T, StoreError> {
+    let value = reply.unwrap_or(Ok(Value::Nil))?;
+    T::from_redis_value(value).map_err(|e| StoreError::Protocol(e.to_string()))
+}
 
 /// What remains of a group whose metadata hash has no revision.
 ///
 /// # Errors
 /// Redis errors (the caller then answers as for a lost group: failing towards the old answer is safe).
 pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> Result<Absence, StoreError> {
-    let mut conn = store.connection();
     // SMEMBERS rather than SISMEMBER: the deployment ACL grants the coordinator SMEMBERS only (a follow-up may add
-    // SISMEMBER to make this O(1)); the index holds one short member per group.
-    let (hash, index, liveness, (rev, routing)): GroupTraceReply = redis::pipe()
-        .exists(keys::group_metadata(stream, group))
-        .smembers(keys::groups_index())
-        .exists(keys::group_liveness(stream, group))
-        .cmd("HMGET")
-        .arg(keys::stream_routing(stream))
-        .arg(keys::fields::REVISION)
-        .arg(keys::fields::AGGREGATE)
-        .query_async(&mut conn)
-        .await?;
+    // SISMEMBER to make this O(1)); the index holds one short member per group. Four keys of four slots: one
+    // pipeline on one server, one per master on a cluster (`Store::read_many`).
+    let (metadata, liveness, routing) = (
+        keys::group_metadata(stream, group),
+        keys::group_liveness(stream, group),
+        keys::stream_routing(stream),
+    );
+    let reads = [
+        read(metadata.clone(), redis::cmd("EXISTS").arg(&metadata)),
+        read(keys::groups_index(), redis::cmd("SMEMBERS").arg(keys::groups_index())),
+        read(liveness.clone(), redis::cmd("EXISTS").arg(&liveness)),
+        read(
+            routing.clone(),
+            redis::cmd("HMGET")
+                .arg(&routing)
+                .arg(keys::fields::REVISION)
+                .arg(keys::fields::AGGREGATE),
+        ),
+    ];
+    let mut replies = store.read_many(&reads).await?.into_iter();
+    let hash: bool = typed(replies.next())?;
+    let index: HashSet<String> = typed(replies.next())?;
+    let liveness: bool = typed(replies.next())?;
+    let (rev, routing): (Option<u64>, Option<Vec<u8>>) = typed(replies.next())?;
     if hash {
         return Ok(Absence::Lost(Trace::DamagedHash));
     }
@@ -108,11 +129,19 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
         _ => 1,
     };
     let shards: Vec<ShardId> = (0..shard_count.min(SHARDS_CHECKED)).map(ShardId).collect();
-    let mut exists = redis::pipe();
-    for &shard in &shards {
-        exists.exists(keys::shard_stream(stream, shard));
-    }
-    let present: Vec<bool> = exists.query_async(&mut conn).await?;
+    let exists: Vec<(String, Cmd)> = shards
+        .iter()
+        .map(|&shard| {
+            let key = keys::shard_stream(stream, shard);
+            read(key.clone(), redis::cmd("EXISTS").arg(&key))
+        })
+        .collect();
+    let present: Vec<bool> = store
+        .read_many(&exists)
+        .await?
+        .into_iter()
+        .map(|r| typed(Some(r)))
+        .collect::<Result<_, _>>()?;
     let existing: Vec<ShardId> = shards
         .into_iter()
         .zip(present)
@@ -121,11 +150,19 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
     if existing.is_empty() {
         return Ok(Absence::NeverCreated);
     }
-    let mut infos = redis::pipe();
-    for &shard in &existing {
-        infos.cmd("XINFO").arg("GROUPS").arg(keys::shard_stream(stream, shard));
-    }
-    let replies: Vec<StreamInfoGroupsReply> = infos.query_async(&mut conn).await?;
+    let infos: Vec<(String, Cmd)> = existing
+        .iter()
+        .map(|&shard| {
+            let key = keys::shard_stream(stream, shard);
+            read(key.clone(), redis::cmd("XINFO").arg("GROUPS").arg(&key))
+        })
+        .collect();
+    let replies: Vec<StreamInfoGroupsReply> = store
+        .read_many(&infos)
+        .await?
+        .into_iter()
+        .map(|r| typed(Some(r)))
+        .collect::<Result<_, _>>()?;
     for (shard, reply) in existing.into_iter().zip(replies) {
         if reply.groups.iter().any(|g| g.name == group.as_str()) {
             return Ok(Absence::Lost(Trace::ConsumerGroup(shard)));
@@ -139,13 +176,16 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
 /// # Errors
 /// Redis errors.
 pub async fn of_stream(store: &Store, stream: &StreamName) -> Result<Absence, StoreError> {
-    let mut conn = store.connection();
-    let (hash, index, shard): (bool, HashSet<String>, bool) = redis::pipe()
-        .exists(keys::stream_routing(stream))
-        .smembers(keys::streams_index())
-        .exists(keys::shard_stream(stream, ShardId(0)))
-        .query_async(&mut conn)
-        .await?;
+    let (routing, shard0) = (keys::stream_routing(stream), keys::shard_stream(stream, ShardId(0)));
+    let reads = [
+        read(routing.clone(), redis::cmd("EXISTS").arg(&routing)),
+        read(keys::streams_index(), redis::cmd("SMEMBERS").arg(keys::streams_index())),
+        read(shard0.clone(), redis::cmd("EXISTS").arg(&shard0)),
+    ];
+    let mut replies = store.read_many(&reads).await?.into_iter();
+    let hash: bool = typed(replies.next())?;
+    let index: HashSet<String> = typed(replies.next())?;
+    let shard: bool = typed(replies.next())?;
     let indexed = index.contains(stream.as_str());
     Ok(if hash {
         Absence::Lost(Trace::DamagedHash)

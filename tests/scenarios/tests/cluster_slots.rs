@@ -3,13 +3,15 @@
 //! the coordinator's `LOAD` / `COMMIT` / `RELEASE` (group and routing sections), `SEAL` / `DRAIN`, and the
 //! producer's publish script (plain and idempotent). Every call must succeed.
 //!
-//! The second test pins what is *not* slot-safe yet (listed in docs/cluster.md): the multi-key pipelines of the
-//! coordinator that span slots are refused by the cluster client, and the `SCAN` that rebuilds the groups index
-//! sees one node's keys only.
+//! The second test shows what was *not* slot-safe before the coordinator ran on a cluster (docs/cluster.md) and
+//! is now: the multi-key pipelines of the coordinator that span slots (refused by the cluster client as one
+//! pipeline; the store now sends one per master, or separate commands), the `SCAN` that rebuilds the groups index
+//! (one node's keys only; the store scans every master), and the node-local answers (asked of every master).
 
 use std::collections::BTreeSet;
 
-use coord_server::store::{script_sources, SectionKeys};
+use coord_server::store::traces::{self, Absence, Trace};
+use coord_server::store::{script_sources, SectionKeys, Store};
 use protocol::keys::{self, LAYOUT_VERSION};
 use protocol::names::{GroupName, StreamName};
 use protocol::{RoutingVersion, ShardId};
@@ -112,7 +114,12 @@ async fn critical_section(con: &mut ClusterConnection, keys: &SectionKeys, scope
     );
     let released: i64 = ok(
         &format!("RELEASE {}", keys.mutex),
-        release.key(&keys.mutex).arg(token).invoke_async(con).await,
+        release
+            .key(&keys.mutex)
+            .key(&keys.hash)
+            .arg(token)
+            .invoke_async(con)
+            .await,
     );
     assert_eq!(released, 1);
 }
@@ -232,14 +239,20 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
     assert_eq!(shard_masters.len(), 3, "8 shards land on every master");
 }
 
+/// Each of these was not slot-safe before the coordinator ran on a cluster (issue 15) and is now, through
+/// `Store::connect("cluster:…")`: shown by calling the store itself, after pinning why it was a problem.
 #[tokio::test]
-async fn what_is_not_slot_safe_yet() {
+async fn what_was_not_slot_safe_is_now() {
     let cluster = RedisCluster::start().await;
     let mut con = cluster.connection().await;
+    let target = format!("cluster:{}", cluster.urls().join(","));
+    let store = ok_store("Store::connect", Store::connect(&target).await);
+    assert!(store.nodes().is_some(), "a cluster store");
     let stream = StreamName::new("orders").unwrap();
     let group = GroupName::new("billing").unwrap();
 
-    // `Store::index_group`: one pipeline of two SADDs on the two untagged index sets, in different slots.
+    // `Store::index_group`: the two untagged index sets lie in two slots, so one pipeline of both SADDs is refused
+    // by the cluster client; the store sends two commands.
     assert_ne!(
         key_slot(keys::groups_index().as_bytes()),
         key_slot(keys::streams_index().as_bytes())
@@ -253,8 +266,29 @@ async fn what_is_not_slot_safe_yet() {
         .await;
     let e = refused.expect_err("a pipeline over two slots");
     assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::CrossSlot), "{e}");
+    ok_store("index_group", store.index_group(&stream, &group).await);
+    let groups: BTreeSet<String> = ok(
+        "SMEMBERS",
+        redis::cmd("SMEMBERS")
+            .arg(keys::groups_index())
+            .query_async(&mut con)
+            .await,
+    );
+    let streams: BTreeSet<String> = ok(
+        "SMEMBERS",
+        redis::cmd("SMEMBERS")
+            .arg(keys::streams_index())
+            .query_async(&mut con)
+            .await,
+    );
+    assert!(
+        groups.contains(&keys::groups_index_member(&stream, &group)),
+        "{groups:?}"
+    );
+    assert!(streams.contains(stream.as_str()), "{streams:?}");
 
-    // `traces::of_group` / `of_stream` and the lag sampler pipeline keys of several tags together.
+    // `traces::of_group` / `of_stream` read keys of several tags (and the shards, one slot each): the store sends
+    // one pipeline per master.
     let of_group = [
         keys::group_metadata(&stream, &group),
         keys::groups_index(),
@@ -271,9 +305,45 @@ async fn what_is_not_slot_safe_yet() {
         8,
         "one slot per shard: a pipeline over shards spans slots"
     );
+    assert_eq!(
+        ok_store("of_group", traces::of_group(&store, &stream, &group).await),
+        Absence::Lost(Trace::Indexed),
+        "the index entry written above"
+    );
+    let never = GroupName::new("never").unwrap();
+    assert_eq!(
+        ok_store("of_group", traces::of_group(&store, &stream, &never).await),
+        Absence::NeverCreated
+    );
+    // A Redis consumer group on shard 0 is found through the EXISTS and XINFO GROUPS reads over shards.
+    let ghost = GroupName::new("ghost").unwrap();
+    let _: () = ok(
+        "XGROUP CREATE",
+        redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(keys::shard_stream(&stream, ShardId(0)))
+            .arg(ghost.as_str())
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(&mut con)
+            .await,
+    );
+    assert_eq!(
+        ok_store("of_group", traces::of_group(&store, &stream, &ghost).await),
+        Absence::Lost(Trace::ConsumerGroup(ShardId(0)))
+    );
+    assert_eq!(
+        ok_store("of_stream", traces::of_stream(&store, &stream).await),
+        Absence::Lost(Trace::Indexed)
+    );
+    let other = StreamName::new("never-created").unwrap();
+    assert_eq!(
+        ok_store("of_stream", traces::of_stream(&store, &other).await),
+        Absence::NeverCreated
+    );
 
-    // `Store::rebuild_index`: SCAN MATCH on one connection sees one node's keys. The groups' metadata lands on
-    // every master, so no single node's SCAN finds them all; the union over the masters does.
+    // `Store::rebuild_index`: SCAN MATCH on one node sees that node's keys. The groups' metadata lands on every
+    // master, so no single node's SCAN finds them all; the store scans every master.
     let names = ["billing", "audit", "search", "mail", "ship", "fraud"];
     for name in names {
         let keys = SectionKeys::group(&stream, &GroupName::new(name).unwrap());
@@ -314,4 +384,74 @@ async fn what_is_not_slot_safe_yet() {
         union.extend(found);
     }
     assert_eq!(union.len(), names.len(), "{union:?}");
+    let rebuilt: BTreeSet<String> = ok_store("rebuild_index", store.rebuild_index().await)
+        .into_iter()
+        .collect();
+    let want: BTreeSet<String> = names
+        .iter()
+        .map(|n| keys::groups_index_member(&stream, &GroupName::new(*n).unwrap()))
+        .collect();
+    assert_eq!(rebuilt, want);
+
+    // Node-local answers: every master is asked, and each answer names its node.
+    let masters = cluster.masters().await.len();
+    let infos = ok_store("info", store.info("server").await);
+    assert_eq!(infos.len(), masters);
+    let ports: BTreeSet<u16> = infos.iter().map(|(n, _)| n.as_ref().expect("a node").port).collect();
+    let want_ports: BTreeSet<u16> = cluster
+        .masters()
+        .await
+        .iter()
+        .map(|&m| cluster.node(m).port())
+        .collect();
+    assert_eq!(ports, want_ports);
+    let run_id = ok_store("run_id", store.run_id().await);
+    assert_eq!(run_id.split(',').count(), masters, "{run_id}");
+    for &m in &cluster.masters().await {
+        let info = cluster.node(m).server().info("server").await;
+        let id = info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        assert!(
+            run_id.contains(&format!(":{}={id}", cluster.node(m).port())),
+            "{run_id}"
+        );
+    }
+    let present = ok_store(
+        "commands_present",
+        store.commands_present(&["EVALSHA", "NOSUCHCMD"]).await,
+    );
+    assert_eq!(present.len(), masters);
+    assert!(present.iter().all(|(_, p)| p == &[true, false]), "{present:?}");
+    ok_store("check_redis", coord_server::startup::check_redis(&store).await);
+    assert_eq!(
+        ok_store("memory policy", coord_server::memory_policy::read(&store).await),
+        "noeviction"
+    );
+    // One master with an unsafe policy is named.
+    let lax = cluster.masters().await[1];
+    let mut node = cluster.node(lax).server().connection().await;
+    let _: () = ok(
+        "CONFIG SET",
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query_async(&mut node)
+            .await,
+    );
+    assert_eq!(
+        ok_store("memory policy", coord_server::memory_policy::read(&store).await),
+        format!("allkeys-lru on 127.0.0.1:{}", cluster.node(lax).port())
+    );
+    let before = ok_store("time_ms", store.time_ms().await);
+    assert!(before > 1_600_000_000_000, "{before}");
+}
+
+/// Fails the test on a store error, naming the call.
+fn ok_store<T>(what: &str, r: Result<T, coord_server::error::StoreError>) -> T {
+    r.unwrap_or_else(|e| panic!("{what} failed: {e}"))
 }
