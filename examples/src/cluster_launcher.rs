@@ -18,6 +18,8 @@ pub const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct ClusterLauncher {
     nodes: Vec<RedisLauncher>,
+    /// Each node's cluster bus port (`CLUSTER MEET` must name it: it is not the client port + 10000 here).
+    buses: Vec<u16>,
 }
 
 impl ClusterLauncher {
@@ -28,10 +30,14 @@ impl ClusterLauncher {
     /// [`FORM_TIMEOUT`].
     pub async fn start() -> Result<ClusterLauncher, LaunchError> {
         let mut nodes = Vec::with_capacity(MASTERS);
+        let mut buses = Vec::with_capacity(MASTERS);
         for _ in 0..MASTERS {
+            let bus = free_port().map_err(|e| LaunchError::Failed {
+                reason: format!("cannot find a free port: {e}"),
+                log_tail: String::new(),
+            })?;
             nodes.push(
                 RedisLauncher::start_with(|_| {
-                    let bus = free_port().map(|p| p.to_string()).unwrap_or_else(|_| "0".into());
                     [
                         "--cluster-enabled",
                         "yes",
@@ -40,7 +46,7 @@ impl ClusterLauncher {
                         "--cluster-node-timeout",
                         "5000",
                         "--cluster-port",
-                        &bus,
+                        &bus.to_string(),
                     ]
                     .iter()
                     .map(|s| (*s).to_owned())
@@ -48,8 +54,9 @@ impl ClusterLauncher {
                 })
                 .await?,
             );
+            buses.push(bus);
         }
-        let cluster = ClusterLauncher { nodes };
+        let cluster = ClusterLauncher { nodes, buses };
         cluster.form().await.map_err(|reason| LaunchError::Failed {
             reason: format!("the local cluster did not form: {reason}"),
             log_tail: String::new(),
@@ -81,12 +88,13 @@ impl ClusterLauncher {
                 .await
                 .map_err(|e| format!("ADDSLOTSRANGE on node {i}: {e}"))?;
         }
-        let first_port = self.nodes[0].port();
+        let (first_port, first_bus) = (self.nodes[0].port(), self.buses[0]);
         for (i, conn) in conns.iter_mut().enumerate().skip(1) {
             redis::cmd("CLUSTER")
                 .arg("MEET")
                 .arg("127.0.0.1")
                 .arg(first_port)
+                .arg(first_bus)
                 .query_async::<()>(conn)
                 .await
                 .map_err(|e| format!("MEET from node {i}: {e}"))?;

@@ -21,6 +21,12 @@
 //!      entry is pending (`XPENDING`), i.e. when the last `XACK` is in.
 //! 3. Each mode runs `--rounds` times, alternating; the best rate of each mode is reported with the ratio to the
 //!    best raw rate (goal: >= 0.85).
+//!
+//! `--cluster`: the same against a private local 3-master Redis Cluster (`examples::cluster_launcher`); the raw
+//! loop's shard tasks then each use a redis-rs cluster connection (the strongest raw cluster client: it routes
+//! every pipeline to the shard's master), the SDK gets the `cluster:` target, Redis CPU and command counts are
+//! summed over the masters. On 2 cores the three masters share the cores with the client: the run shows what the
+//! cluster paths cost, not node scaling.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,14 +35,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use coord_server::server::CoordinatorHandle;
+use examples::cluster_launcher::ClusterLauncher;
 use examples::redis_launcher::RedisLauncher;
 use protocol::keys;
 use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, StreamName};
 use protocol::ShardId;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::Value;
+use redis_link::Connection;
 use stream_consumer::{Consumer, ConsumerHandle, Message};
 use tokio::sync::Notify;
 
@@ -67,6 +75,66 @@ struct Args {
     /// Skip the SDK runs (for profiling the raw loop alone).
     #[arg(long)]
     no_sdk: bool,
+    /// Run on a private local 3-master Redis Cluster instead of one redis-server.
+    #[arg(long)]
+    cluster: bool,
+}
+
+/// The private Redis of the run: one server or a local cluster.
+enum Backend {
+    Single(RedisLauncher),
+    Cluster(ClusterLauncher),
+}
+
+impl Backend {
+    async fn start(cluster: bool) -> Result<Backend> {
+        let launched = if cluster {
+            ClusterLauncher::start().await.map(Backend::Cluster)
+        } else {
+            RedisLauncher::start().await.map(Backend::Single)
+        };
+        launched.map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// What the coordinator and the SDK are given.
+    fn target(&self) -> String {
+        match self {
+            Backend::Single(r) => r.url(),
+            Backend::Cluster(c) => c.target(),
+        }
+    }
+
+    /// Every server (every master of a cluster), for the CPU and command counts.
+    fn node_urls(&self) -> Vec<String> {
+        match self {
+            Backend::Single(r) => vec![r.url()],
+            Backend::Cluster(c) => c.nodes().iter().map(RedisLauncher::url).collect(),
+        }
+    }
+
+    /// A connection for commands of one shard each (a cluster connection on a cluster).
+    async fn connection(&self) -> Result<Connection> {
+        Ok(match self {
+            Backend::Single(r) => Connection::Single(redis::Client::open(r.url())?.get_connection_manager().await?),
+            Backend::Cluster(c) => {
+                let seeds: Vec<String> = c.nodes().iter().map(RedisLauncher::url).collect();
+                Connection::cluster(&seeds, Duration::from_secs(2), Duration::from_secs(10)).await?
+            }
+        })
+    }
+}
+
+/// A connection to every server, for [`Cost::now`].
+struct Nodes(Vec<MultiplexedConnection>);
+
+impl Nodes {
+    async fn open(backend: &Backend) -> Result<Nodes> {
+        let mut cons = Vec::new();
+        for url in backend.node_urls() {
+            cons.push(redis::Client::open(url)?.get_multiplexed_async_connection().await?);
+        }
+        Ok(Nodes(cons))
+    }
 }
 
 /// CPU and Redis work spent so far: this process's CPU time, `redis-server`'s CPU time, and the calls of the
@@ -80,7 +148,22 @@ struct Cost {
 }
 
 impl Cost {
-    async fn now(con: &mut MultiplexedConnection) -> Result<Cost> {
+    /// The cost so far, Redis's summed over every server.
+    async fn now(nodes: &mut Nodes) -> Result<Cost> {
+        let mut total = Cost {
+            client_cpu_s: process_cpu_s(),
+            ..Cost::default()
+        };
+        for con in &mut nodes.0 {
+            let one = Self::of_server(con).await?;
+            total.redis_cpu_s += one.redis_cpu_s;
+            total.xreadgroup_calls += one.xreadgroup_calls;
+            total.xack_calls += one.xack_calls;
+        }
+        Ok(total)
+    }
+
+    async fn of_server(con: &mut MultiplexedConnection) -> Result<Cost> {
         let info: String = redis::cmd("INFO")
             .arg("cpu")
             .arg("commandstats")
@@ -154,32 +237,33 @@ fn shard_key(stream: &StreamName, shard: u32) -> String {
     keys::shard_stream(stream, ShardId(shard))
 }
 
-/// Appends `records` entries round-robin over the shards, pipelines of 256 on 8 connections.
-async fn preload(client: &redis::Client, stream: &StreamName, records: usize, payload: &[u8]) -> Result<()> {
-    let keys: Arc<Vec<String>> = Arc::new((0..SHARDS).map(|s| shard_key(stream, s)).collect());
+/// Appends `records` entries round-robin over the shards: one task per shard, pipelines of 256 (one shard per
+/// pipeline, so it also runs on a cluster).
+async fn preload(backend: &Backend, stream: &StreamName, records: usize, payload: &[u8]) -> Result<()> {
     let payload: Arc<Vec<u8>> = Arc::new(payload.to_vec());
-    let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let mut con = client.get_multiplexed_async_connection().await?;
-        let (keys, payload, next) = (keys.clone(), payload.clone(), next.clone());
+    for shard in 0..SHARDS {
+        let mut con = backend.connection().await?;
+        let key = shard_key(stream, shard);
+        let payload = payload.clone();
+        let mine = (records + (SHARDS - 1 - shard) as usize) / SHARDS as usize;
         tasks.push(tokio::spawn(async move {
-            loop {
-                let from = next.fetch_add(256, Ordering::Relaxed) as usize;
-                if from >= records {
-                    return Ok::<_, redis::RedisError>(());
-                }
+            let mut left = mine;
+            while left > 0 {
+                let n = left.min(256);
                 let mut pipe = redis::pipe();
-                for i in from..(from + 256).min(records) {
+                for _ in 0..n {
                     pipe.cmd("XADD")
-                        .arg(&keys[i % keys.len()])
+                        .arg(&key)
                         .arg("*")
                         .arg("p")
                         .arg(payload.as_slice())
                         .ignore();
                 }
                 let () = pipe.query_async(&mut con).await?;
+                left -= n;
             }
+            Ok::<_, redis::RedisError>(())
         }));
     }
     for t in tasks {
@@ -188,22 +272,29 @@ async fn preload(client: &redis::Client, stream: &StreamName, records: usize, pa
     Ok(())
 }
 
-async fn total_len(con: &mut MultiplexedConnection, stream: &StreamName) -> Result<u64> {
-    let mut pipe = redis::pipe();
+async fn total_len(con: &mut Connection, stream: &StreamName) -> Result<u64> {
+    let mut total = 0;
     for s in 0..SHARDS {
-        pipe.cmd("XLEN").arg(shard_key(stream, s));
+        let len: u64 = redis::cmd("XLEN").arg(shard_key(stream, s)).query_async(con).await?;
+        total += len;
     }
-    let lens: Vec<u64> = pipe.query_async(con).await?;
-    Ok(lens.iter().sum())
+    Ok(total)
 }
 
 /// Entries pending in `group` over every shard (`XPENDING` summaries).
-async fn pending_total(con: &mut MultiplexedConnection, stream: &StreamName, group: &str) -> Result<u64> {
-    let mut pipe = redis::pipe();
-    for s in 0..SHARDS {
-        pipe.cmd("XPENDING").arg(shard_key(stream, s)).arg(group);
-    }
-    let replies: Vec<Value> = pipe.query_async(con).await?;
+async fn pending_total(con: &mut Connection, stream: &StreamName, group: &str) -> Result<u64> {
+    let reads = (0..SHARDS).map(|s| {
+        let mut con = con.clone();
+        let key = shard_key(stream, s);
+        async move {
+            redis::cmd("XPENDING")
+                .arg(key)
+                .arg(group)
+                .query_async::<Value>(&mut con)
+                .await
+        }
+    });
+    let replies: Vec<Value> = futures::future::try_join_all(reads).await?;
     let mut total = 0;
     for r in replies {
         if let Value::Array(items) = r {
@@ -216,22 +307,16 @@ async fn pending_total(con: &mut MultiplexedConnection, stream: &StreamName, gro
 }
 
 /// Creates the Redis consumer group `group` on every shard at `at` (`0` or `$`).
-async fn create_redis_groups(
-    con: &mut MultiplexedConnection,
-    stream: &StreamName,
-    group: &str,
-    at: &str,
-) -> Result<()> {
-    let mut pipe = redis::pipe();
+async fn create_redis_groups(con: &mut Connection, stream: &StreamName, group: &str, at: &str) -> Result<()> {
     for s in 0..SHARDS {
-        pipe.cmd("XGROUP")
+        let () = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(shard_key(stream, s))
             .arg(group)
             .arg(at)
-            .ignore();
+            .query_async(con)
+            .await?;
     }
-    let () = pipe.query_async(con).await?;
     Ok(())
 }
 
@@ -270,7 +355,7 @@ fn walk_read_reply(reply: &Value, ids: &mut Vec<Vec<u8>>) -> Result<(u64, u64)> 
 }
 
 /// One shard of the raw loop: pipelined `XACK` of the previous batch + `XREADGROUP` of the next, until empty.
-async fn raw_shard(mut con: MultiplexedConnection, key: String, group: String, count: usize) -> Result<u64> {
+async fn raw_shard(mut con: impl ConnectionLike, key: String, group: String, count: usize) -> Result<u64> {
     let mut ids: Vec<Vec<u8>> = Vec::with_capacity(count);
     let mut read = 0u64;
     let mut field_bytes = 0u64;
@@ -301,33 +386,44 @@ async fn raw_shard(mut con: MultiplexedConnection, key: String, group: String, c
 }
 
 async fn raw_run(
-    client: &redis::Client,
-    con: &mut MultiplexedConnection,
+    backend: &Backend,
+    con: &mut Connection,
+    nodes: &mut Nodes,
     stream: &StreamName,
     group: &str,
     count: usize,
 ) -> Result<RunResult> {
     create_redis_groups(con, stream, group, "0").await?;
-    let mut cons = Vec::new();
+    // One server: a plain multiplexed connection per shard task (no manager in the way); a cluster: a cluster
+    // connection per task.
+    let mut single = Vec::new();
+    let mut cluster = Vec::new();
     for _ in 0..SHARDS {
-        cons.push(client.get_multiplexed_async_connection().await?);
+        match backend {
+            Backend::Single(r) => single.push(redis::Client::open(r.url())?.get_multiplexed_async_connection().await?),
+            Backend::Cluster(_) => cluster.push(backend.connection().await?),
+        }
     }
-    let before = Cost::now(con).await?;
+    let before = Cost::now(nodes).await?;
     let start = Instant::now();
-    let tasks: Vec<_> = cons
+    let key = |s: usize| shard_key(stream, s as u32);
+    let tasks: Vec<_> = single
         .into_iter()
         .enumerate()
-        .map(|(s, con)| {
-            let key = shard_key(stream, s as u32);
-            tokio::spawn(raw_shard(con, key, group.to_owned(), count))
-        })
+        .map(|(s, con)| tokio::spawn(raw_shard(con, key(s), group.to_owned(), count)))
+        .chain(
+            cluster
+                .into_iter()
+                .enumerate()
+                .map(|(s, con)| tokio::spawn(raw_shard(con, key(s), group.to_owned(), count))),
+        )
         .collect();
     let mut read = 0;
     for t in tasks {
         read += t.await??;
     }
     let took = start.elapsed();
-    let cost = Cost::now(con).await?.since(before);
+    let cost = Cost::now(nodes).await?.since(before);
     let pending = pending_total(con, stream, group).await?;
     ensure!(pending == 0, "raw: {pending} entries left pending");
     Ok(RunResult {
@@ -374,7 +470,13 @@ async fn settled(members: &[ConsumerHandle], deadline: Duration) -> Result<()> {
     }
 }
 
-async fn sdk_run(env: &SdkEnv<'_>, con: &mut MultiplexedConnection, group: &str, members: usize) -> Result<RunResult> {
+async fn sdk_run(
+    env: &SdkEnv<'_>,
+    con: &mut Connection,
+    nodes: &mut Nodes,
+    group: &str,
+    members: usize,
+) -> Result<RunResult> {
     let stream = env.stream;
     env.coordinator
         .coordinator()
@@ -421,15 +523,18 @@ async fn sdk_run(env: &SdkEnv<'_>, con: &mut MultiplexedConnection, group: &str,
     settled(&handles, Duration::from_secs(30)).await?;
     let expected = total_len(con, stream).await? + u64::from(SHARDS);
     target.store(expected, Ordering::Relaxed);
-    let mut pipe = redis::pipe();
-    for s in 0..SHARDS {
+    // One pipeline per shard (one slot each), sent together.
+    let wake = (0..SHARDS).map(|s| {
         let key = shard_key(stream, s);
+        let mut pipe = redis::pipe();
         pipe.cmd("XGROUP").arg("SETID").arg(&key).arg(group).arg("0").ignore();
         pipe.cmd("XADD").arg(&key).arg("*").arg("w").arg("1").ignore();
-    }
-    let before = Cost::now(con).await?;
+        let mut con = con.clone();
+        async move { pipe.query_async::<()>(&mut con).await }
+    });
+    let before = Cost::now(nodes).await?;
     let start = Instant::now();
-    let () = pipe.query_async(con).await?;
+    futures::future::try_join_all(wake).await?;
     let deadline = Duration::from_secs(600);
     tokio::time::timeout(deadline, done.notified()).await.with_context(|| {
         format!(
@@ -445,7 +550,7 @@ async fn sdk_run(env: &SdkEnv<'_>, con: &mut MultiplexedConnection, group: &str,
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = start.elapsed();
-    let cost = Cost::now(con).await?.since(before);
+    let cost = Cost::now(nodes).await?.since(before);
     let seen = handled.load(Ordering::Relaxed);
     let closes: Vec<_> = handles.into_iter().map(ConsumerHandle::close).collect();
     for report in futures::future::join_all(closes).await {
@@ -469,12 +574,12 @@ fn rate(n: u64, took: Duration) -> f64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let redis = RedisLauncher::start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let client = redis::Client::open(redis.url())?;
-    let mut con = client.get_multiplexed_async_connection().await?;
+    let backend = Backend::start(args.cluster).await?;
+    let mut con = backend.connection().await?;
+    let mut nodes = Nodes::open(&backend).await?;
     let stream = StreamName::new("cbench")?;
 
-    let mut config = coord_server::Config::new(redis.url());
+    let mut config = coord_server::Config::new(backend.target());
     config.listen = "127.0.0.1:0".parse()?;
     // Short enough for the benchmark's 2.4 s lease (`Config::check_timings`).
     config.mutex_ttl = Duration::from_millis(1_200);
@@ -483,7 +588,7 @@ async fn main() -> Result<()> {
 
     let payload = vec![b'x'; args.payload_bytes];
     let t = Instant::now();
-    preload(&client, &stream, args.records, &payload).await?;
+    preload(&backend, &stream, args.records, &payload).await?;
     let loaded = total_len(&mut con, &stream).await?;
     ensure!(loaded == args.records as u64, "{loaded} entries loaded");
     println!(
@@ -499,7 +604,7 @@ async fn main() -> Result<()> {
 
     let env = SdkEnv {
         coordinator: &coordinator,
-        redis_url: redis.url(),
+        redis_url: backend.target(),
         stream: &stream,
         count: args.count,
     };
@@ -516,7 +621,7 @@ async fn main() -> Result<()> {
     for round in 1..=args.rounds {
         if !args.no_raw {
             let group = format!("raw-r{round}");
-            let run = raw_run(&client, &mut con, &stream, &group, args.count).await?;
+            let run = raw_run(&backend, &mut con, &mut nodes, &stream, &group, args.count).await?;
             let r = keep(&mut raw_best, &run);
             println!(
                 "round {round} raw            {r:>9.0} records/s ({} in {:.2?}; {})",
@@ -527,7 +632,7 @@ async fn main() -> Result<()> {
         }
         for (i, &members) in args.members.iter().enumerate().filter(|_| !args.no_sdk) {
             let group = format!("sdk{members}-r{round}");
-            let run = sdk_run(&env, &mut con, &group, members).await?;
+            let run = sdk_run(&env, &mut con, &mut nodes, &group, members).await?;
             let r = keep(&mut sdk_best[i], &run);
             println!(
                 "round {round} sdk {members} member{} {r:>9.0} records/s ({} in {:.2?}; {})",
@@ -541,8 +646,11 @@ async fn main() -> Result<()> {
 
     println!();
     println!(
-        "## Consumer throughput ({} records, {} B payload, {SHARDS} shards, COUNT {})",
-        args.records, args.payload_bytes, args.count
+        "## Consumer throughput ({} records, {} B payload, {SHARDS} shards, COUNT {}{})",
+        args.records,
+        args.payload_bytes,
+        args.count,
+        if args.cluster { ", local 3-master cluster" } else { "" }
     );
     println!("| run | records/s | SDK / raw | goal | client CPU/record | redis CPU/record | XREADGROUP + XACK per 1000 records |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -559,7 +667,8 @@ async fn main() -> Result<()> {
     if !args.no_raw {
         let (r, c, n) = &raw_best;
         println!(
-            "| raw XREADGROUP + pipelined XACK (8 shard tasks) | {r:.0} | 1.000 | | {} |",
+            "| raw XREADGROUP + pipelined XACK (8 shard tasks{}) | {r:.0} | 1.000 | | {} |",
+            if args.cluster { ", cluster connections" } else { "" },
             costs(c, *n)
         );
     }
@@ -576,6 +685,6 @@ async fn main() -> Result<()> {
         );
     }
     coordinator.shutdown().await;
-    drop(redis);
+    drop(backend);
     Ok(())
 }
