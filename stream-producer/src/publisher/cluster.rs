@@ -1,0 +1,374 @@
+//! The cluster route: per-node lanes, and one shard's pipeline sent straight to the master of its slot with every
+//! redirect followed per command (see "Redis Cluster" in the [`publisher`](super) docs).
+//!
+//! Why not redis-rs's cluster connection: when one reply of a pipeline is a redirect (or the connection fails) it
+//! sends the *whole* pipeline again, so the commands before the redirect run twice. Here a command is sent again
+//! only when its own reply says it did not run (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`), or when it was never
+//! sent (no connection); a connection that fails after sending leaves its commands unknown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use protocol::names::StreamName;
+use protocol::{keys, ShardId};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, ServerErrorKind, Value};
+use redis_link::{NodeAddr, NodePool, Redirect, RedirectKind, TopologyError};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{CmdOutcome, ConnectFailure, Lane, LaneError, RedisGate};
+use crate::stats::Stats;
+
+/// Most `MOVED`/`ASK` rounds one call follows in a row (a backoff after `TRYAGAIN` starts the count again): more
+/// means the nodes disagree about the slot, and the call fails as not written instead of bouncing.
+pub(crate) const MAX_REDIRECTS: u32 = 5;
+
+/// First wait before sending again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node; doubles per wait.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+
+/// Longest such wait.
+const BACKOFF_MAX: Duration = Duration::from_millis(200);
+
+/// The per-node lanes of a cluster, its slot map, and the order of each shard's pipelines.
+pub(crate) struct ClusterRoute {
+    pool: NodePool,
+    config: AsyncConnectionConfig,
+    connections: usize,
+    /// Loads the publish script on every new node connection (scripted path).
+    pub(super) preload_script: bool,
+    /// How long after a call started it may still send commands again (one response timeout).
+    retry_window: Duration,
+    /// The lanes of every node written to so far (bounded by the cluster's nodes).
+    nodes: Mutex<HashMap<NodeAddr, Arc<Vec<Lane>>>>,
+    /// Per shard written so far: the last pipeline issued, and how many are settling redirects.
+    order: Mutex<HashMap<ShardId, ShardOrder>>,
+}
+
+#[derive(Default)]
+struct ShardOrder {
+    /// Resolves when the last pipeline issued for the shard has settled.
+    tail: Option<oneshot::Receiver<()>>,
+    /// Pipelines of the shard settling redirects or retries now.
+    settling: usize,
+}
+
+/// A pipeline's place in its shard's order; settles when dropped.
+struct Ticket<'a> {
+    route: &'a ClusterRoute,
+    shard: ShardId,
+    prev: Option<oneshot::Receiver<()>>,
+    settling: bool,
+    _done: oneshot::Sender<()>,
+}
+
+impl Ticket<'_> {
+    /// Waits until the shard's previous pipeline settled (at once when it has, or when there is none).
+    async fn after_prev(&mut self) {
+        if let Some(prev) = self.prev.take() {
+            // A dropped sender is the signal: the previous pipeline settled, however it ended.
+            let _ = prev.await;
+        }
+    }
+
+    /// Marks the pipeline as settling redirects: new pipelines of the shard wait for it before they are sent,
+    /// so none of them reaches the slot's new node before the commands this one sends again.
+    fn settling(&mut self) {
+        if !self.settling {
+            self.settling = true;
+            self.route.orders().entry(self.shard).or_default().settling += 1;
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.settling {
+            if let Some(order) = self.route.orders().get_mut(&self.shard) {
+                order.settling = order.settling.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// How a reply sends its command on.
+enum Next {
+    /// Settled: a reply of the command itself.
+    Done,
+    /// `MOVED` (to the node) or `ASK` (to the node, with `ASKING`).
+    Redirect(Redirect),
+    /// `TRYAGAIN` or `CLUSTERDOWN`: not run, send it again later.
+    Retry,
+}
+
+fn next_of(reply: &RedisResult<Value>) -> Next {
+    let Err(e) = reply else { return Next::Done };
+    if let Some(redirect) = Redirect::from_error(e) {
+        return Next::Redirect(redirect);
+    }
+    match e.kind() {
+        redis::ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => Next::Retry,
+        _ => Next::Done,
+    }
+}
+
+fn topology_failure(e: TopologyError) -> ConnectFailure {
+    let e = match e {
+        TopologyError::Unreachable(e) => e,
+        other => RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "no usable cluster slot map",
+            other.to_string(),
+        )),
+    };
+    ConnectFailure::Redis(Arc::new(e))
+}
+
+impl ClusterRoute {
+    pub(super) fn new(
+        seeds: &[String],
+        config: AsyncConnectionConfig,
+        connections: usize,
+        retry_window: Duration,
+    ) -> Result<Self, RedisError> {
+        Ok(ClusterRoute {
+            pool: NodePool::new(seeds, config.clone())?,
+            config,
+            connections: connections.max(1),
+            preload_script: false,
+            retry_window,
+            nodes: Mutex::default(),
+            order: Mutex::default(),
+        })
+    }
+
+    fn orders(&self) -> std::sync::MutexGuard<'_, HashMap<ShardId, ShardOrder>> {
+        self.order
+            .lock()
+            .expect("the shard order lock is never held across a panic")
+    }
+
+    /// The lanes of `node`, created on first use (each node has its own Redis check).
+    fn lanes(&self, node: &NodeAddr) -> Result<Arc<Vec<Lane>>, ConnectFailure> {
+        let mut nodes = self
+            .nodes
+            .lock()
+            .expect("the node lanes lock is never held across a panic");
+        if let Some(lanes) = nodes.get(node) {
+            return Ok(lanes.clone());
+        }
+        let client = self.pool.client(node).map_err(|e| ConnectFailure::Redis(Arc::new(e)))?;
+        let gate = Arc::new(RedisGate {
+            url: format!("redis://{node}"),
+            verdict: tokio::sync::OnceCell::new(),
+        });
+        let lanes: Arc<Vec<Lane>> = Arc::new(
+            (0..self.connections)
+                .map(|_| Lane::new(gate.clone(), client.clone(), self.config.clone(), self.preload_script))
+                .collect(),
+        );
+        nodes.insert(node.clone(), lanes.clone());
+        Ok(lanes)
+    }
+
+    /// Reads the slot map and opens every lane of every master.
+    pub(super) async fn connect_all(&self) -> Result<(), ConnectFailure> {
+        let map = self.pool.slot_map().await.map_err(topology_failure)?;
+        for node in map.masters() {
+            for lane in self.lanes(&node)?.iter() {
+                lane.connection().await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn ticket(&self, shard: ShardId) -> (Ticket<'_>, bool) {
+        let (done, tail) = oneshot::channel();
+        let mut orders = self.orders();
+        let order = orders.entry(shard).or_default();
+        let prev = order.tail.replace(tail);
+        let wait = order.settling > 0;
+        drop(orders);
+        let ticket = Ticket {
+            route: self,
+            shard,
+            prev,
+            settling: false,
+            _done: done,
+        };
+        (ticket, wait)
+    }
+
+    /// Runs one shard's pipeline (every command keyed in the shard's slot, or keyless) on the master of the slot,
+    /// following each command's redirect. One outcome per command of `pipe`.
+    pub(super) async fn run(
+        &self,
+        stats: &Stats,
+        stream: &StreamName,
+        shard: ShardId,
+        pipe: &redis::Pipeline,
+    ) -> Vec<CmdOutcome> {
+        let slot = protocol::slot::key_slot(keys::shard_stream(stream, shard).as_bytes());
+        let (mut ticket, wait) = self.ticket(shard);
+        if wait {
+            ticket.after_prev().await;
+        }
+        let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
+        let mut out: Vec<Option<CmdOutcome>> = (0..commands.len()).map(|_| None).collect();
+        // The commands still to send, in order, with the last answer that sent them on.
+        let mut pending: Vec<(usize, Option<RedisError>)> = (0..commands.len()).map(|i| (i, None)).collect();
+        // `None`: the slot's master by the map; else the node a redirect named, and whether it was `ASK`.
+        let mut to: Option<(NodeAddr, bool)> = None;
+        let deadline = Instant::now() + self.retry_window;
+        let mut backoff = BACKOFF_MIN;
+        let mut redirects = 0u32;
+        let mut first = true;
+        let finish = |out: &mut Vec<Option<CmdOutcome>>,
+                      pending: &[(usize, Option<RedisError>)],
+                      f: &dyn Fn(Option<&RedisError>) -> CmdOutcome| {
+            for (i, last) in pending {
+                out[*i] = Some(f(last.as_ref()));
+            }
+        };
+        while !pending.is_empty() {
+            let target = match &to {
+                Some((node, asking)) => Ok((node.clone(), *asking)),
+                None => self
+                    .pool
+                    .slot_map()
+                    .await
+                    .map(|map| (map.master_of(slot).clone(), false))
+                    .map_err(topology_failure),
+            };
+            let sent = match target.and_then(|(node, asking)| Ok((self.lanes(&node)?, asking))) {
+                Err(f) => Err(LaneError::Connect(f)),
+                Ok((lanes, asking)) => {
+                    let lane = &lanes[shard.index() % lanes.len()];
+                    if first && !asking {
+                        lane.run(pipe).await
+                    } else {
+                        let mut again = redis::pipe();
+                        again.ignore_errors();
+                        for (i, _) in &pending {
+                            if asking {
+                                again.cmd("ASKING").ignore();
+                            }
+                            again.add_command(commands[*i].clone());
+                        }
+                        lane.run(&again).await
+                    }
+                }
+            };
+            first = false;
+            // Whatever came back, nothing of this pipeline is sent again before its predecessor settled.
+            ticket.after_prev().await;
+            let replies = match sent {
+                Ok(replies) => replies,
+                Err(LaneError::Connect(f @ ConnectFailure::Unsupported(_))) => {
+                    finish(&mut out, &pending, &|_| CmdOutcome::Connect(f.clone()));
+                    break;
+                }
+                Err(LaneError::Connect(f)) => {
+                    // Not sent. The node may be gone (a failover moves its slots): read the map again, then retry
+                    // until the deadline.
+                    ticket.settling();
+                    let _ = self.pool.refresh().await;
+                    to = None;
+                    if Instant::now() + backoff > deadline {
+                        finish(&mut out, &pending, &|_| CmdOutcome::Connect(f.clone()));
+                        break;
+                    }
+                    stats
+                        .cluster_retries
+                        .fetch_add(pending.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+                Err(LaneError::Lost(e)) => {
+                    let e = Arc::new(e);
+                    finish(&mut out, &pending, &|_| CmdOutcome::Lost(e.clone()));
+                    break;
+                }
+            };
+            if replies.len() != pending.len() {
+                let detail = format!("{} replies to {} commands", replies.len(), pending.len());
+                finish(&mut out, &pending, &|_| CmdOutcome::Unexpected(detail.clone()));
+                break;
+            }
+            let mut next = Vec::new();
+            let (mut moved, mut asked, mut retry) = (0u64, 0u64, 0u64);
+            for ((i, _), reply) in pending.iter().zip(replies) {
+                match next_of(&reply) {
+                    Next::Done => out[*i] = Some(CmdOutcome::Reply(reply)),
+                    Next::Redirect(redirect) => {
+                        if next.is_empty() {
+                            to = Some((redirect.to.clone(), redirect.kind == RedirectKind::Ask));
+                        }
+                        match redirect.kind {
+                            RedirectKind::Moved => moved += 1,
+                            RedirectKind::Ask => asked += 1,
+                        }
+                        next.push((*i, reply.err()));
+                    }
+                    Next::Retry => {
+                        if next.is_empty() {
+                            to = None;
+                        }
+                        retry += 1;
+                        next.push((*i, reply.err()));
+                    }
+                }
+            }
+            pending = next;
+            if pending.is_empty() {
+                break;
+            }
+            ticket.settling();
+            {
+                use std::sync::atomic::Ordering::Relaxed;
+                stats.redirects_moved.fetch_add(moved, Relaxed);
+                stats.redirects_ask.fetch_add(asked, Relaxed);
+                stats.cluster_retries.fetch_add(retry, Relaxed);
+            }
+            if moved > 0 {
+                // The redirect named the new owner; the map is for the pipelines after this one.
+                let _ = self.pool.refresh().await;
+            }
+            if moved + asked > 0 {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    finish(&mut out, &pending, &|last| {
+                        CmdOutcome::Unsettled("too many redirects", Arc::new(last.cloned().unwrap_or_else(no_answer)))
+                    });
+                    break;
+                }
+            }
+            // Only ASK is expected to be followed at once; a second redirect in a row means the nodes' views
+            // have not converged yet: give them a moment.
+            if retry > 0 || redirects > 1 {
+                if Instant::now() + backoff > deadline {
+                    finish(&mut out, &pending, &|last| {
+                        CmdOutcome::Unsettled(
+                            "retried until the response timeout",
+                            Arc::new(last.cloned().unwrap_or_else(no_answer)),
+                        )
+                    });
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                if retry > 0 {
+                    redirects = 0;
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| CmdOutcome::Unexpected("no outcome".into())))
+            .collect()
+    }
+}
+
+fn no_answer() -> RedisError {
+    RedisError::from((redis::ErrorKind::ClusterConnectionNotFound, "no answer"))
+}
