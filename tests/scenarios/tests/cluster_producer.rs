@@ -431,6 +431,66 @@ async fn a_slot_migrating_during_send_batch_keeps_outcomes_exact_idempotent() {
     migration_during_send_batch("clmig-idem", Mode::Idempotent).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_that_does_not_settle_fails_not_written_within_the_response_timeout() {
+    let env = Env::start("clunsettled", RedisCluster::start().await).await;
+    let timeout = std::time::Duration::from_millis(600);
+    let producer = env
+        .producer(Mode::Fenced)
+        .redis_response_timeout(timeout)
+        .build()
+        .expect("valid configuration");
+    producer.ready().await.expect("ready");
+    let shard = 0;
+    let slot = key_slot(env.shard_key(shard).as_bytes());
+    let mut outcomes = Outcomes::default();
+    outcomes.record_batch(0, producer.send_batch((0..100).map(record).collect()).await);
+    assert_eq!(outcomes.written.len(), 100);
+
+    // A migration left half-way: the shard's script calls (their fence key exists on neither node) are answered
+    // ASK by the source and TRYAGAIN by the target until it ends.
+    let from = env.cluster.owner_of_slot(slot).await;
+    let migration = env.cluster.begin_migration(slot, (from + 1) % 3).await;
+    while migration.move_keys(10).await > 0 {}
+    let started = Instant::now();
+    let result = producer.send_batch((100..200).map(record).collect()).await;
+    let took = started.elapsed();
+    let e = result.as_ref().expect_err("the shard's records cannot be written");
+    let on_shard: Vec<u64> = (100..200)
+        .filter(|n| shard_for_key(record(*n).key().unwrap(), SHARDS) == ShardId(shard))
+        .collect();
+    assert!(!on_shard.is_empty());
+    assert_eq!(e.count(stream_producer::WriteState::NotWritten), on_shard.len(), "{e}");
+    for n in &on_shard {
+        let outcome = &e.outcomes()[(*n - 100) as usize];
+        assert!(
+            matches!(
+                outcome.error(),
+                Some(stream_producer::PublishError::ClusterUnsettled { .. })
+            ),
+            "record {n}: {outcome:?}"
+        );
+    }
+    assert!(took >= timeout / 2 && took < timeout * 4, "gave up after {took:?}");
+    outcomes.record_batch(100, result);
+
+    migration.finish().await;
+    let result = producer.send_batch((200..300).map(record).collect()).await;
+    assert!(result.is_ok(), "{:?}", result.err());
+    outcomes.record_batch(200, result);
+    let c = check(&env.read_back().await, &outcomes, false);
+    assert_eq!(
+        (c.written, c.not_written, c.unknown),
+        (300 - on_shard.len(), on_shard.len(), 0),
+        "{c:?}"
+    );
+    let stats = producer.stats();
+    println!(
+        "unsettled slot: {} records of shard {shard} not written after {took:?} (response timeout {timeout:?}); {stats:?}",
+        on_shard.len()
+    );
+}
+
 async fn failover_during_publishing(name: &str, mode: Mode) {
     let env = Env::start(name, RedisCluster::start_with_replicas().await).await;
     let producer = Arc::new(env.producer(mode).build().expect("valid configuration"));
