@@ -144,7 +144,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
             .field("coordinator_timeout", &self.coordinator_timeout)
-            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("redis_url", &self.redacted_redis_url())
             .field("connections", &self.connections)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_response_timeout", &self.redis_response_timeout)
@@ -252,6 +252,15 @@ impl ProducerConfig {
             });
         }
         self.validate_script_settings()
+    }
+
+    /// [`redis_url`](Self::redis_url) with every password redacted.
+    fn redacted_redis_url(&self) -> String {
+        if self.is_cluster() {
+            redis_link::RedisTarget::parse(&self.redis_url).map_or_else(|_| "cluster:***".to_owned(), |t| t.redacted())
+        } else {
+            protocol::redact::redact_url(&self.redis_url)
+        }
     }
 
     /// Whether [`redis_url`](Self::redis_url) names a Redis Cluster.

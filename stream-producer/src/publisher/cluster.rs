@@ -372,3 +372,95 @@ impl ClusterRoute {
 fn no_answer() -> RedisError {
     RedisError::from((redis::ErrorKind::ClusterConnectionNotFound, "no answer"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route() -> ClusterRoute {
+        ClusterRoute::new(
+            &["redis://127.0.0.1:1".to_owned()],
+            AsyncConnectionConfig::new(),
+            2,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_pipeline_waits_for_its_shards_previous_one_only() {
+        let route = route();
+        let (first, wait) = route.ticket(ShardId(0));
+        assert!(!wait, "nothing is settling");
+        let (mut second, wait) = route.ticket(ShardId(0));
+        assert!(!wait);
+        let (mut other, _) = route.ticket(ShardId(1));
+        tokio::time::timeout(Duration::from_secs(1), other.after_prev())
+            .await
+            .expect("another shard's order is its own");
+        let mut waiting = std::pin::pin!(second.after_prev());
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "the first has not settled"
+        );
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("settled once the first is dropped");
+    }
+
+    #[tokio::test]
+    async fn new_pipelines_wait_while_one_of_their_shard_settles_redirects() {
+        let route = route();
+        let (mut settling, _) = route.ticket(ShardId(3));
+        settling.settling();
+        settling.settling();
+        let (mut next, wait) = route.ticket(ShardId(3));
+        assert!(wait, "a pipeline of the shard is settling");
+        assert!(!route.ticket(ShardId(4)).1);
+        {
+            let mut waiting = std::pin::pin!(next.after_prev());
+            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            drop(settling);
+            tokio::time::timeout(Duration::from_secs(1), waiting)
+                .await
+                .expect("settled");
+        }
+        drop(next);
+        assert!(!route.ticket(ShardId(3)).1, "nothing is settling any more");
+    }
+
+    #[test]
+    fn redirects_and_retries_are_told_apart() {
+        let reply = |text: &str| match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap() {
+            Value::ServerError(e) => Err(RedisError::from(e)),
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(
+            next_of(&reply("MOVED 12 10.0.0.2:7001")),
+            Next::Redirect(Redirect {
+                kind: RedirectKind::Moved,
+                slot: 12,
+                ..
+            })
+        ));
+        assert!(matches!(
+            next_of(&reply("ASK 12 10.0.0.2:7001")),
+            Next::Redirect(Redirect {
+                kind: RedirectKind::Ask,
+                ..
+            })
+        ));
+        assert!(matches!(
+            next_of(&reply("TRYAGAIN Multiple keys request during rehashing of slot")),
+            Next::Retry
+        ));
+        assert!(matches!(
+            next_of(&reply("CLUSTERDOWN The cluster is down")),
+            Next::Retry
+        ));
+        assert!(matches!(next_of(&reply("ERR wrong number of arguments")), Next::Done));
+        assert!(matches!(next_of(&reply("NOSCRIPT No matching script")), Next::Done));
+        assert!(matches!(next_of(&Ok(Value::Okay)), Next::Done));
+    }
+}
