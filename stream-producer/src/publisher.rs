@@ -52,8 +52,9 @@
 //! written ([`PublishError::ClusterUnsettled`]). A node that cannot be reached is retried the same way (after a
 //! slot map refresh: a failover may have moved its slots). A connection that fails after sending leaves its
 //! commands unknown, as on one server. The pipelines of one shard still settle in issue order: a pipeline
-//! handles its redirects only after the shard's previous pipeline settled, and while one is settling, new
-//! pipelines of that shard wait for it before they are sent.
+//! handles its redirects only after the shard's previous pipeline settled, and while one is settling (or the slot
+//! map names another node than the one the shard's previous pipeline went to), a new pipeline of that shard waits
+//! for its predecessor before it is sent.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
