@@ -49,6 +49,10 @@ pub(crate) struct ClusterRoute {
 struct ShardOrder {
     /// Resolves when the last pipeline issued for the shard has settled.
     tail: Option<oneshot::Receiver<()>>,
+    /// Tickets issued so far (the last one's number).
+    issued: u64,
+    /// The node the last pipeline issued was sent to; `None` while it waits to be sent.
+    sent_to: Option<NodeAddr>,
     /// Pipelines of the shard settling redirects or retries now.
     settling: usize,
 }
@@ -57,12 +61,22 @@ struct ShardOrder {
 struct Ticket<'a> {
     route: &'a ClusterRoute,
     shard: ShardId,
+    number: u64,
     prev: Option<oneshot::Receiver<()>>,
     settling: bool,
     _done: oneshot::Sender<()>,
 }
 
 impl Ticket<'_> {
+    /// Records where this pipeline goes (after it waited for its predecessor), so that the next ones may follow
+    /// it there without waiting.
+    fn sent(&self, node: &NodeAddr) {
+        let mut orders = self.route.orders();
+        if let Some(order) = orders.get_mut(&self.shard).filter(|o| o.issued == self.number) {
+            order.sent_to = Some(node.clone());
+        }
+    }
+
     /// Waits until the shard's previous pipeline settled (at once when it has, or when there is none).
     async fn after_prev(&mut self) {
         if let Some(prev) = self.prev.take() {
@@ -182,16 +196,24 @@ impl ClusterRoute {
         Ok(())
     }
 
-    fn ticket(&self, shard: ShardId) -> (Ticket<'_>, bool) {
+    /// The next place in `shard`'s order for a pipeline going to `node` (the slot's master by the map, if it could
+    /// be read), and whether it must wait for its predecessor before it is sent: when one of the shard's pipelines
+    /// is settling redirects, or the previous one went to another node (or has not been sent yet), sending at once
+    /// could overtake it.
+    fn ticket(&self, shard: ShardId, node: Option<&NodeAddr>) -> (Ticket<'_>, bool) {
         let (done, tail) = oneshot::channel();
         let mut orders = self.orders();
         let order = orders.entry(shard).or_default();
         let prev = order.tail.replace(tail);
-        let wait = order.settling > 0;
+        order.issued += 1;
+        let number = order.issued;
+        let wait = order.settling > 0 || node.is_none() || order.sent_to.as_ref() != node;
+        order.sent_to = if wait { None } else { node.cloned() };
         drop(orders);
         let ticket = Ticket {
             route: self,
             shard,
+            number,
             prev,
             settling: false,
             _done: done,
@@ -209,16 +231,24 @@ impl ClusterRoute {
         pipe: &redis::Pipeline,
     ) -> Vec<CmdOutcome> {
         let slot = protocol::slot::key_slot(keys::shard_stream(stream, shard).as_bytes());
-        let (mut ticket, wait) = self.ticket(shard);
+        let node = self.pool.slot_map().await.ok().map(|map| map.master_of(slot).clone());
+        let (mut ticket, wait) = self.ticket(shard, node.as_ref());
+        // `None`: the slot's master by the map; else the node a redirect named, and whether it was `ASK`.
+        let mut to: Option<(NodeAddr, bool)> = node.map(|n| (n, false));
         if wait {
             ticket.after_prev().await;
+            // Every earlier pipeline of the shard settled: go where the map says now; the next ones may follow.
+            to = None;
+            if let Ok(map) = self.pool.slot_map().await {
+                let node = map.master_of(slot).clone();
+                ticket.sent(&node);
+                to = Some((node, false));
+            }
         }
         let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
         let mut out: Vec<Option<CmdOutcome>> = (0..commands.len()).map(|_| None).collect();
         // The commands still to send, in order, with the last answer that sent them on.
         let mut pending: Vec<(usize, Option<RedisError>)> = (0..commands.len()).map(|i| (i, None)).collect();
-        // `None`: the slot's master by the map; else the node a redirect named, and whether it was `ASK`.
-        let mut to: Option<(NodeAddr, bool)> = None;
         let deadline = Instant::now() + self.retry_window;
         let mut backoff = BACKOFF_MIN;
         let mut redirects = 0u32;
@@ -390,34 +420,57 @@ mod tests {
     #[tokio::test]
     async fn a_pipeline_waits_for_its_shards_previous_one_only() {
         let route = route();
-        let (first, wait) = route.ticket(ShardId(0));
-        assert!(!wait, "nothing is settling");
-        let (mut second, wait) = route.ticket(ShardId(0));
-        assert!(!wait);
-        let (mut other, _) = route.ticket(ShardId(1));
+        let (a, b) = (NodeAddr::new("10.0.0.1", 7000), NodeAddr::new("10.0.0.2", 7001));
+        let (first, wait) = route.ticket(ShardId(0), Some(&a));
+        assert!(wait, "no pipeline of the shard was sent anywhere yet");
+        first.sent(&a);
+        let (mut second, wait) = route.ticket(ShardId(0), Some(&a));
+        assert!(!wait, "the previous one went to the same node: it cannot be overtaken");
+        let (mut other, _) = route.ticket(ShardId(1), Some(&b));
         tokio::time::timeout(Duration::from_secs(1), other.after_prev())
             .await
             .expect("another shard's order is its own");
-        let mut waiting = std::pin::pin!(second.after_prev());
+        {
+            let mut waiting = std::pin::pin!(second.after_prev());
+            assert!(
+                futures::poll!(waiting.as_mut()).is_pending(),
+                "the first has not settled"
+            );
+            drop(first);
+            tokio::time::timeout(Duration::from_secs(1), waiting)
+                .await
+                .expect("settled once the first is dropped");
+        }
+        let (third, wait) = route.ticket(ShardId(0), Some(&b));
         assert!(
-            futures::poll!(waiting.as_mut()).is_pending(),
-            "the first has not settled"
+            wait,
+            "the map moved the slot: the pipelines still in flight to the old node go first"
         );
-        drop(first);
-        tokio::time::timeout(Duration::from_secs(1), waiting)
-            .await
-            .expect("settled once the first is dropped");
+        let (_, wait) = route.ticket(ShardId(0), Some(&b));
+        assert!(wait, "the previous one waits to be sent");
+        third.sent(&b);
+        let (_, wait) = route.ticket(ShardId(0), Some(&b));
+        assert!(
+            wait,
+            "a newer ticket was issued since: `sent` of an older one changes nothing"
+        );
+        let (_, wait) = route.ticket(ShardId(0), None);
+        assert!(wait, "no slot map: wait");
     }
 
     #[tokio::test]
     async fn new_pipelines_wait_while_one_of_their_shard_settles_redirects() {
         let route = route();
-        let (mut settling, _) = route.ticket(ShardId(3));
+        let a = NodeAddr::new("10.0.0.1", 7000);
+        let (first, _) = route.ticket(ShardId(3), Some(&a));
+        first.sent(&a);
+        let (mut settling, wait) = route.ticket(ShardId(3), Some(&a));
+        assert!(!wait);
+        drop(first);
         settling.settling();
         settling.settling();
-        let (mut next, wait) = route.ticket(ShardId(3));
+        let (mut next, wait) = route.ticket(ShardId(3), Some(&a));
         assert!(wait, "a pipeline of the shard is settling");
-        assert!(!route.ticket(ShardId(4)).1);
         {
             let mut waiting = std::pin::pin!(next.after_prev());
             assert!(futures::poll!(waiting.as_mut()).is_pending());
@@ -426,8 +479,10 @@ mod tests {
                 .await
                 .expect("settled");
         }
+        next.sent(&a);
         drop(next);
-        assert!(!route.ticket(ShardId(3)).1, "nothing is settling any more");
+        let (_, wait) = route.ticket(ShardId(3), Some(&a));
+        assert!(!wait, "nothing is settling any more");
     }
 
     #[test]
