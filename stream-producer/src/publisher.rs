@@ -52,9 +52,10 @@
 //! written ([`PublishError::ClusterUnsettled`]). A node that cannot be reached is retried the same way (after a
 //! slot map refresh: a failover may have moved its slots). A connection that fails after sending leaves its
 //! commands unknown, as on one server. The pipelines of one shard still settle in issue order: a pipeline
-//! handles its redirects only after the shard's previous pipeline settled, and while one is settling (or the slot
-//! map names another node than the one the shard's previous pipeline went to), a new pipeline of that shard waits
-//! for its predecessor before it is sent.
+//! handles its redirects only after the shard's previous pipeline settled; a new pipeline is sent right after the
+//! shard's previous one was handed to the same node (one lane keeps their order), and waits for it to settle when
+//! it went to another node (the slot map changed meanwhile) or while one of the shard's pipelines is settling
+//! redirects.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -48,11 +48,9 @@ pub(crate) struct ClusterRoute {
 #[derive(Default)]
 struct ShardOrder {
     /// Resolves when the last pipeline issued for the shard has settled.
-    tail: Option<oneshot::Receiver<()>>,
-    /// Tickets issued so far (the last one's number).
-    issued: u64,
-    /// The node the last pipeline issued was sent to; `None` while it waits to be sent.
-    sent_to: Option<NodeAddr>,
+    done: Option<oneshot::Receiver<()>>,
+    /// Resolves with the node the last pipeline issued was sent to, once it was.
+    sent: Option<oneshot::Receiver<NodeAddr>>,
     /// Pipelines of the shard settling redirects or retries now.
     settling: usize,
 }
@@ -61,19 +59,39 @@ struct ShardOrder {
 struct Ticket<'a> {
     route: &'a ClusterRoute,
     shard: ShardId,
-    number: u64,
     prev: Option<oneshot::Receiver<()>>,
+    prev_sent: Option<oneshot::Receiver<NodeAddr>>,
+    sent: Option<oneshot::Sender<NodeAddr>>,
     settling: bool,
     _done: oneshot::Sender<()>,
 }
 
 impl Ticket<'_> {
-    /// Records where this pipeline goes (after it waited for its predecessor), so that the next ones may follow
-    /// it there without waiting.
-    fn sent(&self, node: &NodeAddr) {
-        let mut orders = self.route.orders();
-        if let Some(order) = orders.get_mut(&self.shard).filter(|o| o.issued == self.number) {
-            order.sent_to = Some(node.clone());
+    /// Waits until this pipeline may be sent to `node` (the slot's master by the map) without overtaking the
+    /// shard's earlier pipelines: at once after the previous one was handed to the same node (one lane keeps
+    /// their order); after the previous one settled when it went to another node, or when one of the shard's
+    /// pipelines was settling redirects when this one was issued (`settling`). Answers whether it waited for the
+    /// previous one to settle (then the slot map is worth reading again).
+    async fn before_send(&mut self, node: Option<&NodeAddr>, settling: bool) -> bool {
+        if !settling {
+            let Some(prev_sent) = self.prev_sent.take() else {
+                return false;
+            };
+            match prev_sent.await {
+                Ok(prev) if Some(&prev) == node => return false,
+                // Dropped unsent: the previous pipeline settled without sending anything more.
+                Err(_) => return false,
+                Ok(_) => {}
+            }
+        }
+        self.after_prev().await;
+        true
+    }
+
+    /// Tells the next pipeline of the shard where this one was sent (once, at its first send).
+    fn sent(&mut self, node: &NodeAddr) {
+        if let Some(tx) = self.sent.take() {
+            let _ = tx.send(node.clone());
         }
     }
 
@@ -196,29 +214,26 @@ impl ClusterRoute {
         Ok(())
     }
 
-    /// The next place in `shard`'s order for a pipeline going to `node` (the slot's master by the map, if it could
-    /// be read), and whether it must wait for its predecessor before it is sent: when one of the shard's pipelines
-    /// is settling redirects, or the previous one went to another node (or has not been sent yet), sending at once
-    /// could overtake it.
-    fn ticket(&self, shard: ShardId, node: Option<&NodeAddr>) -> (Ticket<'_>, bool) {
-        let (done, tail) = oneshot::channel();
+    /// The next place in `shard`'s order, and whether one of the shard's pipelines is settling redirects now.
+    fn ticket(&self, shard: ShardId) -> (Ticket<'_>, bool) {
+        let (done, done_rx) = oneshot::channel();
+        let (sent, sent_rx) = oneshot::channel();
         let mut orders = self.orders();
         let order = orders.entry(shard).or_default();
-        let prev = order.tail.replace(tail);
-        order.issued += 1;
-        let number = order.issued;
-        let wait = order.settling > 0 || node.is_none() || order.sent_to.as_ref() != node;
-        order.sent_to = if wait { None } else { node.cloned() };
+        let prev = order.done.replace(done_rx);
+        let prev_sent = order.sent.replace(sent_rx);
+        let settling = order.settling > 0;
         drop(orders);
         let ticket = Ticket {
             route: self,
             shard,
-            number,
             prev,
+            prev_sent,
+            sent: Some(sent),
             settling: false,
             _done: done,
         };
-        (ticket, wait)
+        (ticket, settling)
     }
 
     /// Runs one shard's pipeline (every command keyed in the shard's slot, or keyless) on the master of the slot,
@@ -231,19 +246,13 @@ impl ClusterRoute {
         pipe: &redis::Pipeline,
     ) -> Vec<CmdOutcome> {
         let slot = protocol::slot::key_slot(keys::shard_stream(stream, shard).as_bytes());
+        let (mut ticket, settling) = self.ticket(shard);
         let node = self.pool.slot_map().await.ok().map(|map| map.master_of(slot).clone());
-        let (mut ticket, wait) = self.ticket(shard, node.as_ref());
         // `None`: the slot's master by the map; else the node a redirect named, and whether it was `ASK`.
         let mut to: Option<(NodeAddr, bool)> = node.map(|n| (n, false));
-        if wait {
-            ticket.after_prev().await;
-            // Every earlier pipeline of the shard settled: go where the map says now; the next ones may follow.
+        if ticket.before_send(to.as_ref().map(|(n, _)| n), settling).await {
+            // Every earlier pipeline of the shard settled: go where the map says now.
             to = None;
-            if let Ok(map) = self.pool.slot_map().await {
-                let node = map.master_of(slot).clone();
-                ticket.sent(&node);
-                to = Some((node, false));
-            }
         }
         let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
         let mut out: Vec<Option<CmdOutcome>> = (0..commands.len()).map(|_| None).collect();
@@ -270,9 +279,10 @@ impl ClusterRoute {
                     .map(|map| (map.master_of(slot).clone(), false))
                     .map_err(topology_failure),
             };
-            let sent = match target.and_then(|(node, asking)| Ok((self.lanes(&node)?, asking))) {
+            let sent = match target.and_then(|(node, asking)| Ok((self.lanes(&node)?, node, asking))) {
                 Err(f) => Err(LaneError::Connect(f)),
-                Ok((lanes, asking)) => {
+                Ok((lanes, node, asking)) => {
+                    ticket.sent(&node);
                     let lane = &lanes[shard.index() % lanes.len()];
                     if first && !asking {
                         lane.run(pipe).await
@@ -417,72 +427,87 @@ mod tests {
         .unwrap()
     }
 
+    /// Polls `f` once: whether it finished.
+    async fn ready_now(f: impl std::future::Future<Output = bool>) -> Option<bool> {
+        let mut f = std::pin::pin!(f);
+        match futures::poll!(f.as_mut()) {
+            std::task::Poll::Ready(waited) => Some(waited),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     #[tokio::test]
-    async fn a_pipeline_waits_for_its_shards_previous_one_only() {
+    async fn a_pipeline_follows_its_predecessor_to_the_same_node_at_once() {
         let route = route();
         let (a, b) = (NodeAddr::new("10.0.0.1", 7000), NodeAddr::new("10.0.0.2", 7001));
-        let (first, wait) = route.ticket(ShardId(0), Some(&a));
-        assert!(wait, "no pipeline of the shard was sent anywhere yet");
-        first.sent(&a);
-        let (mut second, wait) = route.ticket(ShardId(0), Some(&a));
-        assert!(!wait, "the previous one went to the same node: it cannot be overtaken");
-        let (mut other, _) = route.ticket(ShardId(1), Some(&b));
-        tokio::time::timeout(Duration::from_secs(1), other.after_prev())
-            .await
-            .expect("another shard's order is its own");
+        let (mut first, settling) = route.ticket(ShardId(0));
+        assert!(!settling);
+        assert_eq!(
+            ready_now(first.before_send(Some(&a), false)).await,
+            Some(false),
+            "the first goes at once"
+        );
+        let (mut second, _) = route.ticket(ShardId(0));
+        let (mut third, _) = route.ticket(ShardId(0));
         {
-            let mut waiting = std::pin::pin!(second.after_prev());
+            let mut waiting = std::pin::pin!(second.before_send(Some(&a), false));
             assert!(
                 futures::poll!(waiting.as_mut()).is_pending(),
-                "the first has not settled"
+                "the first is not sent yet"
             );
-            drop(first);
-            tokio::time::timeout(Duration::from_secs(1), waiting)
-                .await
-                .expect("settled once the first is dropped");
+            first.sent(&a);
+            assert!(!waiting.await, "same node, sent: go, without waiting for it to settle");
         }
-        let (third, wait) = route.ticket(ShardId(0), Some(&b));
-        assert!(
-            wait,
-            "the map moved the slot: the pipelines still in flight to the old node go first"
+        second.sent(&a);
+        let (mut other, _) = route.ticket(ShardId(1));
+        assert_eq!(
+            ready_now(other.before_send(Some(&b), false)).await,
+            Some(false),
+            "shards are apart"
         );
-        let (_, wait) = route.ticket(ShardId(0), Some(&b));
-        assert!(wait, "the previous one waits to be sent");
+        // The map moved the slot: the third goes to b once the second (sent to a) settled, never before.
+        {
+            let mut waiting = std::pin::pin!(third.before_send(Some(&b), false));
+            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            drop(first);
+            assert!(
+                futures::poll!(waiting.as_mut()).is_pending(),
+                "the second has not settled"
+            );
+            drop(second);
+            assert!(waiting.await, "waited for the second to settle");
+        }
         third.sent(&b);
-        let (_, wait) = route.ticket(ShardId(0), Some(&b));
-        assert!(
-            wait,
-            "a newer ticket was issued since: `sent` of an older one changes nothing"
-        );
-        let (_, wait) = route.ticket(ShardId(0), None);
-        assert!(wait, "no slot map: wait");
+        let (mut fourth, _) = route.ticket(ShardId(0));
+        assert_eq!(ready_now(fourth.before_send(Some(&b), false)).await, Some(false));
     }
 
     #[tokio::test]
     async fn new_pipelines_wait_while_one_of_their_shard_settles_redirects() {
         let route = route();
         let a = NodeAddr::new("10.0.0.1", 7000);
-        let (first, _) = route.ticket(ShardId(3), Some(&a));
-        first.sent(&a);
-        let (mut settling, wait) = route.ticket(ShardId(3), Some(&a));
-        assert!(!wait);
-        drop(first);
+        let (mut settling, _) = route.ticket(ShardId(3));
+        settling.sent(&a);
         settling.settling();
         settling.settling();
-        let (mut next, wait) = route.ticket(ShardId(3), Some(&a));
-        assert!(wait, "a pipeline of the shard is settling");
+        let (mut next, is_settling) = route.ticket(ShardId(3));
+        assert!(is_settling, "a pipeline of the shard is settling");
         {
-            let mut waiting = std::pin::pin!(next.after_prev());
-            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            let mut waiting = std::pin::pin!(next.before_send(Some(&a), true));
+            assert!(futures::poll!(waiting.as_mut()).is_pending(), "even to the same node");
             drop(settling);
-            tokio::time::timeout(Duration::from_secs(1), waiting)
-                .await
-                .expect("settled");
+            assert!(
+                tokio::time::timeout(Duration::from_secs(1), waiting)
+                    .await
+                    .expect("settled"),
+                "it waited for the settling one"
+            );
         }
         next.sent(&a);
         drop(next);
-        let (_, wait) = route.ticket(ShardId(3), Some(&a));
-        assert!(!wait, "nothing is settling any more");
+        let (mut last, is_settling) = route.ticket(ShardId(3));
+        assert!(!is_settling, "nothing is settling any more");
+        assert_eq!(ready_now(last.before_send(Some(&a), false)).await, Some(false));
     }
 
     #[test]
