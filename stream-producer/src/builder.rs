@@ -81,7 +81,26 @@ impl ProducerBuilder {
         self
     }
 
-    /// The Redis URL shard streams live in.
+    /// Where the shard streams live: one Redis URL (`redis://host:port/db`, `rediss://` for TLS), or a Redis
+    /// Cluster as `cluster:` followed by the comma-separated URLs of some of its nodes (seeds; the other nodes
+    /// are discovered):
+    ///
+    /// ```
+    /// # use stream_producer::Producer;
+    /// let producer = Producer::builder("orders")
+    ///     .coordinator("http://coord-a:7400")
+    ///     .redis("cluster:redis://:secret@10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379")
+    ///     .build()
+    ///     .expect("a valid cluster target");
+    /// assert!(producer.config().is_cluster());
+    /// ```
+    ///
+    /// On a cluster every node connection uses the first seed's credentials and TLS settings, and a seed must not
+    /// select a database other than 0; `build` refuses a malformed target with
+    /// [`ConfigError::InvalidRedisTarget`]. Each shard's pipeline goes straight to the master of its slot, with
+    /// [`connections`](Self::connections) connections per master; redirects, failovers and slot migrations are
+    /// followed per command, keeping every record's [`WriteState`](crate::WriteState) exact (docs/cluster.md,
+    /// "Producer").
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.config.redis_url = url.into();
         self
@@ -266,6 +285,25 @@ mod tests {
         let text = format!("{b:?}");
         assert!(!text.contains("hunter"), "{text}");
         assert!(text.contains("redis://***@redis:6379"), "{text}");
+    }
+
+    #[test]
+    fn cluster_targets_are_checked() {
+        check(ok().redis("cluster:redis://10.0.0.1:7000,redis://10.0.0.2:7001")).unwrap();
+        for bad in [
+            "cluster:",
+            "cluster:redis://a:1,,redis://b:2",
+            "cluster:nope://a:1",
+            "cluster:redis://a:1/3",
+        ] {
+            assert!(
+                matches!(check(ok().redis(bad)), Err(ConfigError::InvalidRedisTarget(_))),
+                "{bad}"
+            );
+        }
+        let b = ok().redis("cluster:redis://:hunter2@a:1,redis://:hunter4@b:2");
+        let text = format!("{:?}", b.config);
+        assert!(!text.contains("hunter"), "{text}");
     }
 
     #[test]

@@ -83,6 +83,9 @@ impl Default for IdempotenceConfig {
 /// Longest wait between two retries of an idempotent call.
 pub(crate) const IDEMPOTENT_RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// How [`ProducerConfig::redis_url`] names a Redis Cluster.
+const CLUSTER_PREFIX: &str = "cluster:";
+
 /// Longest producer id.
 pub const MAX_PRODUCER_ID_LEN: usize = 64;
 
@@ -101,7 +104,10 @@ pub struct ProducerConfig {
     /// Deadline of one routing request to one coordinator URL. Default 2 s. Keep it well below the routing lease:
     /// a publish that must refresh first waits up to this long.
     pub coordinator_timeout: Duration,
-    /// Redis URL (`redis://host:port/db`).
+    /// Where the shard streams live: one Redis URL (`redis://host:port/db`), or a Redis Cluster as `cluster:`
+    /// followed by the comma-separated URLs of some of its nodes (`cluster:redis://a:6379,redis://b:6379`; the
+    /// other nodes are discovered, every node connection uses the first URL's credentials and TLS settings). See
+    /// [`redis_link::RedisTarget`].
     pub redis_url: String,
     /// Redis connections used for publishing. Each is a multiplexed connection that pipelines every concurrent
     /// request; shard `s` always uses connection `s % connections`, which keeps each shard's records in order.
@@ -138,7 +144,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
             .field("coordinator_timeout", &self.coordinator_timeout)
-            .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("redis_url", &self.redacted_redis_url())
             .field("connections", &self.connections)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_response_timeout", &self.redis_response_timeout)
@@ -188,10 +194,14 @@ impl ProducerConfig {
         if self.redis_url.is_empty() {
             return Err(ConfigError::MissingRedisUrl);
         }
-        redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-            url: protocol::redact::redact_url(&self.redis_url),
-            source,
-        })?;
+        if self.is_cluster() {
+            redis_link::RedisTarget::parse(&self.redis_url)?;
+        } else {
+            redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(&self.redis_url),
+                source,
+            })?;
+        }
         range("connections", "between 1 and 64", self.connections, |n| {
             (1..=64).contains(&n)
         })?;
@@ -244,6 +254,20 @@ impl ProducerConfig {
         self.validate_script_settings()
     }
 
+    /// [`redis_url`](Self::redis_url) with every password redacted.
+    fn redacted_redis_url(&self) -> String {
+        if self.is_cluster() {
+            redis_link::RedisTarget::parse(&self.redis_url).map_or_else(|_| "cluster:***".to_owned(), |t| t.redacted())
+        } else {
+            protocol::redact::redact_url(&self.redis_url)
+        }
+    }
+
+    /// Whether [`redis_url`](Self::redis_url) names a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.redis_url.trim_start().starts_with(CLUSTER_PREFIX)
+    }
+
     fn validate_script_settings(&self) -> Result<(), ConfigError> {
         if !self.fencing {
             if self.reroute_fenced {
@@ -261,13 +285,23 @@ impl ProducerConfig {
         if let Some(id) = &idem.producer_id {
             check_producer_id(id)?;
         }
-        // The state must outlive every retry of a call, or a late retry would be taken for a new call.
-        let one_call = self.redis_response_timeout + IDEMPOTENT_RETRY_MAX;
+        // The state must outlive every retry of a call, or a late retry would be taken for a new call. On a
+        // cluster one attempt may also follow redirects and retry `TRYAGAIN` for up to one response timeout.
+        let attempt = if self.is_cluster() {
+            self.redis_response_timeout.saturating_mul(2)
+        } else {
+            self.redis_response_timeout
+        };
+        let one_call = attempt + IDEMPOTENT_RETRY_MAX;
         let retrying = one_call.saturating_mul(idem.max_retries.saturating_add(1));
         if idem.idle_expiry < Duration::from_secs(60) || idem.idle_expiry <= retrying {
             return Err(ConfigError::OutOfRange {
                 setting: "idle_expiry",
-                rule: "at least 1 min and longer than (max_retries + 1) x (redis_response_timeout + 500 ms)",
+                rule: if self.is_cluster() {
+                    "at least 1 min and longer than (max_retries + 1) x (2 x redis_response_timeout + 500 ms) on a cluster"
+                } else {
+                    "at least 1 min and longer than (max_retries + 1) x (redis_response_timeout + 500 ms)"
+                },
                 value: format!("{:?}", idem.idle_expiry),
             });
         }

@@ -53,6 +53,9 @@ pub enum ConfigError {
         #[source]
         source: redis::RedisError,
     },
+    /// The Redis target (`cluster:` followed by seed URLs) does not parse.
+    #[error("invalid Redis target: {0}")]
+    InvalidRedisTarget(#[from] redis_link::TargetError),
     /// A setting is outside its range.
     #[error("invalid setting `{setting}`: must be {rule} (got {value})")]
     OutOfRange {
@@ -230,6 +233,19 @@ pub enum PublishError {
         /// The sequence number the shard expects next.
         next: u64,
     },
+    /// On a Redis Cluster, the shard's slot did not settle within the call: more `MOVED`/`ASK` redirects in a row
+    /// than the producer follows, or the cluster answered `TRYAGAIN` / `CLUSTERDOWN` (or a node was unreachable)
+    /// until the call's deadline. Every command that got such an answer did not run: nothing was written.
+    #[error("Redis Cluster did not settle shard {shard}'s slot ({reason}): {source}")]
+    ClusterUnsettled {
+        /// The shard.
+        shard: ShardId,
+        /// Which bound was reached.
+        reason: &'static str,
+        /// The last answer.
+        #[source]
+        source: Arc<redis::RedisError>,
+    },
     /// Redis answered something that is not an entry id.
     #[error("unexpected answer to XADD on shard {shard}: {detail}")]
     UnexpectedReply {
@@ -257,7 +273,9 @@ impl PublishError {
             | PublishError::UnexpectedReply { .. }
             | PublishError::SequenceOutOfWindow { .. }
             | PublishError::Abandoned => WriteState::Unknown,
-            PublishError::Fenced { .. } | PublishError::OutOfOrderSequence { .. } => WriteState::NotWritten,
+            PublishError::Fenced { .. }
+            | PublishError::OutOfOrderSequence { .. }
+            | PublishError::ClusterUnsettled { .. } => WriteState::NotWritten,
             PublishError::RoutingExpired { .. }
             | PublishError::NoRouting { .. }
             | PublishError::Rejected { .. }
@@ -281,7 +299,8 @@ impl PublishError {
             | PublishError::Connect { .. }
             | PublishError::ConnectionLost { .. }
             | PublishError::Fenced { .. }
-            | PublishError::OutOfOrderSequence { .. } => true,
+            | PublishError::OutOfOrderSequence { .. }
+            | PublishError::ClusterUnsettled { .. } => true,
             PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),
             PublishError::UnexpectedReply { .. }
             | PublishError::SequenceOutOfWindow { .. }

@@ -126,20 +126,38 @@ impl Producer {
             cache,
             stats.clone(),
         ));
-        let redis = redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-            url: protocol::redact::redact_url(&config.redis_url),
-            source,
-        })?;
-        let publisher = Publisher::new(
-            config.stream.clone(),
-            redis,
-            &config.redis_url,
-            config.connections,
-            config.redis_connect_timeout,
-            config.redis_response_timeout,
-            config.trim,
-            stats.clone(),
-        );
+        let publisher = match redis_link::RedisTarget::parse(&config.redis_url)? {
+            redis_link::RedisTarget::Cluster(seeds) => Publisher::cluster(
+                config.stream.clone(),
+                &seeds,
+                config.connections,
+                config.redis_connect_timeout,
+                config.redis_response_timeout,
+                config.trim,
+                stats.clone(),
+            )
+            .map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(&config.redis_url),
+                source,
+            })?,
+            _ => {
+                let redis =
+                    redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
+                        url: protocol::redact::redact_url(&config.redis_url),
+                        source,
+                    })?;
+                Publisher::new(
+                    config.stream.clone(),
+                    redis,
+                    &config.redis_url,
+                    config.connections,
+                    config.redis_connect_timeout,
+                    config.redis_response_timeout,
+                    config.trim,
+                    stats.clone(),
+                )
+            }
+        };
         let publisher = if config.fencing {
             publisher.scripted(config.idempotence.clone())
         } else {

@@ -38,6 +38,24 @@
 //! producer (too old, a command missing or renamed) fails every publish with [`PublishError::RedisUnsupported`]
 //! naming the command and the URL (without password), for the life of the producer; a check cut short by a
 //! transport error is a connection failure and is taken again on the next connection.
+//!
+//! # Redis Cluster
+//! With a `cluster:` target the lanes are per node: each master gets `connections` lanes of its own (opened on
+//! first use, checked and given the publish script like any lane), and a shard's pipeline goes straight to the
+//! master of its key's slot, on lane `s % connections` of that master ([`cluster`]). redis-rs's cluster
+//! connection is not used for writes: on a redirect it re-sends a whole pipeline, re-running the commands that
+//! had run. Instead every reply is read on its own: a normal reply settles its command; `MOVED` and `ASK` say the
+//! command did not run, and the redirected commands (only those, in their order) are sent again to the named
+//! node (`ASK`: each preceded by `ASKING`; `MOVED`: the slot map is refreshed too); `TRYAGAIN` and `CLUSTERDOWN`
+//! are sent again after a short backoff. A call follows at most [`cluster::MAX_REDIRECTS`] redirects in a row
+//! and retries until one response timeout after it started; past that its unsettled commands fail as not
+//! written ([`PublishError::ClusterUnsettled`]). A node that cannot be reached is retried the same way (after a
+//! slot map refresh: a failover may have moved its slots). A connection that fails after sending leaves its
+//! commands unknown, as on one server. The pipelines of one shard still settle in issue order: a pipeline
+//! handles its redirects only after the shard's previous pipeline settled; a new pipeline is sent right after the
+//! shard's previous one was handed to the same node (one lane keeps their order), and waits for it to settle when
+//! it went to another node (the slot map changed meanwhile) or while one of the shard's pipelines is settling
+//! redirects.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +79,8 @@ use crate::publish_script::{
 };
 use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
+
+pub(crate) mod cluster;
 
 pub(crate) use crate::published::Published;
 
@@ -232,6 +252,19 @@ enum LaneError {
 }
 
 impl Lane {
+    fn new(gate: Arc<RedisGate>, client: redis::Client, config: AsyncConnectionConfig, preload_script: bool) -> Self {
+        Lane {
+            gate,
+            client,
+            config,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(ConnectState::default()),
+            attempts: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            preload_script,
+        }
+    }
+
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
         self.current.lock().expect("the lane lock is never held across a panic")
     }
@@ -402,13 +435,42 @@ enum CallOutcome {
     Rejected(Arc<RedisError>),
     Connect(ConnectFailure),
     Lost(Arc<RedisError>),
+    /// On a cluster: not run, the slot did not settle in time.
+    Unsettled(&'static str, Arc<RedisError>),
     Unexpected(String),
+}
+
+/// What became of one command of a shard's pipeline.
+pub(crate) enum CmdOutcome {
+    /// Redis's reply (an error reply is a command that did not write).
+    Reply(redis::RedisResult<Value>),
+    /// Not sent: no connection.
+    Connect(ConnectFailure),
+    /// Sent, and the connection failed before the reply: unknown.
+    Lost(Arc<RedisError>),
+    /// On a cluster: redirected or told to retry until a bound was reached; not run.
+    Unsettled(&'static str, Arc<RedisError>),
+    /// A reply that does not fit the request (unknown).
+    Unexpected(String),
+}
+
+/// The settings of every lane's connection.
+fn lane_config(connect_timeout: Duration, response_timeout: Duration) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(response_timeout))
+        // Many concurrent pipelines share a lane: a deeper request queue than the default 50 avoids
+        // callers waiting for a slot while the socket is busy.
+        .set_pipeline_buffer_size(1024)
 }
 
 /// Writes records to shard streams.
 pub(crate) struct Publisher {
     stream: StreamName,
+    /// The lanes to one server (empty on a cluster).
     lanes: Vec<Lane>,
+    /// The per-node lanes and slot map, on a cluster.
+    cluster: Option<Box<cluster::ClusterRoute>>,
     trim: Option<Trim>,
     /// The fenced publish script, when on (else plain `XADD` pipelines).
     scripted: Option<Scripted>,
@@ -422,6 +484,7 @@ impl std::fmt::Debug for Publisher {
         f.debug_struct("Publisher")
             .field("stream", &self.stream)
             .field("lanes", &self.lanes.len())
+            .field("cluster", &self.cluster.is_some())
             .field("trim", &self.trim)
             .field("scripted", &self.scripted.is_some())
             .field(
@@ -448,31 +511,18 @@ impl Publisher {
         trim: Option<Trim>,
         stats: Arc<Stats>,
     ) -> Self {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(response_timeout))
-            // Many concurrent pipelines share a lane: a deeper request queue than the default 50 avoids
-            // callers waiting for a slot while the socket is busy.
-            .set_pipeline_buffer_size(1024);
+        let config = lane_config(connect_timeout, response_timeout);
         let gate = Arc::new(RedisGate {
             url: redis_url.to_owned(),
             verdict: tokio::sync::OnceCell::new(),
         });
         let lanes = (0..connections)
-            .map(|_| Lane {
-                gate: gate.clone(),
-                client: client.clone(),
-                config: config.clone(),
-                current: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(ConnectState::default()),
-                attempts: AtomicU64::new(0),
-                generation: AtomicU64::new(0),
-                preload_script: false,
-            })
+            .map(|_| Lane::new(gate.clone(), client.clone(), config.clone(), false))
             .collect();
         Publisher {
             stream,
             lanes,
+            cluster: None,
             trim,
             scripted: None,
             round_robin: AtomicU64::new(0),
@@ -480,10 +530,40 @@ impl Publisher {
         }
     }
 
+    /// A publisher for the Redis Cluster these seed URLs reach (see "Redis Cluster" in the module docs).
+    ///
+    /// # Errors
+    /// A seed that is not a TCP `redis://` / `rediss://` URL.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cluster(
+        stream: StreamName,
+        seeds: &[String],
+        connections: usize,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        trim: Option<Trim>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, RedisError> {
+        let config = lane_config(connect_timeout, response_timeout);
+        let route = cluster::ClusterRoute::new(seeds, config, connections, response_timeout)?;
+        Ok(Publisher {
+            stream,
+            lanes: Vec::new(),
+            cluster: Some(Box::new(route)),
+            trim,
+            scripted: None,
+            round_robin: AtomicU64::new(0),
+            stats,
+        })
+    }
+
     /// Publishes through the fenced publish script from now on, idempotently when `idempotence` is given.
     pub(crate) fn scripted(mut self, idempotence: Option<IdempotenceConfig>) -> Self {
         for lane in &mut self.lanes {
             lane.preload_script = true;
+        }
+        if let Some(cluster) = &mut self.cluster {
+            cluster.preload_script = true;
         }
         self.scripted = Some(Scripted {
             script: PublishScript::default(),
@@ -505,6 +585,9 @@ impl Publisher {
     /// # Errors
     /// The first connection error.
     pub(crate) async fn connect_all(&self) -> Result<(), ConnectFailure> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.connect_all().await;
+        }
         for lane in &self.lanes {
             lane.connection().await?;
         }
@@ -610,6 +693,25 @@ impl Publisher {
             .collect()
     }
 
+    /// Sends one shard's pipeline: to its lane, or on a cluster to the master of its slot (following redirects).
+    /// One outcome per command, except when a single server answered with another number of replies.
+    async fn send(&self, shard: ShardId, pipe: &redis::Pipeline) -> Vec<CmdOutcome> {
+        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
+        if let Some(cluster) = &self.cluster {
+            return cluster.run(&self.stats, &self.stream, shard, pipe).await;
+        }
+        let lane = &self.lanes[shard.index() % self.lanes.len()];
+        match lane.run(pipe).await {
+            Ok(replies) => replies.into_iter().map(CmdOutcome::Reply).collect(),
+            Err(LaneError::Connect(f)) => (0..pipe.len()).map(|_| CmdOutcome::Connect(f.clone())).collect(),
+            Err(LaneError::Lost(e)) => {
+                let e = Arc::new(e);
+                (0..pipe.len()).map(|_| CmdOutcome::Lost(e.clone())).collect()
+            }
+        }
+    }
+
     async fn run_shard(
         &self,
         shard: ShardId,
@@ -617,32 +719,12 @@ impl Publisher {
         count: usize,
         routing_version: RoutingVersion,
     ) -> Vec<Result<Published, PublishError>> {
-        let lane = &self.lanes[shard.index() % self.lanes.len()];
-        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
-        let outcome = {
-            let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
-            lane.run(&pipe).await
-        };
-        let results: Vec<Result<Published, PublishError>> = match outcome {
-            Err(LaneError::Connect(f)) => vec![Err(f.into_publish_error(shard)); count],
-            Err(LaneError::Lost(e)) => {
-                let err = PublishError::ConnectionLost {
-                    shard,
-                    source: Arc::new(e),
-                };
-                vec![Err(err); count]
-            }
-            Ok(replies) if replies.len() != count => {
-                let err = PublishError::UnexpectedReply {
-                    shard,
-                    detail: format!("{} replies to {count} XADDs", replies.len()),
-                };
-                vec![Err(err); count]
-            }
-            Ok(replies) => replies
+        let outcomes = self.send(shard, &pipe).await;
+        let results: Vec<Result<Published, PublishError>> = if outcomes.len() == count {
+            outcomes
                 .into_iter()
-                .map(|reply| match reply {
-                    Ok(value) => publish_script::entry_id(&value)
+                .map(|outcome| match outcome {
+                    CmdOutcome::Reply(Ok(value)) => publish_script::entry_id(&value)
                         .map(|id| Published {
                             shard,
                             id,
@@ -653,12 +735,24 @@ impl Publisher {
                             shard,
                             detail: "the reply is not an entry id".into(),
                         }),
-                    Err(e) => Err(PublishError::Rejected {
+                    CmdOutcome::Reply(Err(e)) => Err(PublishError::Rejected {
                         shard,
                         source: Arc::new(e),
                     }),
+                    CmdOutcome::Connect(f) => Err(f.into_publish_error(shard)),
+                    CmdOutcome::Lost(source) => Err(PublishError::ConnectionLost { shard, source }),
+                    CmdOutcome::Unsettled(reason, source) => {
+                        Err(PublishError::ClusterUnsettled { shard, reason, source })
+                    }
+                    CmdOutcome::Unexpected(detail) => Err(PublishError::UnexpectedReply { shard, detail }),
                 })
-                .collect(),
+                .collect()
+        } else {
+            let err = PublishError::UnexpectedReply {
+                shard,
+                detail: format!("{} replies to {count} XADDs", outcomes.len()),
+            };
+            vec![Err(err); count]
         };
         self.count(&results);
         results
@@ -699,7 +793,6 @@ impl Publisher {
             (Some(Trim::MaxAge(_)), Some(id)) => ScriptTrim::MinId(id),
             _ => ScriptTrim::None,
         };
-        let lane = &self.lanes[shard.index() % self.lanes.len()];
         let call_records: Vec<Vec<&Record>> = calls.iter().map(|c| c.iter().map(|&i| records[i]).collect()).collect();
         match &scripted.idempotence {
             None => {
@@ -710,7 +803,7 @@ impl Publisher {
                         sequence: None,
                     })
                     .collect();
-                let outcomes = self.calls(lane, scripted, shard, routing_version, trim, &specs).await;
+                let outcomes = self.calls(scripted, shard, routing_version, trim, &specs).await;
                 for ((indices, outcome), spec) in calls.iter().zip(outcomes).zip(&specs) {
                     let results = self.results(shard, routing_version, spec, outcome);
                     for (&i, r) in indices.iter().zip(results) {
@@ -723,7 +816,7 @@ impl Publisher {
                 let mut sequence = lock.lock().await;
                 for (indices, recs) in calls.iter().zip(&call_records) {
                     let results = self
-                        .call_idempotent(lane, scripted, idem, &mut sequence, shard, routing_version, trim, recs)
+                        .call_idempotent(scripted, idem, &mut sequence, shard, routing_version, trim, recs)
                         .await;
                     for (&i, r) in indices.iter().zip(results) {
                         out[i] = Some(r);
@@ -743,7 +836,6 @@ impl Publisher {
     #[allow(clippy::too_many_arguments)]
     async fn call_idempotent(
         &self,
-        lane: &Lane,
         scripted: &Scripted,
         idem: &Idempotence,
         sequence: &mut ShardSequence,
@@ -769,14 +861,7 @@ impl Publisher {
                 }),
             };
             let outcome = self
-                .calls(
-                    lane,
-                    scripted,
-                    shard,
-                    routing_version,
-                    trim,
-                    std::slice::from_ref(&spec),
-                )
+                .calls(scripted, shard, routing_version, trim, std::slice::from_ref(&spec))
                 .await
                 .pop()
                 .expect("one outcome per call");
@@ -804,7 +889,7 @@ impl Publisher {
                     lost.get_or_insert_with(|| e.clone());
                     true
                 }
-                CallOutcome::Connect(_) | CallOutcome::Rejected(_) => lost.is_some(),
+                CallOutcome::Connect(_) | CallOutcome::Rejected(_) | CallOutcome::Unsettled(..) => lost.is_some(),
                 CallOutcome::Unexpected(_) => {
                     sequence.next = first + count;
                     sequence.gap = true;
@@ -831,7 +916,6 @@ impl Publisher {
     /// Redis: nothing executed) are sent again once, after `SCRIPT LOAD`.
     async fn calls(
         &self,
-        lane: &Lane,
         scripted: &Scripted,
         shard: ShardId,
         routing_version: RoutingVersion,
@@ -861,27 +945,7 @@ impl Publisher {
                     spec.records.iter().copied(),
                 );
             }
-            self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
-            let result = {
-                let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
-                lane.run(&pipe).await
-            };
-            let mut replies = match result {
-                Err(LaneError::Connect(f)) => {
-                    for &c in &pending {
-                        outcomes[c] = Some(CallOutcome::Connect(f.clone()));
-                    }
-                    break;
-                }
-                Err(LaneError::Lost(e)) => {
-                    let e = Arc::new(e);
-                    for &c in &pending {
-                        outcomes[c] = Some(CallOutcome::Lost(e.clone()));
-                    }
-                    break;
-                }
-                Ok(replies) => replies,
-            };
+            let mut replies = self.send(shard, &pipe).await;
             if load && !replies.is_empty() {
                 // A failed load shows as NOSCRIPT again in the calls behind it.
                 let _load = replies.remove(0);
@@ -899,15 +963,21 @@ impl Publisher {
             let mut again = Vec::new();
             for (c, reply) in pending.iter().copied().zip(replies) {
                 outcomes[c] = Some(match reply {
-                    Err(e) if !load && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    CmdOutcome::Reply(Err(e))
+                        if !load && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
                         again.push(c);
                         continue;
                     }
-                    Err(e) => CallOutcome::Rejected(Arc::new(e)),
-                    Ok(value) => match parse_reply(value, specs[c].records.len()) {
+                    CmdOutcome::Reply(Err(e)) => CallOutcome::Rejected(Arc::new(e)),
+                    CmdOutcome::Reply(Ok(value)) => match parse_reply(value, specs[c].records.len()) {
                         Some(reply) => CallOutcome::Reply(reply),
                         None => CallOutcome::Unexpected("not an answer of the publish script".into()),
                     },
+                    CmdOutcome::Connect(f) => CallOutcome::Connect(f),
+                    CmdOutcome::Lost(e) => CallOutcome::Lost(e),
+                    CmdOutcome::Unsettled(reason, e) => CallOutcome::Unsettled(reason, e),
+                    CmdOutcome::Unexpected(detail) => CallOutcome::Unexpected(detail),
                 });
             }
             pending = again;
@@ -947,6 +1017,7 @@ impl Publisher {
             CallOutcome::Rejected(source) => PublishError::Rejected { shard, source },
             CallOutcome::Connect(f) => f.into_publish_error(shard),
             CallOutcome::Lost(source) => PublishError::ConnectionLost { shard, source },
+            CallOutcome::Unsettled(reason, source) => PublishError::ClusterUnsettled { shard, reason, source },
             CallOutcome::Unexpected(detail) => PublishError::UnexpectedReply { shard, detail },
         };
         vec![Err(err); n]

@@ -29,6 +29,9 @@ pub(crate) struct Stats {
     pub pipelines: AtomicU64,
     pub pipelines_in_flight: AtomicU64,
     pub batches: AtomicU64,
+    pub redirects_moved: AtomicU64,
+    pub redirects_ask: AtomicU64,
+    pub cluster_retries: AtomicU64,
     /// The facade's handles, updated next to the counters above. Records nothing in `Stats::default()`.
     pub metrics: ProducerMetrics,
 }
@@ -67,6 +70,9 @@ impl Stats {
             pipelines: get(&self.pipelines),
             pipelines_in_flight: get(&self.pipelines_in_flight),
             batches: get(&self.batches),
+            redirects_moved: get(&self.redirects_moved),
+            redirects_ask: get(&self.redirects_ask),
+            cluster_retries: get(&self.cluster_retries),
             queued: 0,
         }
     }
@@ -114,6 +120,12 @@ pub struct ProducerStats {
     pub pipelines_in_flight: u64,
     /// Batches the batching mode has sent.
     pub batches: u64,
+    /// On a Redis Cluster: commands answered `MOVED` (they did not run) and sent again to the slot's new master.
+    pub redirects_moved: u64,
+    /// On a Redis Cluster: commands answered `ASK` (their slot is migrating) and sent again to the importing node.
+    pub redirects_ask: u64,
+    /// On a Redis Cluster: commands sent again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node.
+    pub cluster_retries: u64,
     /// Records waiting in the batching queue now.
     pub queued: usize,
 }

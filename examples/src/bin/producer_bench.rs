@@ -33,6 +33,17 @@
 //! the CPU of the child process) and Redis CPU (`INFO cpu` of the private server), and the process's resident
 //! memory (`VmRSS` before the mode, and its peak during the mode from `VmHWM`, reset before the mode through
 //! `/proc/self/clear_refs` where the kernel allows it). The load average is printed with every round.
+//!
+//! `--cluster`: the same records against a local 3-master Redis Cluster this program starts (the coordinator keeps
+//! its metadata on a private server of its own): raw-cluster (`--sdk-tasks` tasks, each taking `--sdk-batch`
+//! records, grouping them by shard and sending one pipeline of `XADD`s per shard, concurrently, through redis-rs's
+//! cluster connection; a pipeline over several slots, even of one node, is refused by that connection, so one
+//! shard per pipeline is the raw loop's best shape) against the SDK modes with a `cluster:` target, interleaved
+//! rounds, ratios to raw-cluster printed. Client CPU is this process's; Redis CPU is the sum over the masters.
+//!
+//! ```text
+//! cargo run --release -p examples --bin producer_bench -- --cluster --records 200000 --rounds 3
+//! ```
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -190,6 +201,9 @@ struct Args {
     /// physical reference (`--redis-benchmark=false` to skip; skipped when `redis-benchmark` is not on `PATH`).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
     redis_benchmark: bool,
+    /// Run against a local 3-master Redis Cluster instead (raw-cluster vs the SDK modes, see the module docs).
+    #[arg(long)]
+    cluster: bool,
 }
 
 impl Args {
@@ -823,9 +837,247 @@ async fn calibrate(
 /// How raw shapes are written.
 const SHAPE_LEGEND: &str = "connections x tasks x depth, g = grouped by shard, r = hand-written RESP";
 
+/// `--sdk-tasks` tasks each taking `--sdk-batch` records, grouping them by shard and sending every shard's
+/// pipeline of `XADD`s concurrently through one shared redis-rs cluster connection.
+async fn raw_cluster_run(
+    con: &redis::cluster_async::ClusterConnection,
+    args: &Args,
+    work: &Arc<Workload>,
+) -> Result<Duration> {
+    let n = work.keys.len();
+    let batch = args.sdk_batch;
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..args.sdk_tasks)
+        .map(|_| {
+            let con = con.clone();
+            let work = work.clone();
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); work.shards as usize];
+                loop {
+                    let from = next.fetch_add(batch, Ordering::Relaxed);
+                    if from >= n {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    let to = (from + batch).min(n);
+                    by_shard.iter_mut().for_each(Vec::clear);
+                    for i in from..to {
+                        by_shard[shard_for_key(work.keys[i].as_bytes(), work.shards).index()].push(i);
+                    }
+                    let sends = by_shard
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| !r.is_empty())
+                        .map(|(shard, records)| {
+                            let mut con = con.clone();
+                            let mut pipe = redis::pipe();
+                            for _ in records {
+                                pipe.cmd("XADD")
+                                    .arg(work.shard_keys[shard].as_str())
+                                    .arg("*")
+                                    .arg("p")
+                                    .arg(work.payload.as_slice());
+                            }
+                            let expected = records.len();
+                            async move {
+                                let replies: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+                                ensure!(
+                                    replies.len() == expected,
+                                    "{} replies to {expected} XADDs",
+                                    replies.len()
+                                );
+                                Ok(())
+                            }
+                        });
+                    for r in futures::future::join_all(sends).await {
+                        r?;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
+/// The `--cluster` run (see the module docs).
+async fn cluster_main(args: Args) -> Result<()> {
+    use test_support::cluster::RedisCluster;
+    let cluster = RedisCluster::start().await;
+    let meta = PrivateRedis::start(&args.redis_server)?;
+    wait_ready(&meta.url()).await?;
+    let stream = StreamName::new("bench")?;
+    let mut config = coord_server::Config::new(meta.url());
+    config.listen = "127.0.0.1:0".parse()?;
+    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
+    coordinator
+        .coordinator()
+        .create_group(
+            &stream,
+            &GroupName::new("bench")?,
+            &CreateGroupRequest {
+                shard_count: Some(args.shards),
+                timings: None,
+            },
+        )
+        .await
+        .context("create the stream routing")?;
+    let target = format!("cluster:{}", cluster.urls().join(","));
+    let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
+        Ok(Arc::new(
+            Producer::builder(stream.as_str())
+                .coordinator(coordinator.url())
+                .redis(target.as_str())
+                .connections(args.sdk_connections)
+                .max_batch_size(args.max_batch_size)
+                .queue_capacity((args.max_batch_size * 16).max(10_000))
+                .fencing(fencing)
+                .idempotence(idempotence)
+                .build()?,
+        ))
+    };
+    let producers = [
+        ("sdk-batch", build(true, false)?),
+        ("sdk-plain", build(false, false)?),
+        ("sdk-idem", build(true, true)?),
+    ];
+    for (_, p) in &producers {
+        p.ready().await?;
+    }
+    let con = cluster.connection().await;
+    let mut masters = Vec::new();
+    for m in cluster.masters().await {
+        masters.push(cluster.node(m).server().connection().await);
+    }
+    let work = Arc::new(Workload::new(&args, &stream));
+    let mut shards_per_master = std::collections::BTreeMap::new();
+    for key in &work.shard_keys {
+        *shards_per_master
+            .entry(cluster.owner_of_key(key).await)
+            .or_insert(0usize) += 1;
+    }
+    println!(
+        "cluster of 3 masters (shards per master {shards_per_master:?}); {} records of {} B payload, {} keys, {} \
+         shards; {} tasks, send_batch of {} (raw-cluster: the same batches, one pipeline per shard); sdk {} \
+         connections per master",
+        args.records, args.payload_bytes, args.keys, args.shards, args.sdk_tasks, args.sdk_batch, args.sdk_connections
+    );
+    let mut modes: Vec<&str> = vec!["raw-cluster"];
+    for name in &args.modes {
+        match SDK_MODES.iter().find(|(m, _)| m == name) {
+            Some((m, _)) => modes.push(m),
+            None if name == "raw" => {}
+            None => bail!("unknown mode {name:?}"),
+        }
+    }
+    // The enqueue modes use the producers of the matching send_batch modes.
+    let producer_of = |mode: &str| {
+        let name = match mode {
+            "sdk-enqueue" => "sdk-batch",
+            "sdk-enqueue-idem" => "sdk-idem",
+            other => other,
+        };
+        producers.iter().find(|(m, _)| *m == name).map(|(_, p)| p)
+    };
+    let clear = |mut con: redis::cluster_async::ClusterConnection| {
+        let keys = work.shard_keys.clone();
+        async move {
+            let mut total = 0u64;
+            for key in &keys {
+                total += redis::cmd("XLEN").arg(key).query_async::<u64>(&mut con).await?;
+                let () = redis::cmd("DEL").arg(key).query_async(&mut con).await?;
+            }
+            Ok::<u64, anyhow::Error>(total)
+        }
+    };
+    let redis_cpu_sum = |mut masters: Vec<redis::aio::MultiplexedConnection>| async move {
+        let mut sum = 0.0;
+        for m in &mut masters {
+            sum += redis_cpu(m).await?;
+        }
+        Ok::<f64, anyhow::Error>(sum)
+    };
+    let mut samples: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); modes.len()];
+    for round in 1..=args.rounds {
+        for (mode, samples) in modes.iter().zip(&mut samples) {
+            clear(con.clone()).await?;
+            let redis_before = redis_cpu_sum(masters.clone()).await?;
+            let (cpu_before, _) = process_cpu();
+            let took = match *mode {
+                "raw-cluster" => raw_cluster_run(&con, &args, &work).await?,
+                name => {
+                    let p = producer_of(name).context("a mode")?;
+                    if name.starts_with("sdk-enqueue") {
+                        sdk_enqueue_run(p, &args, &work).await?
+                    } else {
+                        sdk_batch_run(p, &args, &work).await?
+                    }
+                }
+            };
+            let (cpu_after, _) = process_cpu();
+            let redis_after = redis_cpu_sum(masters.clone()).await?;
+            let written = clear(con.clone()).await?;
+            ensure!(
+                written == args.records as u64,
+                "{mode}: {written} entries written, expected {}",
+                args.records
+            );
+            let per_record = 1e6 / args.records as f64;
+            let sample = (
+                rate(args.records, took),
+                (cpu_after - cpu_before) * per_record,
+                (redis_after - redis_before) * per_record,
+            );
+            println!(
+                "round {round} {mode:<12} {:>8.0} records/s ({took:.2?})  client {:.2} us/rec  redis {:.2} us/rec  \
+                 load {}",
+                sample.0,
+                sample.1,
+                sample.2,
+                load_average()
+            );
+            samples.push(sample);
+        }
+    }
+    let med = |s: &[(f64, f64, f64)], f: fn(&(f64, f64, f64)) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
+    let baseline = med(&samples[0], |s| s.0);
+    println!();
+    println!(
+        "medians of {} interleaved rounds, {} records each, 3-master cluster:",
+        args.rounds, args.records
+    );
+    println!();
+    println!(
+        "| mode | median records/s | min - max | ratio to raw-cluster | client CPU us/record | Redis CPU us/record |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (mode, s) in modes.iter().zip(&samples) {
+        let r = med(s, |s| s.0);
+        let min = s.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+        let max = s.iter().map(|s| s.0).fold(0.0, f64::max);
+        println!(
+            "| {mode} | {r:.0} | {min:.0} - {max:.0} | {:.3} | {:.2} | {:.2} |",
+            r / baseline,
+            med(s, |s| s.1),
+            med(s, |s| s.2)
+        );
+    }
+    for (_, p) in producers {
+        Arc::into_inner(p).context("all tasks finished")?.close().await?;
+    }
+    coordinator.shutdown().await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.cluster {
+        return cluster_main(args).await;
+    }
     let redis = PrivateRedis::start(&args.redis_server)?;
     let mut con = wait_ready(&redis.url()).await?;
     let stream = StreamName::new("bench")?;
