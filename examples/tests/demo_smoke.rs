@@ -1,5 +1,6 @@
 //! Smoke test of the demo: `demo --short --no-progress` (its own private redis-server from PATH, an in-process
-//! coordinator, a crash and a join) must exit 0 and report 0 missing records and 0 order violations.
+//! coordinator, a crash and a join) must exit 0 and report 0 missing records and 0 order violations; the same with
+//! `--cluster` (a private local 3-master Redis Cluster).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -29,9 +30,24 @@ fn number(table: &BTreeMap<String, String>, metric: &str, stdout: &str) -> u64 {
 
 #[test]
 fn short_demo_processes_everything_in_order() {
+    short_demo(&[]);
+}
+
+#[test]
+fn short_demo_on_a_local_cluster_processes_everything_in_order() {
+    let stdout = short_demo(&["--cluster"]);
+    assert!(
+        stdout.contains("Redis Cluster"),
+        "the demo says it runs on the cluster:\n{stdout}"
+    );
+}
+
+/// Runs `demo --short --no-progress <extra>` and checks its summary; answers its stdout.
+fn short_demo(extra: &[&str]) -> String {
     let start = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_demo"))
         .args(["--short", "--no-progress"])
+        .args(extra)
         // The demo must start its own redis-server and coordinator, whatever the environment says.
         .env_remove("REDIS_URL")
         .env_remove("COORDINATOR_URL")
@@ -64,4 +80,5 @@ fn short_demo_processes_everything_in_order() {
         elapsed < Duration::from_secs(60),
         "the short demo took {elapsed:?}\n{stdout}"
     );
+    stdout.into_owned()
 }

@@ -26,7 +26,7 @@ pub(crate) struct Args {
     #[arg(long, conflicts_with = "cluster")]
     pub(crate) redis_url: Option<String>,
     /// Run on a private local Redis Cluster of three masters (started and removed like the private
-    /// redis-server) instead of one server: the shards spread over the masters.
+    /// redis-server; needs redis-server 7.0 or newer) instead of one server: the shards spread over the masters.
     #[arg(long)]
     pub(crate) cluster: bool,
     /// An external coordinator instead of the in-process one; it must use the Redis of --redis-url. Flag only, as
