@@ -4,7 +4,7 @@
 #
 #   scripts/bench.sh            # full run: a few minutes once built
 #   scripts/bench.sh --quick    # smaller record counts, fewer rounds and trials (about a minute)
-#   scripts/bench.sh --only consumer,latency   # a subset: heartbeat, assignor, producer, consumer, latency
+#   scripts/bench.sh --only consumer,latency   # a subset: heartbeat, assignor, producer, consumer, latency, cluster
 #
 # The machine is what limits the figures: run it when nothing else is busy (the load average is printed before
 # and after). Ratios (SDK / raw) are measured within one run and are the stable figures; absolute rates are not.
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
-only="heartbeat,assignor,producer,consumer,latency"
+only="heartbeat,assignor,producer,consumer,latency,cluster"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -32,6 +32,7 @@ fi
 
 if [ "$quick" = 1 ]; then
   producer_args=(--records 100000 --rounds 1 --calibration-rounds 1)
+  cluster_rounds=1
   consumer_args=(--records 100000 --rounds 1)
   latency_args=(--trials 2 --e2e-secs 4)
 else
@@ -76,6 +77,15 @@ fi
 if wants latency; then
   echo
   ./target/release/latency_bench "${latency_args[@]}"
+fi
+if wants cluster; then
+  # A private local 3-master Redis Cluster (redis-server 7.0+); on 2 cores this shows the cost of the cluster
+  # paths against raw cluster clients, not node scaling.
+  echo
+  echo "## Producer throughput on a local 3-master cluster (SDK vs raw redis-rs cluster pipelines, same run)"
+  ./target/release/producer_bench --cluster --records 200000 --rounds "${cluster_rounds:-3}"
+  echo
+  ./target/release/consumer_bench --cluster "${consumer_args[@]}"
 fi
 
 echo
