@@ -189,7 +189,11 @@ impl Batcher {
         shared.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.in_flight.push(Box::pin(async move {
             let (records, replies): (Vec<Record>, Vec<Reply>) = batch.into_iter().unzip();
-            let results = shared.publish_checked(&records).await;
+            // Outside tokio's cooperative budget: this one task polls every batch in flight, and under an
+            // exhausted budget a pipeline's send into the connection's channel returns Pending without taking its
+            // place, so a later batch could reach the connection first and write a key's later records before its
+            // earlier ones (measured: 49-385 of 20,000 records of one caller out of key order).
+            let results = tokio::task::unconstrained(shared.publish_checked(&records)).await;
             for (reply, result) in replies.into_iter().zip(results) {
                 // The caller may have dropped its Delivery: the outcome is then nobody's business.
                 let _ = reply.send(result);

@@ -154,7 +154,10 @@ impl ProducerBuilder {
         self
     }
 
-    /// Batches written concurrently by the batching mode (default 8).
+    /// Batches written concurrently by the batching mode (default 8). Records of one key enqueued one after another
+    /// are written in that order whatever this is; only a re-send on a failure path (a fence re-route, see
+    /// [`reroute_fenced`](Self::reroute_fenced), or a script reload after a Redis restart) can let a later batch
+    /// pass an earlier one.
     pub fn max_in_flight_batches(mut self, n: usize) -> Self {
         self.config.batching.max_in_flight_batches = n;
         self

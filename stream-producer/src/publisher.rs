@@ -229,6 +229,11 @@ struct Lane {
     connecting: tokio::sync::Mutex<ConnectState>,
     /// Mirror of `ConnectState::attempts`, readable without waiting for the lock.
     attempts: AtomicU64,
+    /// Callers on the slow path of [`Lane::connection`] (queued behind a connection attempt or making one). While
+    /// any are, a new caller queues too instead of taking an open connection at once: the lock is FIFO, so the
+    /// pipelines of one shard reach the connection in the order they were issued (a pipeline issued after the
+    /// connection opened must not overtake one that was waiting for it).
+    waiting: AtomicU64,
     generation: AtomicU64,
     /// Loads the publish script on every new connection (scripted path).
     preload_script: bool,
@@ -260,6 +265,7 @@ impl Lane {
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
             attempts: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             preload_script,
         }
@@ -270,9 +276,13 @@ impl Lane {
     }
 
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), ConnectFailure> {
-        if let Some(c) = self.slot().clone() {
-            return Ok(c);
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(c) = self.slot().clone() {
+                return Ok(c);
+            }
         }
+        // Declared before the lock guard: dropped after it, so a caller arriving between the two still queues.
+        let _waiting = InFlightGuard::enter(&self.waiting);
         let seen = self.attempts.load(Ordering::Acquire);
         let mut state = self.connecting.lock().await;
         if let Some(c) = self.slot().clone() {

@@ -80,6 +80,10 @@ pub(crate) struct Refresher {
     cache: Mutex<RoutingCache>,
     /// Serialises refreshes (single flight); a tokio mutex because it is held across the HTTP request.
     flight: tokio::sync::Mutex<Flight>,
+    /// Publishes waiting for a refresh (queued on `flight`). While any are, a new publish queues behind them even
+    /// if the routing it finds is usable: the lock is FIFO, so publishes leave in the order they were issued (one
+    /// issued after the refresh updated the cache must not overtake one still waiting to be woken by it).
+    waiting: AtomicU64,
     /// The last refresh failure, for the errors of refused publishes.
     last_error: Mutex<Option<Arc<RefreshError>>>,
     /// Wakes the background loop when a hint makes a refresh due earlier than it planned.
@@ -93,6 +97,22 @@ impl std::fmt::Debug for Refresher {
             .field("stream", &self.stream)
             .field("cache", &self.cache)
             .finish_non_exhaustive()
+    }
+}
+
+/// Counts a publish waiting for a refresh, also when its future is dropped on the way.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -113,6 +133,7 @@ impl Refresher {
             observed_seen: AtomicU64::new(0),
             cache: Mutex::new(cache),
             flight: tokio::sync::Mutex::new(Flight::default()),
+            waiting: AtomicU64::new(0),
             last_error: Mutex::new(None),
             wake: Notify::new(),
             stats,
@@ -152,11 +173,15 @@ impl Refresher {
     /// Cancel safe: a dropped call drops its refresh (if it was the one running); the next caller starts over.
     pub(crate) async fn routing_for_publish(&self) -> Result<RoutingInfo, PublishError> {
         self.check_process_version();
-        let decision = self.cache().for_publish(now());
+        let decision = match self.cache().for_publish(now()) {
+            PublishRoute::Use(_) if self.waiting.load(Ordering::Acquire) > 0 => PublishRoute::RefreshFirst,
+            other => other,
+        };
         let refused = match decision {
             PublishRoute::Use(info) => return Ok(self.used(info)),
             PublishRoute::Refuse(why) => why,
             PublishRoute::RefreshFirst => {
+                let _waiting = Waiting::enter(&self.waiting);
                 self.refresh_if(|c, now| matches!(c.for_publish(now), PublishRoute::RefreshFirst))
                     .await;
                 match self.cache().route(now()) {

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{total_len, Env, DEADLINE};
+use common::{field_values, total_len, Env, DEADLINE};
 use futures::FutureExt;
 use stream_producer::{PublishError, Record, WriteState};
 use test_support::{wait_until, FaultProxy, Mode};
@@ -180,4 +180,47 @@ async fn dropping_the_producer_fails_queued_records_as_not_written() {
         states.contains(&WriteState::NotWritten),
         "queued records were never sent"
     );
+}
+
+/// Records of one key enqueued one after another by one caller are written in that order, with several batches
+/// in flight (the default 8): `enqueue` order is the key's order. (It was not: a pipeline issued after a lane's
+/// connection opened overtook those waiting for it, and tokio's cooperative budget let a later batch reach the
+/// connection first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_callers_records_of_a_key_keep_their_order_with_batches_in_flight() {
+    const SHARDS: u32 = 4;
+    let env = Env::start(SHARDS, LEASE).await;
+    let producer = env
+        .producer()
+        .max_batch_size(64)
+        .max_in_flight_batches(8)
+        .linger(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let mut deliveries = Vec::new();
+    for i in 0..20_000u32 {
+        let record = Record::with_key(format!("k{}", i % 100))
+            .field("key", format!("k{}", i % 100))
+            .field("n", i.to_string());
+        deliveries.push(producer.enqueue(record).await.expect("accepted"));
+    }
+    let outcomes = tokio::time::timeout(DEADLINE, futures::future::join_all(deliveries))
+        .await
+        .expect("resolved");
+    assert!(outcomes.iter().all(Result::is_ok));
+    producer.close().await.unwrap();
+    let mut out_of_order = 0;
+    for shard in 0..SHARDS {
+        let keys = field_values(&env.redis, shard, "key").await;
+        let ns = field_values(&env.redis, shard, "n").await;
+        let mut last: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+        for (k, n) in keys.into_iter().zip(ns) {
+            let n: u32 = n.parse().unwrap();
+            if last.get(&k).is_some_and(|&prev| prev > n) {
+                out_of_order += 1;
+            }
+            last.insert(k, n);
+        }
+    }
+    assert_eq!(out_of_order, 0, "records written after a later record of their key");
 }
