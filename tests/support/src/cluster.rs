@@ -38,6 +38,9 @@ pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys moved per `MIGRATE` by [`SlotMigration::move_keys`] callers that do not choose.
 pub const MIGRATE_BATCH: usize = 100;
 
+/// How long a takeover's claim may stay unaccepted before the harness bumps config epochs (see `takeover`).
+const EPOCH_BUMP_AFTER: Duration = Duration::from_secs(5);
+
 /// `MIGRATE` timeout, in ms.
 const MIGRATE_TIMEOUT_MS: u64 = 5000;
 
@@ -438,16 +441,46 @@ impl RedisCluster {
         )
         .await;
         let id = node.id.clone();
-        self.wait_views(
-            &format!("node {index} to be the master of {slots:?} on every running node"),
-            |_, entries| {
+        let agreed = |views: &[(usize, Vec<NodeEntry>)]| {
+            views.iter().all(|(_, entries)| {
                 entries
                     .iter()
                     .any(|e| e.id == id && e.master && !e.failing && e.slots == slots)
-            },
-        )
-        .await;
+            })
+        };
+        // TAKEOVER bumps the replica's config epoch only when it is not already the greatest; when it shares
+        // the greatest with its dead master, the others keep the dead master's claim forever (it sends no pings
+        // that would resolve the collision). Seen once in CI. So, when the claim is not accepted soon: bump the
+        // epoch of another live master, then the new master's (now not the greatest: it bumps above all).
         let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        let mut bump_at = Instant::now() + EPOCH_BUMP_AFTER;
+        loop {
+            let views = self.views().await;
+            if agreed(&views) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.fail(format_args!(
+                    "timed out after {CLUSTER_TIMEOUT:?} waiting for node {index} to be the master of {slots:?} on \
+                     every running node: {views:?}"
+                ));
+            }
+            if Instant::now() >= bump_at {
+                bump_at = Instant::now() + EPOCH_BUMP_AFTER;
+                let other = views.iter().map(|(i, _)| *i).find(|&i| {
+                    i != index
+                        && views
+                            .iter()
+                            .any(|(_, v)| v.iter().any(|e| e.id == self.node(i).id && e.master))
+                });
+                if let Some(other) = other {
+                    let mut c = self.node(other).server.connection().await;
+                    let _: Result<String, _> = redis::cmd("CLUSTER").arg("BUMPEPOCH").query_async(&mut c).await;
+                }
+                let _: Result<String, _> = redis::cmd("CLUSTER").arg("BUMPEPOCH").query_async(&mut con).await;
+            }
+            sleep(POLL_INTERVAL).await;
+        }
         loop {
             let info = node.server.info("replication").await;
             if info_field(&info, "role") == Some("master") {
