@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stream_consumer::{ConsumerBuilder, ConsumerHandle};
+use stream_producer::Producer;
 use test_support::cluster::{key_slot, RedisCluster};
 use test_support::wait_for;
 
@@ -449,4 +450,130 @@ async fn a_failover_of_a_shards_master_moves_its_reader_to_the_promoted_replica(
         resumed_in.as_millis()
     );
     a.close().await.expect("a closes");
+}
+
+/// A stream growing 4 -> 8 shards on the cluster while a keyed producer (the SDK, fenced publish) writes and two
+/// consumers read: the coordinator seals the old shards, the group reads the new ones only after draining the old,
+/// and every key keeps its order across shards (`cross_shard_order`), on top of the usual rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_grows_on_the_cluster_and_keys_keep_their_order_across_shards() {
+    init_tracing();
+    let cluster = RedisCluster::start().await;
+    let coord = Coord::start(&target(&cluster)).await;
+    let stream = StreamName::new("cgrow-stream").unwrap();
+    let group = GroupName::new("cgrow-group").unwrap();
+    coord
+        .coordinator()
+        .create_group(
+            &stream,
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(4),
+                timings: Some(timings()),
+            },
+        )
+        .await
+        .expect("group created");
+    let history = History::new();
+    let spawn = |member: &str| {
+        let builder = consumer_builder(&stream, &group, member, vec![coord.url()], target(&cluster));
+        Scenario::spawn_with(builder, member, &history, &Gate::open())
+    };
+    let (a, b) = (spawn("a"), spawn("b"));
+    let producer = Arc::new(
+        Producer::builder(stream.as_str())
+            .coordinator(coord.url())
+            .redis(target(&cluster))
+            .coordinator_timeout(Duration::from_millis(400))
+            .refresh_retry(Duration::from_millis(20), Duration::from_millis(200))
+            .build()
+            .expect("producer configuration"),
+    );
+    producer.ready().await.expect("producer ready");
+
+    // One sequential keyed publisher: each key's acknowledged order is its order.
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (producer, history, stop) = (Arc::clone(&producer), history.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let (mut i, mut refused) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("key-{}", i % 32);
+                let n = i.to_string();
+                match producer.send(&key, &[("key", key.as_str()), ("n", n.as_str())]).await {
+                    Ok(p) => {
+                        history.published(Some(&key), &p);
+                        i += 1;
+                    }
+                    // Not written or unknown: the same record again, so the key's order holds.
+                    Err(_) => refused += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (i, refused)
+        })
+    };
+    let written = |n: usize| {
+        let history = history.clone();
+        async move {
+            wait_for(DEADLINE, "records to be written", || async {
+                (history.publishes().len() >= n).then_some(())
+            })
+            .await
+        }
+    };
+    written(300).await;
+    let grown_at = Instant::now();
+    let version = coord
+        .coordinator()
+        .add_shards(&stream, 4, None)
+        .await
+        .expect("add shards")
+        .routing_version;
+    producer.observe_routing_version(version);
+    // Released: the group adopted 8 shards and every parent is drained (no reshard left in its metadata).
+    let conn = cluster.connection().await;
+    wait_for(DEADLINE, "the group to drain the parents and read all 8 shards", || {
+        let (mut conn, key) = (conn.clone(), keys::group_metadata(&stream, &group));
+        async move {
+            let json: Vec<u8> = redis::cmd("HGET")
+                .arg(key)
+                .arg(keys::fields::AGGREGATE)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            let m = protocol::metadata::GroupMetadata::decode(&json).ok()?;
+            (m.shard_count == 8 && m.reshards.is_empty()).then_some(())
+        }
+    })
+    .await;
+    let released_in = grown_at.elapsed();
+    written(history.publishes().len() + 300).await;
+    stop.store(true, Ordering::Relaxed);
+    let (ok, refused) = publisher.await.expect("publisher");
+    wait_all_handled(&history, "every record to be handled after the growth").await;
+    history.assert_holds();
+    let order = cross_shard_order(&history);
+    assert!(
+        order.violations.is_empty(),
+        "per-key order across shards: {:?}",
+        &order.violations[..order.violations.len().min(5)]
+    );
+    assert!(order.keys_moved > 0, "keys moved to the new shards");
+    let masters: BTreeSet<usize> = {
+        let mut m = BTreeSet::new();
+        for shard in 0..8 {
+            m.insert(cluster.owner_of_key(&keys::shard_stream(&stream, ShardId(shard))).await);
+        }
+        m
+    };
+    assert_eq!(masters.len(), 3, "the 8 shards are on every master");
+    println!(
+        "cluster growth 4 -> 8: {ok} records ({refused} sends refused and repeated), {} keys moved, parents drained \
+         and children released {} ms after add-shards",
+        order.keys_moved,
+        released_in.as_millis()
+    );
+    a.close().await.expect("a closes");
+    b.close().await.expect("b closes");
 }

@@ -31,12 +31,11 @@ use protocol::metadata::GroupMetadata;
 use protocol::names::GroupName;
 use protocol::{RoutingVersion, ShardId};
 use scenario_tests::History;
-use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use stream_consumer::{ConsumerHandle, EntryId};
+use std::time::Duration;
+use stream_consumer::ConsumerHandle;
 use stream_producer::Producer;
 use test_support::{FaultProxy, Mode, RedisServer, ReplicaPair};
 use tokio::sync::RwLock;
@@ -240,52 +239,6 @@ struct Figures {
     violations: usize,
     order_violations: usize,
     keys_moved: usize,
-}
-
-/// Per-key order across shards.
-struct CrossShard {
-    /// (key, earlier record, later record) whose first deliveries came the other way round.
-    violations: Vec<(String, String, String)>,
-    /// Keys whose records were read from more than one shard (the test must move keys to mean anything).
-    keys_moved: usize,
-}
-
-/// Each key is written by one sequential producer, so the order of its acknowledged publishes is its order. The
-/// first delivery of each record must start no earlier than the first delivery of the key's previous record.
-fn cross_shard_order(h: &History) -> CrossShard {
-    let mut by_key: BTreeMap<String, Vec<(Instant, u32, EntryId)>> = BTreeMap::new();
-    for p in h.publishes() {
-        by_key
-            .entry(p.key.clone().unwrap_or_default())
-            .or_default()
-            .push((p.acked_at, p.shard, p.entry));
-    }
-    let mut first: HashMap<(u32, EntryId), Instant> = HashMap::new();
-    for d in h.handled() {
-        let e = first.entry((d.shard, d.entry)).or_insert(d.started);
-        *e = (*e).min(d.started);
-    }
-    let mut violations = Vec::new();
-    let mut keys_moved = 0;
-    for (key, mut records) in by_key {
-        records.sort();
-        if records.iter().any(|r| r.1 != records[0].1) {
-            keys_moved += 1;
-        }
-        for w in records.windows(2) {
-            let (a, b) = (first.get(&(w[0].1, w[0].2)), first.get(&(w[1].1, w[1].2)));
-            if let (Some(a), Some(b)) = (a, b) {
-                if b < a {
-                    violations.push((
-                        key.clone(),
-                        format!("{}@{}", w[0].2, w[0].1),
-                        format!("{}@{}", w[1].2, w[1].1),
-                    ));
-                }
-            }
-        }
-    }
-    CrossShard { violations, keys_moved }
 }
 
 /// Sequential keyed publishers (one per producer, each with its own keys), pausable between two sends.
