@@ -153,14 +153,7 @@ pub fn producer_sequence(stream: &StreamName, shard: ShardId, producer_id: &str)
 /// The hash tag of a key (the part Redis Cluster hashes), as Redis computes it: the text between the first `{`
 /// and the next `}`, if non-empty; else the whole key.
 pub fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
+    &key[crate::slot::tag_range(key.as_bytes())]
 }
 
 #[cfg(test)]

@@ -16,15 +16,20 @@ pub fn key_slot(key: &[u8]) -> u16 {
 /// The part of `key` Redis Cluster hashes: the bytes between the first `{` and the next `}` when non-empty, else
 /// the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
+    &key[tag_range(key)]
+}
+
+/// Where [`hash_tag`] lies in `key`. Its ends are next to ASCII braces (or the ends of `key`), so the range also
+/// cuts a `str` key at character boundaries ([`crate::keys::hash_tag`]).
+pub(crate) fn tag_range(key: &[u8]) -> std::ops::Range<usize> {
     if let Some(open) = key.iter().position(|&b| b == b'{') {
-        let rest = &key[open + 1..];
-        if let Some(len) = rest.iter().position(|&b| b == b'}') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
             if len > 0 {
-                return &rest[..len];
+                return open + 1..open + 1 + len;
             }
         }
     }
-    key
+    0..key.len()
 }
 
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the checksum of Redis Cluster key slots.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
@@ -20,6 +20,9 @@ pub enum Connection {
     Single(ConnectionManager),
     /// A Redis Cluster.
     Cluster(ClusterConnection),
+    /// One cluster node, directly ([`crate::NodePool::connection`]): no redirect is followed and a lost
+    /// connection is not reopened (ask the pool for a new one).
+    Node(MultiplexedConnection),
 }
 
 impl Connection {
@@ -33,10 +36,7 @@ impl Connection {
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let client = ClusterClientBuilder::new(seeds.to_vec())
-            .connection_timeout(connection_timeout)
-            .response_timeout(response_timeout)
-            .build()?;
+        let client = cluster_client(seeds, connection_timeout, response_timeout)?;
         Ok(Connection::Cluster(client.get_async_connection().await?))
     }
 
@@ -50,10 +50,7 @@ impl Connection {
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let client = ClusterClientBuilder::new(seeds.to_vec())
-            .connection_timeout(connection_timeout)
-            .response_timeout(response_timeout)
-            .build()?;
+        let client = cluster_client(seeds, connection_timeout, response_timeout)?;
         // The per-call config replaces the builder's response timeout (with none when unset): set both here.
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(connection_timeout)
@@ -67,6 +64,17 @@ impl Connection {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Connection::Cluster(_))
     }
+}
+
+fn cluster_client(
+    seeds: &[String],
+    connection_timeout: Duration,
+    response_timeout: Duration,
+) -> RedisResult<redis::cluster::ClusterClient> {
+    ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(connection_timeout)
+        .response_timeout(response_timeout)
+        .build()
 }
 
 impl From<ConnectionManager> for Connection {
@@ -86,6 +94,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.req_packed_command(cmd),
             Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Node(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -98,6 +107,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
             Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Node(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -105,6 +115,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.get_db(),
             Connection::Cluster(c) => c.get_db(),
+            Connection::Node(c) => c.get_db(),
         }
     }
 }

@@ -199,6 +199,6 @@ mod tests {
     #[test]
     fn seeds_must_be_tcp() {
         assert!(NodePool::new(&[], AsyncConnectionConfig::new()).is_err());
-        assert!(NodePool::new(&["redis+unix:///tmp/r.sock".to_owned()], AsyncConnectionConfig::new()).is_err());
+        assert!(NodePool::new(&["redis+unix:///redis.sock".to_owned()], AsyncConnectionConfig::new()).is_err());
     }
 }

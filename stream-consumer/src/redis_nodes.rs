@@ -135,21 +135,16 @@ impl RedisNodes {
 
     /// Sends `CLIENT UNBLOCK id` to the node holding the blocked read of `route`.
     pub(crate) async fn unblock(&self, shared: &Connection, route: &ReadRoute, id: i64) -> Result<(), RedisError> {
-        let cmd = {
-            let mut c = redis::cmd("CLIENT");
-            c.arg("UNBLOCK").arg(id);
-            c
+        let mut conn = match (self, route) {
+            (RedisNodes::Cluster(pool), ReadRoute::Node { node, .. }) => Connection::Node(pool.connection(node).await?),
+            _ => shared.clone(),
         };
-        match (self, route) {
-            (RedisNodes::Cluster(pool), ReadRoute::Node { node, .. }) => {
-                let mut conn = pool.connection(node).await?;
-                cmd.query_async::<Value>(&mut conn).await.map(drop)
-            }
-            _ => {
-                let mut conn = shared.clone();
-                cmd.query_async::<Value>(&mut conn).await.map(drop)
-            }
-        }
+        redis::cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(id)
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(drop)
     }
 
     /// Clients for every server the start-up check must ask: the one server, or every master, each with a

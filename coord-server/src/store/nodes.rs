@@ -14,56 +14,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, RedisResult, Value};
 use redis_link::{Connection, NodeAddr};
 
 use super::Store;
 use crate::error::StoreError;
 
-/// A connection that reaches one node: the shared one on a single server, a direct one on a cluster.
-#[derive(Clone)]
-pub enum NodeConnection {
-    /// The single server's shared connection.
-    Shared(Connection),
-    /// A direct connection to one cluster node (no redirect is followed).
-    Direct(MultiplexedConnection),
-}
-
-impl ConnectionLike for NodeConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            NodeConnection::Shared(c) => c.req_packed_command(cmd),
-            NodeConnection::Direct(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            NodeConnection::Shared(c) => c.req_packed_commands(cmd, offset, count),
-            NodeConnection::Direct(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            NodeConnection::Shared(c) => c.get_db(),
-            NodeConnection::Direct(c) => c.get_db(),
-        }
-    }
-}
-
 /// One node the store asks directly: its address (`None` on a single server) and a connection to it.
 pub struct Node {
     /// The cluster node's address; `None` for the single server.
     pub addr: Option<NodeAddr>,
-    /// A connection to it.
-    pub conn: NodeConnection,
+    /// A connection to it: the shared one on a single server, a direct one ([`Connection::Node`]) on a cluster.
+    pub conn: Connection,
 }
 
 impl Node {
@@ -100,7 +62,7 @@ impl Store {
         let Some(pool) = &self.nodes else {
             return Ok(vec![Node {
                 addr: None,
-                conn: NodeConnection::Shared(self.conn.clone()),
+                conn: self.conn.clone(),
             }]);
         };
         let map = pool.refresh().await.map_err(topology)?;
@@ -115,7 +77,7 @@ impl Store {
             };
             nodes.push(Node {
                 addr: Some(addr),
-                conn: NodeConnection::Direct(conn),
+                conn: Connection::Node(conn),
             });
         }
         Ok(nodes)
