@@ -903,6 +903,26 @@ async fn raw_cluster_run(
     Ok(start.elapsed())
 }
 
+/// An in-process coordinator on `redis_url` with `stream`'s routing of `shards` shards (through group `bench`).
+async fn bench_coordinator(redis_url: &str, stream: &StreamName, shards: u32) -> Result<CoordinatorHandle> {
+    let mut config = coord_server::Config::new(redis_url);
+    config.listen = "127.0.0.1:0".parse()?;
+    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
+    coordinator
+        .coordinator()
+        .create_group(
+            stream,
+            &GroupName::new("bench")?,
+            &CreateGroupRequest {
+                shard_count: Some(shards),
+                timings: None,
+            },
+        )
+        .await
+        .context("create the stream routing")?;
+    Ok(coordinator)
+}
+
 /// The `--cluster` run (see the module docs).
 async fn cluster_main(args: Args) -> Result<()> {
     use test_support::cluster::RedisCluster;
@@ -910,21 +930,7 @@ async fn cluster_main(args: Args) -> Result<()> {
     let meta = PrivateRedis::start(&args.redis_server)?;
     wait_ready(&meta.url()).await?;
     let stream = StreamName::new("bench")?;
-    let mut config = coord_server::Config::new(meta.url());
-    config.listen = "127.0.0.1:0".parse()?;
-    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
-    coordinator
-        .coordinator()
-        .create_group(
-            &stream,
-            &GroupName::new("bench")?,
-            &CreateGroupRequest {
-                shard_count: Some(args.shards),
-                timings: None,
-            },
-        )
-        .await
-        .context("create the stream routing")?;
+    let coordinator = bench_coordinator(&meta.url(), &stream, args.shards).await?;
     let target = format!("cluster:{}", cluster.urls().join(","));
     let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
         Ok(Arc::new(
@@ -1081,22 +1087,7 @@ async fn main() -> Result<()> {
     let redis = PrivateRedis::start(&args.redis_server)?;
     let mut con = wait_ready(&redis.url()).await?;
     let stream = StreamName::new("bench")?;
-
-    let mut config = coord_server::Config::new(redis.url());
-    config.listen = "127.0.0.1:0".parse()?;
-    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
-    coordinator
-        .coordinator()
-        .create_group(
-            &stream,
-            &GroupName::new("bench")?,
-            &CreateGroupRequest {
-                shard_count: Some(args.shards),
-                timings: None,
-            },
-        )
-        .await
-        .context("create the stream routing")?;
+    let coordinator = bench_coordinator(&redis.url(), &stream, args.shards).await?;
 
     let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
         Ok(Arc::new(

@@ -19,7 +19,7 @@ use redis::cluster_async::ClusterConnection;
 use scenario_tests::stall_log::{wall_us, wall_us_as_instant, Kind, Record};
 use scenario_tests::{Handled, History, Publish};
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,6 +151,14 @@ async fn wait_reader_on(cluster: &RedisCluster, node: usize, member: &str, shard
     .await;
 }
 
+/// Waits until `history` holds at least `n` acknowledged publishes.
+async fn wait_written(history: &History, n: usize) {
+    wait_for(DEADLINE, "records to be written", || async {
+        (history.publishes().len() >= n).then_some(())
+    })
+    .await
+}
+
 async fn wait_all_handled(history: &History, what: &str) {
     wait_for(DEADLINE * 2, what, || async {
         history.all_published_handled().then_some(())
@@ -214,25 +222,14 @@ async fn members_share_shards_spread_over_three_masters_through_join_rebalance_a
 
 /// A member process (`stall_worker`) on the cluster.
 fn spawn_worker(env: &Env, member: &str, dir: &std::path::Path) -> Child {
-    let stderr = std::fs::File::create(dir.join(format!("{member}.stderr"))).expect("worker stderr");
-    Command::new(env!("CARGO_BIN_EXE_stall_worker"))
-        .arg(format!("coordinators={}", env.coord.url()))
-        .arg(format!("redis={}", target(&env.cluster)))
-        .arg(format!("stream={}", env.stream))
-        .arg(format!("group={}", env.group))
-        .arg(format!("member={member}"))
-        .arg(format!("out={}", dir.join(format!("{member}.log")).display()))
-        .arg("handle_ms=2")
-        .arg(format!("heartbeat_ms={}", HEARTBEAT.as_millis()))
-        .arg(format!("ttl_ms={}", TTL.as_millis()))
-        .arg(format!("lease_ms={}", LEASE.as_millis()))
-        .arg(format!("margin_ms={}", MARGIN.as_millis()))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn stall_worker")
+    let worker = StallWorker {
+        coordinators: env.coord.url(),
+        redis: target(&env.cluster),
+        stream: env.stream.to_string(),
+        group: env.group.to_string(),
+        handle: Duration::from_millis(2),
+    };
+    worker.spawn(member, dir, member)
 }
 
 fn worker_records(dir: &std::path::Path, member: &str) -> Vec<Record> {
@@ -353,24 +350,15 @@ async fn the_slot_of_a_busy_shard_migrates_under_its_reader_with_nothing_lost_an
         Arc::clone(&stop),
         Arc::clone(&counter),
     ));
-    let written = |n: usize| {
-        let history = history.clone();
-        async move {
-            wait_for(DEADLINE, "records to be written", || async {
-                (history.publishes().len() >= n).then_some(())
-            })
-            .await
-        }
-    };
-    written(300).await;
+    wait_written(&history, 300).await;
     let started = Instant::now();
     let migration = env.cluster.begin_migration(slot, to).await;
-    written(history.publishes().len() + 300).await;
+    wait_written(&history, history.publishes().len() + 300).await;
     let moved = migration.move_keys(100).await;
-    written(history.publishes().len() + 300).await;
+    wait_written(&history, history.publishes().len() + 300).await;
     migration.finish().await;
     let migrated_in = started.elapsed();
-    written(history.publishes().len() + 300).await;
+    wait_written(&history, history.publishes().len() + 300).await;
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = publisher.await.expect("publisher");
     assert_eq!(env.cluster.owner_of_slot(slot).await, to);
@@ -513,16 +501,7 @@ async fn a_stream_grows_on_the_cluster_and_keys_keep_their_order_across_shards()
             (i, refused)
         })
     };
-    let written = |n: usize| {
-        let history = history.clone();
-        async move {
-            wait_for(DEADLINE, "records to be written", || async {
-                (history.publishes().len() >= n).then_some(())
-            })
-            .await
-        }
-    };
-    written(300).await;
+    wait_written(&history, 300).await;
     let grown_at = Instant::now();
     let version = coord
         .coordinator()
@@ -548,7 +527,7 @@ async fn a_stream_grows_on_the_cluster_and_keys_keep_their_order_across_shards()
     })
     .await;
     let released_in = grown_at.elapsed();
-    written(history.publishes().len() + 300).await;
+    wait_written(&history, history.publishes().len() + 300).await;
     stop.store(true, Ordering::Relaxed);
     let (ok, refused) = publisher.await.expect("publisher");
     wait_all_handled(&history, "every record to be handled after the growth").await;

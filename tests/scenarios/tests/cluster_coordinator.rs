@@ -92,6 +92,19 @@ async fn settle(api: &GroupApi, members: &mut [WireMember]) {
     .await;
 }
 
+/// Creates every group of `placed` and settles two wire members (`a`, `b`) in each; answers them per group.
+async fn create_and_settle(coord: &Coord, placed: &[(GroupName, usize)]) -> Vec<Vec<WireMember>> {
+    let mut members = Vec::new();
+    for (group, _) in placed {
+        let api = group_api(coord, group);
+        api.create(SHARDS).await.expect("group created");
+        let mut pair = vec![WireMember::new("a"), WireMember::new("b")];
+        settle(&api, &mut pair).await;
+        members.push(pair);
+    }
+    members
+}
+
 fn lost_status(r: Result<GroupDescription, Refusal>) -> Status {
     match r {
         Ok(g) => panic!("expected a refusal, got {g:?}"),
@@ -105,14 +118,7 @@ async fn groups_on_every_master_are_served_and_every_cross_slot_read_answers() {
     let cluster = RedisCluster::start().await;
     let coord = Coord::start(&target(&cluster)).await;
     let placed = groups_on_every_master(2);
-    let mut members = Vec::new();
-    for (group, _) in &placed {
-        let api = group_api(&coord, group);
-        api.create(SHARDS).await.expect("group created");
-        let mut pair = vec![WireMember::new("a"), WireMember::new("b")];
-        settle(&api, &mut pair).await;
-        members.push(pair);
-    }
+    let members = create_and_settle(&coord, &placed).await;
     for ((group, master), pair) in placed.iter().zip(&members) {
         let owner = cluster.owner_of_key(&keys::group_metadata(&stream(), group)).await;
         assert_eq!(owner, *master, "{group}'s metadata on master {master}");
@@ -219,14 +225,7 @@ async fn a_coordinator_restart_on_the_cluster_keeps_every_group() {
     let cluster = RedisCluster::start().await;
     let mut coord = Coord::start(&target(&cluster)).await;
     let placed = groups_on_every_master(1);
-    let mut members = Vec::new();
-    for (group, _) in &placed {
-        let api = group_api(&coord, group);
-        api.create(SHARDS).await.expect("group created");
-        let mut pair = vec![WireMember::new("a"), WireMember::new("b")];
-        settle(&api, &mut pair).await;
-        members.push(pair);
-    }
+    let mut members = create_and_settle(&coord, &placed).await;
     let mut before: Vec<GroupDescription> = Vec::new();
     for (g, _) in &placed {
         before.push(group_api(&coord, g).describe().await.expect("describe"));

@@ -20,7 +20,7 @@ use scenario_tests::stall_log::{wall_us, wall_us_as_instant, Kind, Record};
 use scenario_tests::{Handled, History};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,27 +58,14 @@ struct Env {
 
 impl Env {
     fn spawn(&self, member: &str, incarnation: usize) -> Child {
-        let out = self.dir.join(format!("{member}.{incarnation}.log"));
-        let stderr =
-            std::fs::File::create(self.dir.join(format!("{member}.{incarnation}.stderr"))).expect("worker stderr file");
-        Command::new(env!("CARGO_BIN_EXE_stall_worker"))
-            .arg(format!("coordinators={}", self.coordinators))
-            .arg(format!("redis={}", self.redis))
-            .arg(format!("stream={}", self.stream))
-            .arg(format!("group={}", self.group))
-            .arg(format!("member={member}"))
-            .arg(format!("out={}", out.display()))
-            .arg(format!("handle_ms={}", HANDLE_FOR.as_millis()))
-            .arg(format!("heartbeat_ms={}", HEARTBEAT.as_millis()))
-            .arg(format!("ttl_ms={}", TTL.as_millis()))
-            .arg(format!("lease_ms={}", LEASE.as_millis()))
-            .arg(format!("margin_ms={}", MARGIN.as_millis()))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn stall_worker")
+        let worker = StallWorker {
+            coordinators: self.coordinators.clone(),
+            redis: self.redis.clone(),
+            stream: self.stream.clone(),
+            group: self.group.clone(),
+            handle: HANDLE_FOR,
+        };
+        worker.spawn(member, &self.dir, &format!("{member}.{incarnation}"))
     }
 }
 

@@ -140,3 +140,39 @@ pub async fn wait_all_handled(history: &History, timeout: Duration) {
     })
     .await;
 }
+
+/// Where a member process (`src/bin/stall_worker.rs`) runs: the group it joins, with the scenario timings.
+pub struct StallWorker {
+    pub coordinators: String,
+    pub redis: String,
+    pub stream: String,
+    pub group: String,
+    /// How long each handler sleeps.
+    pub handle: Duration,
+}
+
+impl StallWorker {
+    /// Starts member `member`, recording into `<dir>/<name>.log` (stderr into `<dir>/<name>.stderr`).
+    pub fn spawn(&self, member: &str, dir: &std::path::Path, name: &str) -> std::process::Child {
+        use std::process::{Command, Stdio};
+        let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).expect("worker stderr file");
+        Command::new(env!("CARGO_BIN_EXE_stall_worker"))
+            .arg(format!("coordinators={}", self.coordinators))
+            .arg(format!("redis={}", self.redis))
+            .arg(format!("stream={}", self.stream))
+            .arg(format!("group={}", self.group))
+            .arg(format!("member={member}"))
+            .arg(format!("out={}", dir.join(format!("{name}.log")).display()))
+            .arg(format!("handle_ms={}", self.handle.as_millis()))
+            .arg(format!("heartbeat_ms={}", HEARTBEAT.as_millis()))
+            .arg(format!("ttl_ms={}", TTL.as_millis()))
+            .arg(format!("lease_ms={}", LEASE.as_millis()))
+            .arg(format!("margin_ms={}", MARGIN.as_millis()))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn stall_worker")
+    }
+}
