@@ -13,6 +13,11 @@
 #   floor   the smallest Lua loop that XADDs a batch (no checks, no answer): what any script costs at least
 #   fenced  the SDK's publish script (stream-producer/src/publish_script.rs), 128 records per call
 #   idem    the same script with idempotence on (the state is written by every call)
+#   pipe    plain XADD again, but sent like the two below: one connection, `redis-cli --pipe` (their baseline)
+#   multi   MULTI, 128 plain XADDs, EXEC (a transaction with no check at all)
+#   watch   WATCH fence, HGET fence, MULTI, 128 plain XADDs, EXEC: the cost to Redis of a fence checked by the
+#           client between WATCH and EXEC (the transaction design of BENCHMARKS.md, issue 17; not what the SDK
+#           sends)
 # Prints instructions per record and native / variant (the share of a raw loop's rate the variant can reach
 # when Redis is the bottleneck). Needs valgrind, redis-server, redis-benchmark and redis-cli.
 set -euo pipefail
@@ -37,6 +42,27 @@ echo "local c=redis.call local k=KEYS[1] local A=ARGV for i=10,#A,2 do c('XADD',
 
 records=64000
 per_call=128
+# The RESP streams of the pipe, multi and watch variants.
+python3 - "$work" "$records" "$per_call" <<'PY'
+import sys
+work, records, per_call = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def cmd(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+xadd = cmd("XADD", "{s}:stream", "*", "p", b"x" * 100)
+batch = xadd * per_call
+calls = records // per_call
+with open(f"{work}/pipe.resp", "wb") as f:
+    f.write(batch * calls)
+with open(f"{work}/multi.resp", "wb") as f:
+    f.write((cmd("MULTI") + batch + cmd("EXEC")) * calls)
+with open(f"{work}/watch.resp", "wb") as f:
+    check = cmd("WATCH", "{s}:fence") + cmd("HGET", "{s}:fence", "routingVersion")
+    f.write((check + cmd("MULTI") + batch + cmd("EXEC")) * calls)
+PY
 calls=$((records / per_call))
 payload="$(head -c 100 /dev/zero | tr '\0' x)"
 fields=()
@@ -76,6 +102,7 @@ measure() {
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
       redis-benchmark -p "$port" -n "$calls" -c 8 -r 100000000 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' 0 \
         e__rand_int__ 0 60000 "$per_call" 1 "${fields[@]}" >/dev/null ;;
+    pipe | multi | watch) redis-cli -p "$port" --pipe <"$work/$variant.resp" >/dev/null ;;
   esac
   if [ "$variant" != empty ]; then
     local len
@@ -93,7 +120,7 @@ printf '%-8s %14s %10s\n' variant instr/record "native/x"
 printf '%-8s %14d %10s\n' native $(((native - empty) / records)) 1.000
 declare -A floor_of=([fenced]="${SCRIPT_COST_FLOOR_FENCED:-0.66}" [idem]="${SCRIPT_COST_FLOOR_IDEM:-0.62}")
 failed=""
-for v in floor fenced idem; do
+for v in floor fenced idem pipe multi watch; do
   total="$(measure "$v")"
   per=$(((total - empty) / records))
   ratio="$(awk -v n="$native" -v e="$empty" -v t="$total" 'BEGIN { printf "%.6f", (n - e) / (t - e) }')"

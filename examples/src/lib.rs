@@ -2,6 +2,21 @@
 //! `demo` binary), a private `redis-server` launcher ([`redis_launcher`]), the demo's delivery bookkeeping
 //! ([`ledger`]), and fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]).
 
+/// The allocator of every binary of this crate (feature `jemalloc`, on by default). Records are allocated by the
+/// caller's task and freed by the producer's batcher or a connection's task, often on another thread; glibc's
+/// allocator handles that pattern badly (BENCHMARKS.md, issue 17). A library cannot choose for its embedding
+/// application, so the SDK crates leave the choice to it.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The name of the global allocator the binaries of this crate were built with (printed by the benchmarks).
+pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else {
+    "system (glibc)"
+};
+
 pub mod cluster_launcher;
 pub mod demo;
 pub mod fenced_write;

@@ -233,7 +233,16 @@ impl PublishScript {
         sequence: Option<Sequence<'_>>,
         records: impl ExactSizeIterator<Item = &'r crate::Record> + Clone,
     ) {
-        let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(3);
+        // Sized up front (the call has hundreds of arguments; growing doubles and copies its buffers).
+        let (args, bytes) = records.clone().fold((16, 256), |(a, b), r| {
+            let fields = r.fields();
+            (
+                a + 1 + 2 * fields.len(),
+                b + 4 + fields.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>(),
+            )
+        });
+        let mut call = redis::Cmd::with_capacity(args, bytes);
+        let cmd = call.arg("EVALSHA").arg(self.script.get_hash()).arg(3);
         cmd.arg(keys::shard_stream(stream, shard))
             .arg(keys::shard_fence(stream, shard));
         match &sequence {
@@ -267,6 +276,7 @@ impl PublishScript {
                 cmd.arg(name.as_slice()).arg(value.as_slice());
             }
         }
+        pipe.add_command(call);
     }
 }
 

@@ -19,8 +19,9 @@
 //!      SETID ... 0`) and one wake-up entry is appended per shard (the readers are blocked in `XREADGROUP`), so
 //!      the run reads every record plus those 8. The clock stops when the handler has seen them all and no
 //!      entry is pending (`XPENDING`), i.e. when the last `XACK` is in.
-//! 3. Each mode runs `--rounds` times, alternating; the best rate of each mode is reported with the ratio to the
-//!    best raw rate (goal: >= 0.85).
+//! 3. Each mode runs `--rounds` times, interleaved (raw, sdk-1, sdk-4, raw, ...); the median rate of each mode
+//!    is reported with its min and max, the ratio to the raw loop's median (goal, issue 17: >= 0.90) and the
+//!    medians of client and Redis CPU per record (goal: the SDK's client CPU within 1.15x of the raw loop's).
 //!
 //! `--cluster`: the same against a private local 3-master Redis Cluster (`examples::cluster_launcher`); the raw
 //! loop's shard tasks then each use a redis-rs cluster connection (the strongest raw cluster client: it routes
@@ -66,8 +67,8 @@ struct Args {
     /// SDK member counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     members: Vec<usize>,
-    /// Rounds of every mode (the best of each is reported).
-    #[arg(long, default_value_t = 2)]
+    /// Rounds of every mode, interleaved (the median of each is reported).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Skip the raw loop (for profiling the SDK alone; no ratios then).
     #[arg(long)]
@@ -567,6 +568,63 @@ async fn sdk_run(
     })
 }
 
+/// The medians of one mode's runs.
+struct Summary {
+    rate: f64,
+    min: f64,
+    max: f64,
+    client_us: f64,
+    redis_us: f64,
+    xreadgroup_per_1000: f64,
+    xack_per_1000: f64,
+}
+
+impl Summary {
+    fn of(runs: &[RunResult]) -> Option<Summary> {
+        if runs.is_empty() {
+            return None;
+        }
+        let per_record = |f: &dyn Fn(&RunResult) -> f64| median(runs.iter().map(|r| f(r) / r.records.max(1) as f64));
+        let rates: Vec<f64> = runs.iter().map(|r| rate(r.records, r.took)).collect();
+        Some(Summary {
+            rate: median(rates.iter().copied()),
+            min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+            max: rates.iter().copied().fold(0.0, f64::max),
+            client_us: per_record(&|r| r.cost.client_cpu_s * 1e6),
+            redis_us: per_record(&|r| r.cost.redis_cpu_s * 1e6),
+            xreadgroup_per_1000: per_record(&|r| r.cost.xreadgroup_calls as f64 * 1000.0),
+            xack_per_1000: per_record(&|r| r.cost.xack_calls as f64 * 1000.0),
+        })
+    }
+
+    /// The table's columns after the client CPU.
+    fn rest(&self) -> String {
+        format!(
+            "{:.2} us | {:.1} + {:.1}",
+            self.redis_us, self.xreadgroup_per_1000, self.xack_per_1000
+        )
+    }
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The 1-minute load average, as `/proc/loadavg` gives it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "n/a".to_owned())
+}
+
 fn rate(n: u64, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
@@ -593,13 +651,14 @@ async fn main() -> Result<()> {
     ensure!(loaded == args.records as u64, "{loaded} entries loaded");
     println!(
         "{} records of {} B payload pre-loaded into {SHARDS} shards in {:.2?}; COUNT {} for both; \
-         SDK members {:?}; {} rounds (best of each reported)",
+         SDK members {:?}; {} interleaved rounds (medians reported); allocator {}",
         args.records,
         args.payload_bytes,
         t.elapsed(),
         args.count,
         args.members,
-        args.rounds
+        args.rounds,
+        examples::ALLOCATOR
     );
 
     let env = SdkEnv {
@@ -608,80 +667,82 @@ async fn main() -> Result<()> {
         stream: &stream,
         count: args.count,
     };
-    // Best rate of each mode, and the cost of that run.
-    let mut raw_best = (0f64, Cost::default(), 0u64);
-    let mut sdk_best = vec![(0f64, Cost::default(), 0u64); args.members.len()];
-    let keep = |best: &mut (f64, Cost, u64), run: &RunResult| {
-        let r = rate(run.records, run.took);
-        if r > best.0 {
-            *best = (r, run.cost, run.records);
-        }
-        r
-    };
+    // Every run of every mode, in round order.
+    let mut raw_runs: Vec<RunResult> = Vec::new();
+    let mut sdk_runs: Vec<Vec<RunResult>> = (0..args.members.len()).map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         if !args.no_raw {
             let group = format!("raw-r{round}");
             let run = raw_run(&backend, &mut con, &mut nodes, &stream, &group, args.count).await?;
-            let r = keep(&mut raw_best, &run);
             println!(
-                "round {round} raw            {r:>9.0} records/s ({} in {:.2?}; {})",
+                "round {round} raw            {:>9.0} records/s ({} in {:.2?}; {})",
+                rate(run.records, run.took),
                 run.records,
                 run.took,
                 run.cost.per_record(run.records)
             );
+            raw_runs.push(run);
         }
         for (i, &members) in args.members.iter().enumerate().filter(|_| !args.no_sdk) {
             let group = format!("sdk{members}-r{round}");
             let run = sdk_run(&env, &mut con, &mut nodes, &group, members).await?;
-            let r = keep(&mut sdk_best[i], &run);
             println!(
-                "round {round} sdk {members} member{} {r:>9.0} records/s ({} in {:.2?}; {})",
+                "round {round} sdk {members} member{} {:>9.0} records/s ({} in {:.2?}; {})",
                 if members == 1 { " " } else { "s" },
+                rate(run.records, run.took),
                 run.records,
                 run.took,
                 run.cost.per_record(run.records)
             );
+            sdk_runs[i].push(run);
         }
     }
 
     println!();
     println!(
-        "## Consumer throughput ({} records, {} B payload, {SHARDS} shards, COUNT {}{})",
+        "## Consumer throughput ({} records, {} B payload, {SHARDS} shards, COUNT {}{}; medians of {} interleaved \
+         rounds, load average {})",
         args.records,
         args.payload_bytes,
         args.count,
-        if args.cluster { ", local 3-master cluster" } else { "" }
+        if args.cluster { ", local 3-master cluster" } else { "" },
+        args.rounds,
+        load_average()
     );
-    println!("| run | records/s | SDK / raw | goal | client CPU/record | redis CPU/record | XREADGROUP + XACK per 1000 records |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    let costs = |c: &Cost, n: u64| {
-        let n = n.max(1) as f64;
-        format!(
-            "{:.2} us | {:.2} us | {:.1} + {:.1}",
-            c.client_cpu_s * 1e6 / n,
-            c.redis_cpu_s * 1e6 / n,
-            c.xreadgroup_calls as f64 * 1000.0 / n,
-            c.xack_calls as f64 * 1000.0 / n
-        )
-    };
-    if !args.no_raw {
-        let (r, c, n) = &raw_best;
+    println!(
+        "| run | median records/s | min - max | SDK / raw (goal >= 0.90) | client CPU/record | vs raw (goal <= 1.15) \
+         | redis CPU/record | XREADGROUP + XACK per 1000 records |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let raw = Summary::of(&raw_runs);
+    if let Some(raw) = &raw {
         println!(
-            "| raw XREADGROUP + pipelined XACK (8 shard tasks{}) | {r:.0} | 1.000 | | {} |",
+            "| raw XREADGROUP + pipelined XACK (8 shard tasks{}) | {:.0} | {:.0} - {:.0} | 1.000 | {:.2} us | 1.00 | {} |",
             if args.cluster { ", cluster connections" } else { "" },
-            costs(c, *n)
+            raw.rate,
+            raw.min,
+            raw.max,
+            raw.client_us,
+            raw.rest()
         );
     }
-    for (&members, (r, c, n)) in args.members.iter().zip(&sdk_best).filter(|_| !args.no_sdk) {
-        let ratio = if raw_best.0 > 0.0 {
-            format!("{:.3}", r / raw_best.0)
-        } else {
-            "n/a".to_owned()
+    for (&members, runs) in args.members.iter().zip(&sdk_runs).filter(|_| !args.no_sdk) {
+        let Some(sdk) = Summary::of(runs) else { continue };
+        let (ratio, cpu) = match &raw {
+            Some(raw) => (
+                format!("{:.3}", sdk.rate / raw.rate),
+                format!("{:.2}", sdk.client_us / raw.client_us),
+            ),
+            None => ("n/a".to_owned(), "n/a".to_owned()),
         };
         println!(
-            "| SDK, {members} member{} (no-op handler, XACK on) | {r:.0} | {ratio} | >= 0.85 | {} |",
+            "| SDK, {members} member{} (no-op handler, XACK on) | {:.0} | {:.0} - {:.0} | {ratio} | {:.2} us | {cpu} | {} |",
             if members == 1 { "" } else { "s" },
-            costs(c, *n)
+            sdk.rate,
+            sdk.min,
+            sdk.max,
+            sdk.client_us,
+            sdk.rest()
         );
     }
     coordinator.shutdown().await;

@@ -183,12 +183,12 @@ struct Args {
     /// Rounds per mode (the median is reported).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Modes to run, comma-separated (raw, sdk-batch, sdk-plain, sdk-idem, sdk-enqueue, sdk-enqueue-idem);
-    /// ratios need raw.
+    /// Modes to run, comma-separated (raw, sdk-batch, sdk-plain, sdk-idem, sdk-enqueue, sdk-enqueue-idem,
+    /// sdk-enqueue-plain); ratios need raw.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "raw,sdk-batch,sdk-plain,sdk-idem,sdk-enqueue,sdk-enqueue-idem"
+        default_value = "raw,sdk-batch,sdk-plain,sdk-idem,sdk-enqueue,sdk-enqueue-idem,sdk-enqueue-plain"
     )]
     modes: Vec<String>,
     /// The redis-server binary.
@@ -737,12 +737,13 @@ fn load_average() -> String {
 }
 
 /// The SDK modes: name on the command line, what it runs.
-const SDK_MODES: [(&str, &str); 5] = [
+const SDK_MODES: [(&str, &str); 6] = [
     ("sdk-batch", "send_batch, fenced script"),
     ("sdk-plain", "send_batch, plain XADD"),
     ("sdk-idem", "send_batch, fenced+idempotent"),
     ("sdk-enqueue", "enqueue, fenced script"),
     ("sdk-enqueue-idem", "enqueue, fenced+idempotent"),
+    ("sdk-enqueue-plain", "enqueue, plain XADD"),
 ];
 
 /// One measured mode of the main rounds.
@@ -984,6 +985,7 @@ async fn cluster_main(args: Args) -> Result<()> {
         let name = match mode {
             "sdk-enqueue" => "sdk-batch",
             "sdk-enqueue-idem" => "sdk-idem",
+            "sdk-enqueue-plain" => "sdk-plain",
             other => other,
         };
         producers.iter().find(|(m, _)| *m == name).map(|(_, p)| p)
@@ -1114,7 +1116,7 @@ async fn main() -> Result<()> {
     ensure!(!shapes.is_empty(), "--raw-shapes: no shape");
     println!(
         "{} records of {} B payload, {} keys, {} shards; raw shapes tried: {}; sdk: {} connections, {} tasks, \
-         send_batch of {}, batching max {}, enqueue window {}",
+         send_batch of {}, batching max {}, enqueue window {}; allocator {}",
         args.records,
         args.payload_bytes,
         args.keys,
@@ -1124,7 +1126,8 @@ async fn main() -> Result<()> {
         args.sdk_tasks,
         args.sdk_batch,
         args.max_batch_size,
-        args.delivery_window
+        args.delivery_window,
+        examples::ALLOCATOR
     );
     let mut modes: Vec<Mode> = Vec::new();
     for name in &args.modes {
@@ -1173,6 +1176,7 @@ async fn main() -> Result<()> {
                 Mode::Sdk("sdk-idem") => sdk_batch_run(&idempotent, &args, &work).await?,
                 Mode::Sdk("sdk-enqueue") => sdk_enqueue_run(&producer, &args, &work).await?,
                 Mode::Sdk("sdk-enqueue-idem") => sdk_enqueue_run(&idempotent, &args, &work).await?,
+                Mode::Sdk("sdk-enqueue-plain") => sdk_enqueue_run(&plain, &args, &work).await?,
                 Mode::Sdk(other) => bail!("unknown mode {other:?}"),
                 Mode::RedisBenchmark => {
                     let port = redis.port;
