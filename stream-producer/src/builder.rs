@@ -170,7 +170,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// Whether every publish goes through the fenced publish script (default on). Off: plain pipelined `XADD`s, as
+    /// Whether every publish is fenced (default on): checked against the shard's fence atomically with the writes
+    /// (a `WATCH`ed transaction, or the publish script; see `docs/producer.md`). Off: plain pipelined `XADD`s, as
     /// before the fence existed; a producer that missed a reshard then keeps writing keys to shards they left.
     pub fn fencing(mut self, on: bool) -> Self {
         self.config.fencing = on;

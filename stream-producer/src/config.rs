@@ -126,9 +126,10 @@ pub struct ProducerConfig {
     pub refresh_retry_min: Duration,
     /// Longest wait between failed routing refreshes. Default 1 s.
     pub refresh_retry_max: Duration,
-    /// Whether every publish goes through the fenced publish script (one `EVALSHA` per shard batch that checks the
-    /// producer's routing version against the shard's fence and writes the whole batch or nothing). Default on;
-    /// off sends plain pipelined `XADD`s, which a reshard cannot fence.
+    /// Whether every publish is fenced: each shard batch is checked against the shard's fence atomically with its
+    /// writes and written whole or not at all (a `WATCH`ed transaction on one server, the publish script for the
+    /// idempotent producer and on a Redis Cluster). Default on; off sends plain pipelined `XADD`s, which a reshard
+    /// cannot fence.
     pub fencing: bool,
     /// Whether records refused by a fence are re-routed with the refreshed routing and sent again by the producer
     /// itself (see [`ProducerBuilder::reroute_fenced`](crate::ProducerBuilder::reroute_fenced)). Default off.

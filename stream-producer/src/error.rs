@@ -180,6 +180,17 @@ pub enum PublishError {
         #[source]
         source: Arc<redis::RedisError>,
     },
+    /// The connection failed before the records left: the fenced producer's check of the shard's fence (the first
+    /// of its two round trips) got no answer, or an earlier batch of the same call lost the connection. Nothing
+    /// of these records was sent.
+    #[error("connection to Redis failed before shard {shard}'s records were sent: {source}")]
+    NotSent {
+        /// The shard.
+        shard: ShardId,
+        /// The transport error.
+        #[source]
+        source: Arc<redis::RedisError>,
+    },
     /// The Redis server cannot serve the producer: too old, or a command it sends is missing or renamed (checked
     /// on the first connection). Nothing was written, and retrying cannot help until Redis is fixed.
     #[error("Redis cannot serve the producer: {source}")]
@@ -280,6 +291,7 @@ impl PublishError {
             | PublishError::NoRouting { .. }
             | PublishError::Rejected { .. }
             | PublishError::Connect { .. }
+            | PublishError::NotSent { .. }
             | PublishError::RedisUnsupported { .. }
             | PublishError::InvalidRecord(_)
             | PublishError::Closed => WriteState::NotWritten,
@@ -297,6 +309,7 @@ impl PublishError {
             }
             PublishError::RoutingExpired { .. }
             | PublishError::Connect { .. }
+            | PublishError::NotSent { .. }
             | PublishError::ConnectionLost { .. }
             | PublishError::Fenced { .. }
             | PublishError::OutOfOrderSequence { .. }

@@ -15,7 +15,8 @@
 //!   [`VersionStore`] SPI.
 //! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
 //!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
-//! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch.
+//! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch
+//!   (idempotent producer, Redis Cluster); `publisher::transaction`: the checked transaction (one server).
 //! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
 //! * `shared`: what the handle and the batcher share, and the one publish path both take.
 //! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker) and starts
@@ -51,9 +52,10 @@
 //! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
 //!   and [`Producer::close`] wait for every accepted record's outcome.
 //!
-//! Each shard's records go as one call of the fenced publish script (one `EVALSHA` per shard batch), which writes
-//! the whole batch or nothing and refuses a producer whose routing version is below the shard's fence (set when the
-//! stream grows) with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
+//! Each shard batch is written fenced: as a transaction whose `WATCH`ed check of the shard's fence comes first (one
+//! server), or as one call of the publish script (idempotent producer, Redis Cluster). Either writes the whole batch
+//! or nothing and refuses a producer whose routing version is below the shard's fence (set when the stream grows)
+//! with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
 //! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
 //!
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every

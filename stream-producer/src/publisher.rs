@@ -11,12 +11,14 @@
 //! request it is given. Shard `s` always uses lane `s % lanes`, so the pipelines of one shard are written in the
 //! order they were issued. A lane connects lazily and, after a transport error, reconnects on its next use.
 //!
-//! # The publish script
-//! By default ([`ProducerConfig::fencing`](crate::ProducerConfig::fencing)) a shard's records are not sent as
-//! `XADD`s but as one `EVALSHA` of the publish script per shard batch (split at 512 records), which checks the
-//! producer's routing version against the shard's fence and writes the whole batch or nothing
-//! ([`crate::publish_script`]). A fenced batch fails with [`PublishError::Fenced`] (not written). The batches of
-//! one shard go in one pipeline, as the `XADD`s did.
+//! # The fence
+//! By default ([`ProducerConfig::fencing`](crate::ProducerConfig::fencing)) every shard batch (split at 512
+//! records) is checked against the shard's fence atomically with its writes and written whole or not at all. On one
+//! server without idempotence it is a checked transaction: `WATCH` and a read of the fence, then `MULTI`, the
+//! `XADD`s and `EXEC` on the same connection, which the lane carries alone meanwhile ([`transaction`]). The
+//! idempotent producer and a Redis Cluster send one `EVALSHA` of the publish script per batch instead
+//! ([`crate::publish_script`]); the script calls of one shard go in one pipeline, as the `XADD`s do. A fenced batch
+//! fails with [`PublishError::Fenced`] (not written).
 //!
 //! # Idempotent producer
 //! With [`idempotence`](crate::ProducerBuilder::idempotence) every call carries the producer id, the instance's
@@ -81,6 +83,7 @@ use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
 
 pub(crate) mod cluster;
+mod transaction;
 
 pub(crate) use crate::published::Published;
 
@@ -160,6 +163,12 @@ pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
         ("XADD", "publishing"),
         ("EVALSHA", "publishing through the fenced script"),
         ("SCRIPT", "loading the fenced publish script"),
+        ("WATCH", "checking the fence of a transaction"),
+        ("UNWATCH", "checking the fence of a transaction"),
+        ("HGET", "reading a shard's fence"),
+        ("MULTI", "writing a checked transaction"),
+        ("EXEC", "writing a checked transaction"),
+        ("DISCARD", "leaving a fenced transaction"),
     ],
 };
 
@@ -237,6 +246,9 @@ struct Lane {
     generation: AtomicU64,
     /// Loads the publish script on every new connection (scripted path).
     preload_script: bool,
+    /// Held for the two round trips of a checked transaction ([`transaction`]): the connection carries nothing
+    /// else meanwhile. First come, first served, so a shard's batches keep their issue order.
+    exclusive: tokio::sync::Mutex<()>,
 }
 
 /// What the last connection attempt left behind.
@@ -268,6 +280,7 @@ impl Lane {
             waiting: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             preload_script,
+            exclusive: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -569,8 +582,9 @@ impl Publisher {
 
     /// Publishes through the fenced publish script from now on, idempotently when `idempotence` is given.
     pub(crate) fn scripted(mut self, idempotence: Option<IdempotenceConfig>) -> Self {
+        // On one server only the idempotent producer sends the script; the fenced one checks transactions.
         for lane in &mut self.lanes {
-            lane.preload_script = true;
+            lane.preload_script = idempotence.is_some();
         }
         if let Some(cluster) = &mut self.cluster {
             cluster.preload_script = true;
@@ -694,6 +708,11 @@ impl Publisher {
         let pipelines = groups.iter().map(|&(shard, indices)| async move {
             if let Some(scripted) = &self.scripted {
                 let shard_records: Vec<&Record> = indices.iter().map(|&i| records[i].borrow()).collect();
+                if scripted.idempotence.is_none() && self.cluster.is_none() {
+                    return self
+                        .run_transactions(shard, &shard_records, routing.version, minid)
+                        .await;
+                }
                 return self
                     .run_scripted(scripted, shard, &shard_records, routing.version, minid)
                     .await;

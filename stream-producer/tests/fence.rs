@@ -11,7 +11,7 @@ use common::{fence, field_values, total_len, xlen, Env, DEADLINE};
 use protocol::routing::shard_for_key;
 use protocol::ShardId;
 use stream_producer::{PublishError, Record, WriteState};
-use test_support::wait_until;
+use test_support::{wait_until, FaultProxy, Mode};
 
 /// Long enough that no periodic refresh runs during a test: the producer is stale until a fence refuses it.
 const LEASE: Duration = Duration::from_secs(60);
@@ -143,4 +143,77 @@ async fn without_the_fence_a_stale_producer_keeps_writing_moved_keys_to_their_ol
     );
     assert!(published.iter().all(|p| p.shard < ShardId(4)));
     producer.close().await.unwrap();
+}
+
+/// Clients of `redis` inside MULTI now (`CLIENT LIST` flag `x`).
+async fn clients_in_multi(redis: &test_support::RedisServer) -> usize {
+    let mut con = redis.connection().await;
+    let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut con).await.unwrap();
+    list.lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|kv| kv.strip_prefix("flags=").is_some_and(|f| f.contains('x')))
+        })
+        .count()
+}
+
+/// Calls of `command` so far (`INFO commandstats`).
+async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
+    let mut con = redis.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_nothing_is_written() {
+    let env = Env::start(4, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
+    let before = producer.ready().await.unwrap();
+
+    // The checks reach Redis (WATCH set, MULTI open) but their answers wait in the proxy...
+    proxy.set_mode(Mode::HoldReplies);
+    let batch = {
+        let producer = producer.clone();
+        tokio::spawn(async move { producer.send_batch(keyed(0, 40)).await })
+    };
+    wait_until(DEADLINE, "both lanes' checks ran in Redis", || {
+        let redis = &env.redis;
+        async move { clients_in_multi(redis).await == 2 }
+    })
+    .await;
+    // ...when the seal raises every fence. The answers then say "not fenced": the producer sends the writes,
+    // and WATCH aborts them.
+    let sealed = before.version.0 + 1;
+    fence(&env.redis, 4, sealed).await;
+    proxy.set_mode(Mode::Pass);
+
+    let err = batch.await.unwrap().unwrap_err();
+    assert_eq!(err.count(WriteState::NotWritten), 40, "{err}");
+    for outcome in err.outcomes() {
+        match outcome.error() {
+            Some(PublishError::Fenced { fence, .. }) => assert_eq!(fence.0, sealed),
+            other => panic!("expected Fenced after the aborted transaction, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        calls(&env.redis, "exec").await,
+        2,
+        "each lane's EXEC ran and was aborted"
+    );
+    assert_eq!(
+        total_len(&env.redis, 4).await,
+        0,
+        "an aborted transaction writes nothing"
+    );
+    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }

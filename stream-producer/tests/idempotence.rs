@@ -108,8 +108,11 @@ async fn a_call_whose_answer_was_lost_is_retried_and_answered_with_the_original_
 #[tokio::test]
 async fn without_idempotence_the_same_lost_answer_is_unknown_and_a_retry_would_duplicate() {
     let env = Env::start_on(blockable_redis().await, 2, LEASE).await;
+    // Plain pipelines: the writes leave in the first round trip, as they do in the second round trip of a fenced
+    // transaction (whose first round trip, the check, the next test loses instead).
     let producer = env
         .producer()
+        .fencing(false)
         .redis_response_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -123,6 +126,37 @@ async fn without_idempotence_the_same_lost_answer_is_unknown_and_a_retry_would_d
         async move { total_len(redis, 2).await == 10 }
     })
     .await;
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fenced_batch_whose_check_goes_unanswered_is_not_sent_and_never_written() {
+    let env = Env::start_on(blockable_redis().await, 2, LEASE).await;
+    let producer = env
+        .producer()
+        .redis_response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    producer.ready().await.unwrap();
+    // The check (UNWATCH, WATCH, HGET, MULTI) reaches Redis while it sleeps; the producer stops waiting, sends
+    // no XADD and drops the connection. When Redis wakes up it runs the check on a closed connection: nothing.
+    let sleeper = block(&env.redis, 1.0).await;
+    let err = producer.send_batch(batch(10)).await.unwrap_err();
+    assert_eq!(err.count(WriteState::NotWritten), 10, "{err}");
+    assert!(err.to_string().contains("before"), "{err}");
+    sleeper.await.unwrap();
+    // Redis has run everything the producer sent before the sleeper's answer came back; a PING after it proves it.
+    let mut con = env.redis.connection().await;
+    let _: String = redis::cmd("PING").query_async(&mut con).await.unwrap();
+    assert_eq!(
+        total_len(&env.redis, 2).await,
+        0,
+        "the unchecked batch was never written"
+    );
+    // The next call opens a new connection and writes.
+    let published = producer.send_batch(batch(10)).await.unwrap();
+    assert_eq!(published.len(), 10);
+    assert_eq!(total_len(&env.redis, 2).await, 10);
     producer.close().await.unwrap();
 }
 

@@ -191,7 +191,8 @@ async fn connection_reset_mid_pipeline_is_reported_as_unknown() {
     let env = Env::start(4, LEASE).await;
     let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
     let proxy = FaultProxy::start(target).await;
-    let producer = std::sync::Arc::new(env.producer().redis(proxy.url()).build().unwrap());
+    // Plain pipelines, whose XADDs leave in the first write (the fenced producer's check comes first: next test).
+    let producer = std::sync::Arc::new(env.producer().fencing(false).redis(proxy.url()).build().unwrap());
     producer.ready().await.unwrap();
 
     // The pipelines leave, but Redis's answers never come back...
@@ -223,6 +224,54 @@ async fn connection_reset_mid_pipeline_is_reported_as_unknown() {
     // Once the path works again, the lane reconnects.
     proxy.set_mode(Mode::Pass);
     producer.send("k", &[("f", "v")]).await.unwrap();
+    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn connection_reset_during_the_fence_check_is_reported_as_not_sent() {
+    let env = Env::start(4, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
+    producer.ready().await.unwrap();
+
+    // The checks leave (one per lane: a lane carries one fenced batch at a time), their answers never come back...
+    proxy.set_mode(Mode::Stall);
+    let batch = {
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            let records = (0..100)
+                .map(|i| Record::with_key(format!("k{i}")).field("f", "v"))
+                .collect();
+            producer.send_batch(records).await
+        })
+    };
+    wait_until(DEADLINE, "checks in flight", || {
+        let in_flight = producer.stats().pipelines_in_flight;
+        async move { in_flight == 2 }
+    })
+    .await;
+    // ...and the connection drops: no XADD had left, so nothing can have been written. (The shards queued
+    // behind the two checks then find no connection: not written either.)
+    proxy.set_mode(Mode::Reset);
+    let err = batch.await.unwrap().unwrap_err();
+    assert_eq!(err.count(WriteState::NotWritten), 100, "{err}");
+    let not_sent = err
+        .outcomes()
+        .iter()
+        .filter(|o| matches!(o.error(), Some(PublishError::NotSent { .. })))
+        .count();
+    assert!(not_sent > 0, "{err}");
+    assert!(err.outcomes().iter().all(|o| matches!(
+        o.error(),
+        Some(PublishError::NotSent { .. } | PublishError::Connect { .. })
+    )));
+    assert_eq!(producer.stats().records_not_written, 100);
+    assert_eq!(total_len(&env.redis, 4).await, 0);
+
+    proxy.set_mode(Mode::Pass);
+    producer.send("k", &[("f", "v")]).await.unwrap();
+    assert_eq!(total_len(&env.redis, 4).await, 1);
     std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
 

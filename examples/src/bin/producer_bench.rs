@@ -13,13 +13,15 @@
 //!   plus the best redis-rs and the best hand-written shape, run in the main rounds as modes of their own, and
 //!   the finalist with the best median there is the baseline of every ratio.
 //! * sdk-batch: `--sdk-tasks` tasks calling `Producer::send_batch` with `--sdk-batch` records each (the SDK
-//!   routes them, groups them by shard and sends one `EVALSHA` of the fenced publish script per shard batch: the
-//!   default publish path).
+//!   routes them, groups them by shard and writes each shard batch fenced: on one server as a checked
+//!   transaction, `WATCH` + `HGET` of the fence, then `MULTI`, the `XADD`s, `EXEC`; on a cluster as one `EVALSHA`
+//!   of the publish script: the default publish path).
 //! * sdk-plain: the same with `fencing(false)`: plain pipelined `XADD`s, one pipeline per shard.
 //! * sdk-idem: the same with the fenced script and `idempotence(true)` (one call per shard in flight, sequence
 //!   state checked and advanced by the script).
-//! * sdk-enqueue / sdk-enqueue-idem: `--sdk-tasks` tasks calling `Producer::enqueue` one record at a time (the
-//!   batching mode), fenced, without and with idempotence; every `Delivery` is awaited.
+//! * sdk-enqueue / sdk-enqueue-idem / sdk-enqueue-plain: `--sdk-tasks` tasks calling `Producer::enqueue` one
+//!   record at a time (the batching mode), fenced without and with idempotence, and unfenced; every `Delivery` is
+//!   awaited.
 //! * redis-benchmark (on by default when `redis-benchmark` is on `PATH`): `redis-benchmark -P <pipeline> -c
 //!   <raw-connections> XADD` against the same server, one round with the others, as the physical reference (over
 //!   `--shards` keys; printed, not the baseline).
@@ -738,10 +740,10 @@ fn load_average() -> String {
 
 /// The SDK modes: name on the command line, what it runs.
 const SDK_MODES: [(&str, &str); 6] = [
-    ("sdk-batch", "send_batch, fenced script"),
+    ("sdk-batch", "send_batch, fenced"),
     ("sdk-plain", "send_batch, plain XADD"),
     ("sdk-idem", "send_batch, fenced+idempotent"),
-    ("sdk-enqueue", "enqueue, fenced script"),
+    ("sdk-enqueue", "enqueue, fenced"),
     ("sdk-enqueue-idem", "enqueue, fenced+idempotent"),
     ("sdk-enqueue-plain", "enqueue, plain XADD"),
 ];

@@ -20,6 +20,9 @@ pub enum Mode {
     /// waits in the socket buffers and flows again after a switch back to
     /// [`Mode::Pass`]. New connections are accepted but stalled too.
     Stall,
+    /// Forward what clients send, hold what the server answers (it waits in the socket buffers and flows again
+    /// after a switch back to [`Mode::Pass`]): the server runs a request whose answer the client does not have yet.
+    HoldReplies,
     /// Drop every current connection (with a TCP reset) and reset every new
     /// connection right after accepting it, until the mode changes again.
     Reset,
@@ -254,7 +257,9 @@ async fn pump(
                     Err(_) => return End::Dropped,
                 },
                 read = client_read.read(&mut from_client), if client_open => Event::FromClient(read),
-                read = upstream_read.read(&mut from_upstream), if upstream_open => Event::FromUpstream(read),
+                read = upstream_read.read(&mut from_upstream), if upstream_open && now.mode != Mode::HoldReplies => {
+                    Event::FromUpstream(read)
+                }
             }
         };
         match event {
