@@ -246,9 +246,9 @@ struct Lane {
     generation: AtomicU64,
     /// Loads the publish script on every new connection (scripted path).
     preload_script: bool,
-    /// Held for the two round trips of a checked transaction ([`transaction`]): the connection carries nothing
-    /// else meanwhile. First come, first served, so a shard's batches keep their issue order.
-    exclusive: tokio::sync::Mutex<()>,
+    /// The checked transactions of this lane ([`transaction`]): the batches waiting, and the turn of the one
+    /// caller that writes all of them while the connection carries nothing else.
+    transactions: transaction::Transactions,
 }
 
 /// What the last connection attempt left behind.
@@ -280,7 +280,7 @@ impl Lane {
             waiting: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             preload_script,
-            exclusive: tokio::sync::Mutex::new(()),
+            transactions: transaction::Transactions::default(),
         }
     }
 
@@ -641,6 +641,11 @@ impl Publisher {
     }
 
     fn add_xadd(&self, pipe: &mut redis::Pipeline, key: &str, record: &Record, minid: Option<&str>) {
+        pipe.add_command(self.xadd(key, record, minid));
+    }
+
+    /// The `XADD` of one record (with the producer's trimming).
+    fn xadd(&self, key: &str, record: &Record, minid: Option<&str>) -> redis::Cmd {
         // Sized up front: a command that grows while its arguments are added reallocates two buffers several
         // times per record, a large share of the plain path's client CPU (issue 17).
         let (trim_args, trim_bytes) = match (self.trim, minid) {
@@ -667,7 +672,7 @@ impl Publisher {
         for (name, value) in &record.fields {
             cmd.arg(name.as_slice()).arg(value.as_slice());
         }
-        pipe.add_command(cmd);
+        cmd
     }
 
     fn minid(&self) -> Option<String> {

@@ -114,7 +114,8 @@ pub struct ProducerStats {
     pub records_not_written: u64,
     /// Records whose outcome is unknown (connection dropped mid-pipeline).
     pub records_unknown: u64,
-    /// Pipelines sent to Redis (one per shard per batch).
+    /// Pipelines sent to Redis: one per shard per batch; for the fenced producer on one server, one per checked
+    /// transaction (its fence check), which carries the batches of several shards of one lane.
     pub pipelines: u64,
     /// Pipelines waiting for Redis's answer now.
     pub pipelines_in_flight: u64,

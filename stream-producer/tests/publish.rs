@@ -56,7 +56,10 @@ async fn send_batch_writes_every_record_to_its_shard_for_key() {
         // One pipeline per shard: the shard's records are in input order.
         assert_eq!(keys, expected, "shard {shard}");
     }
-    assert_eq!(producer.stats().pipelines, 5, "one pipeline per shard");
+    // Fenced (the default): one checked transaction per lane turn, which carries the batches of every shard of
+    // the lane queued by then: at most one per shard, at least one per lane.
+    let pipelines = producer.stats().pipelines;
+    assert!((2..=5).contains(&pipelines), "{pipelines} transactions");
     producer.close().await.unwrap();
 }
 

@@ -1,9 +1,14 @@
-//! The fenced publish on one server as a checked transaction (issue 17): per batch of a shard,
+//! The fenced publish on one server as a checked transaction (issue 17): per lane, the batches waiting (of any of
+//! the lane's shards, at most [`MAX_RECORDS_PER_TRANSACTION`] records) are written together in two round trips:
 //!
-//! 1. `UNWATCH`, `WATCH <fence>`, `HGET <fence> routingVersion`, `MULTI` (one round trip); the producer compares
-//!    the fence with its routing version;
-//! 2. only when the fence is not above it: the batch's `XADD`s and `EXEC` (the second round trip, on the same
-//!    connection); when it is: `DISCARD`, and the batch fails as [`PublishError::Fenced`], not written.
+//! 1. `UNWATCH`, `WATCH <their fences>`, `HGET <fence> routingVersion` per fence, `MULTI`; the producer compares
+//!    each fence with the routing version its batch was routed with;
+//! 2. the `XADD`s of every batch whose fence is not above its version, then `EXEC` (`DISCARD` when none is left).
+//!    A batch whose fence is above fails as [`PublishError::Fenced`], not written.
+//!
+//! The batches of a call are built (their `XADD` commands encoded) by the calling task and queued in issue order;
+//! the first caller to get the lane's turn writes everything queued by then, in queue order, and hands every batch
+//! its outcome ("group commit"): fewer round trips, larger pipelines, and no task encodes for the others.
 //!
 //! # Why this is as safe as the publish script
 //! * `WATCH` makes `EXEC` answer nil when the fence key was modified after it: a seal (which raises the fence,
@@ -15,128 +20,104 @@
 //!   the writes in the same pipeline as a script that *dirties* the watched key when fenced would need no second
 //!   round trip, but would write unchecked whenever the script did not run: `NOSCRIPT`, `BUSY`, an ACL without
 //!   `EVAL`.)
-//! * The lane is held exclusively for both round trips ([`Exclusive`]): `WATCH` and `MULTI` are state of the
-//!   connection, and another pipeline on it would run inside our transaction or clear our watch. Both round trips
+//! * The lane is held exclusively for both round trips (`Transactions::turn`): `WATCH` and `MULTI` are state of
+//!   the connection, and another pipeline on it would run inside our transaction or clear our watch. Both round trips
 //!   use the same connection; if the holder is dropped between them (cancellation) or the connection fails, the
 //!   connection is discarded, so its state dies with it.
-//! * `EXEC` runs the queued `XADD`s with nothing in between; they address one key, so a key of the wrong type
-//!   fails them all, and an error while queueing (out of memory) aborts the transaction. A batch is written
-//!   whole or not at all, like a script call.
+//! * `EXEC` runs the queued `XADD`s with nothing in between, and an error while queueing (out of memory) aborts
+//!   the transaction. The `XADD`s of one batch address one key, so a key of the wrong type fails them all. A batch
+//!   is written whole or not at all, like a script call.
+//! * A batch's outcome is settled by the transaction that carried it; an `EXEC` aborted by `WATCH` is checked and
+//!   sent again in the same turn, before any later batch of the lane.
 //!
 //! # Cost
 //! Redis spends 11,041 instructions per record on this (`scripts/script-cost.sh`, variant `watch`, 128 records
 //! per batch), 0.908 of plain pipelined `XADD`s, against 14,515 (0.691) for the publish script: its per-record
 //! Lua work (every argument interned as a Lua string, a `redis.call` per record) is gone. The client pays a
-//! second round trip per batch and each lane carries one batch at a time.
+//! second round trip per turn, shared by every batch the turn carries.
 //!
 //! Used for the fenced producer without idempotence on one server. The idempotent producer keeps the script (its
 //! sequence check and the remembered ids must change atomically with the write), and so does a Redis Cluster
 //! (a redirect there answers command by command, and a transaction cannot be followed that way).
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use protocol::keys::{self, shard_fence_fields};
 use protocol::{RoutingVersion, ShardId};
-use redis::aio::MultiplexedConnection;
-use redis::{RedisError, RedisResult, Value};
+use redis::{Cmd, RedisError, RedisResult, Value};
+use tokio::sync::oneshot;
 
-use super::{ConnectFailure, InFlightGuard, Lane, Published, Publisher, Record};
+use super::{InFlightGuard, Lane, Published, Publisher, Record};
 use crate::error::PublishError;
 use crate::publish_script::{entry_id, MAX_RECORDS_PER_CALL};
 
-/// Checks of one batch whose `EXEC` was aborted by a change of the fence that still let the producer write
-/// (the key was touched, not raised above its version). More fails the batch as not written.
+/// Most records one transaction carries (the batches waiting beyond it go in the next turn): bounds the time one
+/// `EXEC` holds Redis and the size of one write.
+const MAX_RECORDS_PER_TRANSACTION: usize = 4 * MAX_RECORDS_PER_CALL;
+
+/// Checks of one turn whose `EXEC` was aborted by a change of a fence that still let its batches write (the key
+/// was touched, not raised above their version). More fails the batches as not written.
 const MAX_ATTEMPTS: u32 = 3;
 
-/// A lane's connection held by one caller: nothing else is sent on it until this drops.
-pub(super) struct Exclusive<'a> {
-    lane: &'a Lane,
-    _turn: tokio::sync::MutexGuard<'a, ()>,
-    generation: u64,
-    con: MultiplexedConnection,
-    /// The connection may be inside `MULTI`: dropping the holder now discards the connection.
-    open_transaction: bool,
+/// The checked transactions of one lane.
+#[derive(Default)]
+pub(crate) struct Transactions {
+    /// Batches waiting to be written, in issue order. A std mutex: held only to push or take.
+    queue: Mutex<VecDeque<Batch>>,
+    /// The turn: its holder writes what is queued, alone on the lane's connection.
+    turn: tokio::sync::Mutex<()>,
 }
 
-impl Lane {
-    /// Waits for the lane's turn (first come, first served: the batches of one shard keep their order) and its
-    /// connection.
-    pub(super) async fn exclusive(&self) -> Result<Exclusive<'_>, ConnectFailure> {
-        let turn = self.exclusive.lock().await;
-        let (generation, con) = self.connection().await?;
-        Ok(Exclusive {
-            lane: self,
-            _turn: turn,
-            generation,
-            con,
-            open_transaction: false,
-        })
+/// One shard batch, encoded by its caller.
+struct Batch {
+    shard: ShardId,
+    fence_key: String,
+    routing_version: RoutingVersion,
+    writes: Vec<Cmd>,
+    outcome: oneshot::Sender<Vec<Result<Published, PublishError>>>,
+}
+
+impl Batch {
+    fn settle(self, results: Vec<Result<Published, PublishError>>) {
+        // The caller may be gone (cancelled): the outcome is then nobody's business.
+        let _ = self.outcome.send(results);
+    }
+
+    fn fail(self, error: PublishError) {
+        let n = self.writes.len();
+        self.settle(vec![Err(error); n]);
     }
 }
 
-impl Exclusive<'_> {
-    /// Runs a pipeline whose replies may individually be errors; a transport error discards the connection.
-    async fn run(&mut self, pipe: &redis::Pipeline) -> Result<Vec<RedisResult<Value>>, RedisError> {
-        match pipe.query_async::<Vec<RedisResult<Value>>>(&mut self.con).await {
-            Ok(replies) => Ok(replies),
-            Err(e) => {
-                self.lane.discard(self.generation);
-                Err(e)
+impl Transactions {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Batch>> {
+        self.queue
+            .lock()
+            .expect("the transaction queue lock is never held across a panic")
+    }
+
+    /// Takes the batches of the next transaction: whole batches in queue order, up to the record bound (at least
+    /// one).
+    fn take(&self) -> Vec<Batch> {
+        let mut queue = self.queue();
+        let mut taken = Vec::new();
+        let mut records = 0;
+        while let Some(next) = queue.front() {
+            if !taken.is_empty() && records + next.writes.len() > MAX_RECORDS_PER_TRANSACTION {
+                break;
             }
+            records += next.writes.len();
+            taken.push(queue.pop_front().expect("front exists"));
         }
-    }
-
-    /// Leaves the transaction opened by a check: `DISCARD`, or the connection goes.
-    async fn discard_transaction(&mut self) {
-        let mut pipe = redis::pipe();
-        pipe.cmd("DISCARD");
-        if self.run(&pipe).await.is_ok_and(|r| matches!(r.first(), Some(Ok(_)))) {
-            self.open_transaction = false;
-        }
-    }
-}
-
-impl Drop for Exclusive<'_> {
-    fn drop(&mut self) {
-        if self.open_transaction {
-            self.lane.discard(self.generation);
-        }
-    }
-}
-
-/// Why the batches of a shard stopped before every one was sent. The batches after it are not sent.
-enum Stop {
-    /// The connection failed before the batch's writes left: not written.
-    NotSent(Arc<RedisError>),
-    /// The connection failed after the writes left: unknown.
-    Lost(Arc<RedisError>),
-    /// A command of the check was refused (or answered out of shape): not written, and the connection, whose
-    /// state is now unclear, is not used again.
-    Refused(Arc<RedisError>),
-}
-
-impl Stop {
-    fn source(&self) -> &Arc<RedisError> {
-        match self {
-            Stop::NotSent(e) | Stop::Lost(e) | Stop::Refused(e) => e,
-        }
-    }
-
-    /// The error of the batch that stopped.
-    fn error(&self, shard: ShardId) -> PublishError {
-        let source = self.source().clone();
-        match self {
-            Stop::NotSent(_) => PublishError::NotSent { shard, source },
-            Stop::Lost(_) => PublishError::ConnectionLost { shard, source },
-            Stop::Refused(_) => PublishError::Rejected { shard, source },
-        }
+        taken
     }
 }
 
 impl Publisher {
-    /// Publishes one shard's records as checked transactions of at most [`MAX_RECORDS_PER_CALL`] records, one
-    /// after another on the shard's lane, held for all of them.
+    /// Publishes one shard's records as checked transactions: queued as batches of at most
+    /// [`MAX_RECORDS_PER_CALL`] records on the shard's lane, written by whoever holds the lane's turn.
     pub(super) async fn run_transactions(
         &self,
         shard: ShardId,
@@ -145,163 +126,325 @@ impl Publisher {
         minid: Option<&str>,
     ) -> Vec<Result<Published, PublishError>> {
         let lane = &self.lanes[shard.index() % self.lanes.len()];
-        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
-        match lane.exclusive().await {
-            Err(f) => out.extend((0..records.len()).map(|_| Err(f.clone().into_publish_error(shard)))),
-            Ok(mut hold) => {
-                let stream_key = keys::shard_stream(&self.stream, shard);
-                let fence_key = keys::shard_fence(&self.stream, shard);
-                let mut stop: Option<Stop> = None;
-                for batch in records.chunks(MAX_RECORDS_PER_CALL) {
-                    if let Some(stop) = &stop {
-                        let source = stop.source();
-                        out.extend(batch.iter().map(|_| {
-                            Err(PublishError::NotSent {
-                                shard,
-                                source: source.clone(),
-                            })
-                        }));
-                        continue;
-                    }
-                    let txn = Txn {
-                        shard,
-                        stream_key: &stream_key,
-                        fence_key: &fence_key,
-                        routing_version,
-                        minid,
-                    };
-                    match self.transaction(&mut hold, &txn, batch).await {
-                        Ok(results) => out.extend(results),
-                        Err(s) => {
-                            out.extend(batch.iter().map(|_| Err(s.error(shard))));
-                            stop = Some(s);
-                        }
-                    }
-                }
+        let stream_key = keys::shard_stream(&self.stream, shard);
+        let fence_key = keys::shard_fence(&self.stream, shard);
+        // Encoded here, by the caller, before the queue's lock is taken.
+        let batches: Vec<(Vec<Cmd>, usize)> = records
+            .chunks(MAX_RECORDS_PER_CALL)
+            .map(|chunk| {
+                let writes: Vec<Cmd> = chunk.iter().map(|r| self.xadd(&stream_key, r, minid)).collect();
+                let n = writes.len();
+                (writes, n)
+            })
+            .collect();
+        let mut waiting = Vec::with_capacity(batches.len());
+        {
+            // One push for all batches of the call: they stay together and in order.
+            let mut queue = lane.transactions.queue();
+            for (writes, n) in batches {
+                let (outcome, rx) = oneshot::channel();
+                queue.push_back(Batch {
+                    shard,
+                    fence_key: fence_key.clone(),
+                    routing_version,
+                    writes,
+                    outcome,
+                });
+                waiting.push((rx, n));
             }
+        }
+        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
+        for (mut rx, n) in waiting {
+            let settled = |rx: &mut oneshot::Receiver<_>| match rx.try_recv() {
+                Ok(results) => Some(results),
+                // The caller whose turn carried it was cancelled mid-way: its writes may have left.
+                Err(oneshot::error::TryRecvError::Closed) => Some(vec![Err(PublishError::Abandoned); n]),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+            };
+            let results = loop {
+                if let Some(results) = settled(&mut rx) {
+                    break results;
+                }
+                let turn = lane.transactions.turn.lock().await;
+                // Written meanwhile by the turn before ours?
+                if let Some(results) = settled(&mut rx) {
+                    break results;
+                }
+                self.write_queued(lane).await;
+                drop(turn);
+            };
+            debug_assert_eq!(results.len(), n);
+            out.extend(results);
         }
         self.count(&out);
         out
     }
 
-    /// One batch: checked, then written or refused. `Err` when the connection failed.
-    async fn transaction(
-        &self,
-        hold: &mut Exclusive<'_>,
-        txn: &Txn<'_>,
-        batch: &[&Record],
-    ) -> Result<Vec<Result<Published, PublishError>>, Stop> {
-        let shard = txn.shard;
-        let all = |e: PublishError| -> Vec<Result<Published, PublishError>> { vec![Err(e); batch.len()] };
-        let rejected = |source: RedisError| PublishError::Rejected {
-            shard,
-            source: Arc::new(source),
+    /// One turn: writes the batches queued now (up to the bound) as one checked transaction and settles each.
+    /// The caller holds the lane's turn.
+    async fn write_queued(&self, lane: &Lane) {
+        let mut batches = lane.transactions.take();
+        if batches.is_empty() {
+            return;
+        }
+        let (generation, mut con) = match lane.connection().await {
+            Ok(c) => c,
+            Err(f) => {
+                for b in batches {
+                    let e = f.clone().into_publish_error(b.shard);
+                    b.fail(e);
+                }
+                return;
+            }
         };
+        // The distinct fences, each read once.
+        let mut fences: Vec<&str> = Vec::new();
+        for b in &batches {
+            if !fences.contains(&b.fence_key.as_str()) {
+                fences.push(&b.fence_key);
+            }
+        }
         let mut check = redis::pipe();
         check.ignore_errors();
-        check
-            .cmd("UNWATCH")
-            .cmd("WATCH")
-            .arg(txn.fence_key)
-            .cmd("HGET")
-            .arg(txn.fence_key)
-            .arg(shard_fence_fields::ROUTING_VERSION)
-            .cmd("MULTI");
+        check.cmd("UNWATCH").cmd("WATCH");
+        for f in &fences {
+            check.arg(*f);
+        }
+        for f in &fences {
+            check.cmd("HGET").arg(*f).arg(shard_fence_fields::ROUTING_VERSION);
+        }
+        check.cmd("MULTI");
+        let fences: Vec<String> = fences.into_iter().map(str::to_owned).collect();
+        let mut conn = TurnConnection {
+            lane,
+            generation,
+            con: &mut con,
+            open_transaction: false,
+        };
         for _attempt in 0..MAX_ATTEMPTS {
             self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
             let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
             // From here until EXEC or DISCARD is answered the connection may be inside MULTI.
-            hold.open_transaction = true;
-            let replies = hold.run(&check).await.map_err(|e| Stop::NotSent(Arc::new(e)))?;
-            let fence = match check_reply(replies) {
-                Ok(fence) => fence,
+            conn.open_transaction = true;
+            let replies = match conn.run(&check).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let source = Arc::new(e);
+                    for b in batches {
+                        let shard = b.shard;
+                        b.fail(PublishError::NotSent {
+                            shard,
+                            source: source.clone(),
+                        });
+                    }
+                    return;
+                }
+            };
+            let read = match check_reply(replies, fences.len()) {
+                Ok(read) => read,
                 Err(e) => {
                     // Whether MULTI was taken or not, nothing more goes on this connection.
-                    hold.lane.discard(hold.generation);
-                    hold.open_transaction = false;
-                    return Err(Stop::Refused(Arc::new(e)));
+                    conn.drop_connection();
+                    let source = Arc::new(e);
+                    for b in batches {
+                        let shard = b.shard;
+                        b.fail(PublishError::Rejected {
+                            shard,
+                            source: source.clone(),
+                        });
+                    }
+                    return;
                 }
             };
-            let fence = match fence {
-                Fence::Value(v) => v,
-                Fence::Unreadable(e) => {
-                    hold.discard_transaction().await;
-                    return Ok(all(rejected(e)));
+            // Settle the batches the check refuses; keep the others, in order.
+            let mut kept = Vec::with_capacity(batches.len());
+            for b in batches {
+                let at = fences
+                    .iter()
+                    .position(|f| *f == b.fence_key)
+                    .expect("every fence was read");
+                match &read[at] {
+                    Fence::Unreadable(e) => {
+                        let shard = b.shard;
+                        b.fail(PublishError::Rejected {
+                            shard,
+                            source: Arc::new(e.clone()),
+                        });
+                    }
+                    Fence::Value(fence) if b.routing_version < *fence => {
+                        let (shard, routing_version, fence) = (b.shard, b.routing_version, *fence);
+                        b.fail(PublishError::Fenced {
+                            shard,
+                            routing_version,
+                            fence,
+                        });
+                    }
+                    Fence::Value(_) => kept.push(b),
                 }
-            };
-            if txn.routing_version < fence {
-                hold.discard_transaction().await;
-                return Ok(all(PublishError::Fenced {
-                    shard,
-                    routing_version: txn.routing_version,
-                    fence,
-                }));
             }
-            let mut writes = redis::Pipeline::with_capacity(batch.len() + 1);
+            batches = kept;
+            if batches.is_empty() {
+                conn.discard_transaction().await;
+                return;
+            }
+            let count: usize = batches.iter().map(|b| b.writes.len()).sum();
+            let mut writes = redis::Pipeline::with_capacity(count + 1);
             writes.ignore_errors();
-            for record in batch {
-                self.add_xadd(&mut writes, txn.stream_key, record, txn.minid);
+            for b in &batches {
+                for cmd in &b.writes {
+                    writes.add_command(cmd.clone());
+                }
             }
             writes.cmd("EXEC");
-            let mut replies = hold.run(&writes).await.map_err(|e| Stop::Lost(Arc::new(e)))?;
-            hold.open_transaction = false;
-            if replies.len() != batch.len() + 1 {
-                return Ok(all(PublishError::UnexpectedReply {
-                    shard,
-                    detail: format!("{} replies to {} queued XADDs and EXEC", replies.len(), batch.len()),
-                }));
+            let mut replies = match conn.run(&writes).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let source = Arc::new(e);
+                    for b in batches {
+                        let shard = b.shard;
+                        b.fail(PublishError::ConnectionLost {
+                            shard,
+                            source: source.clone(),
+                        });
+                    }
+                    return;
+                }
+            };
+            conn.open_transaction = false;
+            if replies.len() != count + 1 {
+                let detail = format!("{} replies to {count} queued XADDs and EXEC", replies.len());
+                for b in batches {
+                    let shard = b.shard;
+                    b.fail(PublishError::UnexpectedReply {
+                        shard,
+                        detail: detail.clone(),
+                    });
+                }
+                return;
             }
             let exec = replies.pop().expect("checked the length");
-            return Ok(match exec {
-                // The fence was touched after WATCH: nothing written. Check again.
+            match exec {
+                // A fence was touched after WATCH: nothing written. Check again.
                 Ok(Value::Nil) => continue,
-                Ok(Value::Array(items)) if items.len() == batch.len() => items
-                    .into_iter()
-                    .map(|item| match item {
-                        Value::ServerError(e) => Err(rejected(RedisError::from(e))),
-                        value => entry_id(&value)
-                            .map(|id| Published {
-                                shard,
-                                id,
-                                routing_version: txn.routing_version,
-                                duplicate: false,
-                            })
-                            .ok_or_else(|| PublishError::UnexpectedReply {
-                                shard,
-                                detail: "an XADD reply in EXEC is not an entry id".into(),
-                            }),
-                    })
-                    .collect(),
-                Ok(other) => all(PublishError::UnexpectedReply {
-                    shard,
-                    detail: format!("EXEC answered {other:?}"),
-                }),
+                Ok(Value::Array(items)) if items.len() == count => {
+                    let mut items = items.into_iter();
+                    for b in batches {
+                        let (shard, version) = (b.shard, b.routing_version);
+                        let results = items
+                            .by_ref()
+                            .take(b.writes.len())
+                            .map(|item| written(shard, version, item))
+                            .collect();
+                        b.settle(results);
+                    }
+                }
+                Ok(other) => {
+                    let detail = format!("EXEC answered {other:?}");
+                    for b in batches {
+                        let shard = b.shard;
+                        b.fail(PublishError::UnexpectedReply {
+                            shard,
+                            detail: detail.clone(),
+                        });
+                    }
+                }
                 // EXECABORT (an XADD was refused while queued, e.g. out of memory) or EXEC itself refused: the
                 // first queued refusal says why.
                 Err(exec_error) => {
-                    let cause = replies.into_iter().find_map(Result::err).unwrap_or(exec_error);
-                    all(rejected(cause))
+                    let source = Arc::new(replies.into_iter().find_map(Result::err).unwrap_or(exec_error));
+                    for b in batches {
+                        let shard = b.shard;
+                        b.fail(PublishError::Rejected {
+                            shard,
+                            source: source.clone(),
+                        });
+                    }
                 }
+            }
+            return;
+        }
+        let source = Arc::new(RedisError::from((
+            redis::ErrorKind::Client,
+            "a fence changed during every attempt",
+            format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
+        )));
+        for b in batches {
+            let shard = b.shard;
+            b.fail(PublishError::Rejected {
+                shard,
+                source: source.clone(),
             });
         }
-        Ok(all(rejected(RedisError::from((
-            redis::ErrorKind::Client,
-            "the shard's fence changed during every attempt",
-            format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
-        )))))
     }
 }
 
-/// What one checked transaction writes.
-struct Txn<'a> {
-    shard: ShardId,
-    stream_key: &'a str,
-    fence_key: &'a str,
-    routing_version: RoutingVersion,
-    minid: Option<&'a str>,
+/// The outcome of one `XADD` inside `EXEC`.
+fn written(shard: ShardId, routing_version: RoutingVersion, item: Value) -> Result<Published, PublishError> {
+    match item {
+        Value::ServerError(e) => Err(PublishError::Rejected {
+            shard,
+            source: Arc::new(RedisError::from(e)),
+        }),
+        value => entry_id(&value)
+            .map(|id| Published {
+                shard,
+                id,
+                routing_version,
+                duplicate: false,
+            })
+            .ok_or_else(|| PublishError::UnexpectedReply {
+                shard,
+                detail: "an XADD reply in EXEC is not an entry id".into(),
+            }),
+    }
 }
 
-/// The fence as the check read it.
+/// The lane's connection during a turn. If the turn ends (or its future is dropped) while the connection may be
+/// inside `MULTI`, the connection is discarded, and its state dies with it.
+struct TurnConnection<'a> {
+    lane: &'a Lane,
+    generation: u64,
+    con: &'a mut redis::aio::MultiplexedConnection,
+    open_transaction: bool,
+}
+
+impl TurnConnection<'_> {
+    /// Runs a pipeline whose replies may individually be errors; a transport error discards the connection.
+    async fn run(&mut self, pipe: &redis::Pipeline) -> Result<Vec<RedisResult<Value>>, RedisError> {
+        match pipe.query_async::<Vec<RedisResult<Value>>>(&mut *self.con).await {
+            Ok(replies) => Ok(replies),
+            Err(e) => {
+                self.drop_connection();
+                Err(e)
+            }
+        }
+    }
+
+    fn drop_connection(&mut self) {
+        self.lane.discard(self.generation);
+        self.open_transaction = false;
+    }
+
+    /// Leaves the transaction opened by a check: `DISCARD`, or the connection goes.
+    async fn discard_transaction(&mut self) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("DISCARD");
+        match self.run(&pipe).await {
+            Ok(r) if matches!(r.first(), Some(Ok(_))) => self.open_transaction = false,
+            _ => self.drop_connection(),
+        }
+    }
+}
+
+impl Drop for TurnConnection<'_> {
+    fn drop(&mut self) {
+        if self.open_transaction {
+            self.lane.discard(self.generation);
+        }
+    }
+}
+
+/// A fence as the check read it.
 #[derive(Debug)]
 enum Fence {
     Value(RoutingVersion),
@@ -309,29 +452,38 @@ enum Fence {
     Unreadable(RedisError),
 }
 
-/// Reads the replies of `UNWATCH`, `WATCH`, `HGET`, `MULTI`. `Err`: a command was refused or the replies do not fit
-/// (the transaction must not go on, on this connection).
-fn check_reply(replies: Vec<RedisResult<Value>>) -> Result<Fence, RedisError> {
+/// Reads the replies of `UNWATCH`, `WATCH`, `HGET` x `fences`, `MULTI`. `Err`: a command was refused or the
+/// replies do not fit (the transaction must not go on, on this connection).
+fn check_reply(replies: Vec<RedisResult<Value>>, fences: usize) -> Result<Vec<Fence>, RedisError> {
     let unexpected = |detail: String| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "fence check", detail));
-    let [unwatch, watch, hget, multi]: [RedisResult<Value>; 4] = replies
-        .try_into()
-        .map_err(|r: Vec<_>| unexpected(format!("{} replies to 4 commands", r.len())))?;
-    unwatch?;
-    watch?;
-    let fence = hget?;
-    multi?;
-    Ok(match fence {
-        Value::Nil => Fence::Value(RoutingVersion(0)),
-        Value::BulkString(bytes) => match parse_fence(&bytes) {
-            Some(v) => Fence::Value(v),
-            None => Fence::Unreadable(RedisError::from((
-                redis::ErrorKind::Parse,
-                "CORRUPT fence",
-                format!("holds {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(40)])),
-            ))),
-        },
-        other => return Err(unexpected(format!("HGET answered {other:?}"))),
-    })
+    if replies.len() != fences + 3 {
+        return Err(unexpected(format!(
+            "{} replies to {} commands",
+            replies.len(),
+            fences + 3
+        )));
+    }
+    let mut replies = replies.into_iter();
+    let mut next = || replies.next().expect("length checked");
+    next()?; // UNWATCH
+    next()?; // WATCH
+    let values: Vec<RedisResult<Value>> = (0..fences).map(|_| next()).collect();
+    next()?; // MULTI
+    values
+        .into_iter()
+        .map(|v| match v? {
+            Value::Nil => Ok(Fence::Value(RoutingVersion(0))),
+            Value::BulkString(bytes) => Ok(match parse_fence(&bytes) {
+                Some(v) => Fence::Value(v),
+                None => Fence::Unreadable(RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "CORRUPT fence",
+                    format!("holds {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(40)])),
+                ))),
+            }),
+            other => Err(unexpected(format!("HGET answered {other:?}"))),
+        })
+        .collect()
 }
 
 /// A fence value as the coordinator's seal writes it: decimal digits, at most 15 (the seal script's own bound).
@@ -369,12 +521,21 @@ mod tests {
 
     #[test]
     fn the_check_reads_an_absent_fence_as_zero_and_a_set_one_as_its_value() {
-        let absent = check_reply(vec![status(), status(), ok(Value::Nil), status()]).unwrap();
-        assert!(matches!(absent, Fence::Value(RoutingVersion(0))));
-        let set = check_reply(vec![status(), status(), ok(Value::BulkString(b"7".to_vec())), status()]).unwrap();
-        assert!(matches!(set, Fence::Value(RoutingVersion(7))));
-        let corrupt = check_reply(vec![status(), status(), ok(Value::BulkString(b"x".to_vec())), status()]).unwrap();
-        assert!(matches!(corrupt, Fence::Unreadable(_)));
+        let read = check_reply(
+            vec![
+                status(),
+                status(),
+                ok(Value::Nil),
+                ok(Value::BulkString(b"7".to_vec())),
+                ok(Value::BulkString(b"x".to_vec())),
+                status(),
+            ],
+            3,
+        )
+        .unwrap();
+        assert!(matches!(read[0], Fence::Value(RoutingVersion(0))));
+        assert!(matches!(read[1], Fence::Value(RoutingVersion(7))));
+        assert!(matches!(read[2], Fence::Unreadable(_)));
     }
 
     #[test]
@@ -389,7 +550,7 @@ mod tests {
             vec![status(), status(), seven()],
             vec![status(), status(), ok(Value::Int(7)), status()],
         ] {
-            assert!(check_reply(replies).is_err());
+            assert!(check_reply(replies, 1).is_err());
         }
     }
 }
