@@ -217,3 +217,45 @@ async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_noth
     );
     std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_fence_touched_but_not_raised_between_check_and_writes_sends_the_same_batch_again() {
+    let env = Env::start(4, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
+    let before = producer.ready().await.unwrap();
+
+    proxy.set_mode(Mode::HoldReplies);
+    let batch = {
+        let producer = producer.clone();
+        tokio::spawn(async move { producer.send_batch(keyed(0, 40)).await })
+    };
+    wait_until(DEADLINE, "both lanes' checks ran in Redis", || {
+        let redis = &env.redis;
+        async move { clients_in_multi(redis).await == 2 }
+    })
+    .await;
+    // Written, but to the producer's own version: WATCH aborts the EXEC all the same, the check then passes.
+    fence(&env.redis, 4, before.version.0).await;
+    proxy.set_mode(Mode::Pass);
+
+    let published = batch.await.unwrap().unwrap();
+    assert_eq!(published.len(), 40);
+    // Two aborted EXECs (one per lane), their two re-sends, and any later turn for batches queued after them.
+    let execs = calls(&env.redis, "exec").await;
+    assert!((4..=6).contains(&execs), "{execs} EXECs");
+    assert_eq!(total_len(&env.redis, 4).await, 40, "written once, after the abort");
+    for shard in 0..4 {
+        let expected: Vec<String> = (0..40)
+            .map(|k| format!("key-{k}"))
+            .filter(|k| shard_for_key(k.as_bytes(), 4) == ShardId(shard))
+            .collect();
+        assert_eq!(
+            field_values(&env.redis, shard, "key").await,
+            expected,
+            "shard {shard} in order"
+        );
+    }
+    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
+}

@@ -75,7 +75,10 @@ struct Batch {
     shard: ShardId,
     fence_key: String,
     routing_version: RoutingVersion,
+    /// Its `XADD`s; moved into the transaction's pipeline while it is written.
     writes: Vec<Cmd>,
+    /// How many records (the length of `writes` when queued).
+    records: usize,
     outcome: oneshot::Sender<Vec<Result<Published, PublishError>>>,
 }
 
@@ -86,7 +89,7 @@ impl Batch {
     }
 
     fn fail(self, error: PublishError) {
-        let n = self.writes.len();
+        let n = self.records;
         self.settle(vec![Err(error); n]);
     }
 }
@@ -105,10 +108,10 @@ impl Transactions {
         let mut taken = Vec::new();
         let mut records = 0;
         while let Some(next) = queue.front() {
-            if !taken.is_empty() && records + next.writes.len() > MAX_RECORDS_PER_TRANSACTION {
+            if !taken.is_empty() && records + next.records > MAX_RECORDS_PER_TRANSACTION {
                 break;
             }
-            records += next.writes.len();
+            records += next.records;
             taken.push(queue.pop_front().expect("front exists"));
         }
         taken
@@ -148,6 +151,7 @@ impl Publisher {
                     fence_key: fence_key.clone(),
                     routing_version,
                     writes,
+                    records: n,
                     outcome,
                 });
                 waiting.push((rx, n));
@@ -287,12 +291,13 @@ impl Publisher {
                 conn.discard_transaction().await;
                 return;
             }
-            let count: usize = batches.iter().map(|b| b.writes.len()).sum();
+            let count: usize = batches.iter().map(|b| b.records).sum();
             let mut writes = redis::Pipeline::with_capacity(count + 1);
             writes.ignore_errors();
-            for b in &batches {
-                for cmd in &b.writes {
-                    writes.add_command(cmd.clone());
+            for b in &mut batches {
+                // Moved, not copied: a copy per record costs more than the rare retry that needs them back.
+                for cmd in std::mem::take(&mut b.writes) {
+                    writes.add_command(cmd);
                 }
             }
             writes.cmd("EXEC");
@@ -324,15 +329,21 @@ impl Publisher {
             }
             let exec = replies.pop().expect("checked the length");
             match exec {
-                // A fence was touched after WATCH: nothing written. Check again.
-                Ok(Value::Nil) => continue,
+                // A fence was touched after WATCH: nothing written. Check again, with the same commands.
+                Ok(Value::Nil) => {
+                    let mut sent = writes.cmd_iter();
+                    for b in &mut batches {
+                        b.writes = sent.by_ref().take(b.records).cloned().collect();
+                    }
+                    continue;
+                }
                 Ok(Value::Array(items)) if items.len() == count => {
                     let mut items = items.into_iter();
                     for b in batches {
                         let (shard, version) = (b.shard, b.routing_version);
                         let results = items
                             .by_ref()
-                            .take(b.writes.len())
+                            .take(b.records)
                             .map(|item| written(shard, version, item))
                             .collect();
                         b.settle(results);
