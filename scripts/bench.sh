@@ -37,7 +37,7 @@ if [ "$quick" = 1 ]; then
   latency_args=(--trials 2 --e2e-secs 4)
 else
   producer_args=(--records 300000 --rounds 3)
-  consumer_args=(--records 400000 --rounds 4)
+  consumer_args=(--records 400000 --rounds 5)
   latency_args=(--trials 5 --e2e-secs 10)
 fi
 

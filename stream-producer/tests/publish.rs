@@ -279,6 +279,27 @@ async fn connection_reset_during_the_fence_check_is_reported_as_not_sent() {
 }
 
 #[tokio::test]
+async fn the_fenced_transaction_writes_records_with_more_fields_than_the_script_takes() {
+    let env = Env::start(2, LEASE).await;
+    let producer = env.producer().build().unwrap();
+    let wide = (0..1500).fold(Record::with_key("k"), |r, i| r.field(format!("f{i}"), i.to_string()));
+    producer.send_record(wide).await.unwrap();
+    let shard = shard_for_key(b"k", 2);
+    let mut con = env.redis.connection().await;
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(keys::shard_stream(&stream(), shard))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].1.len(), 1500);
+    assert_eq!(entries[0].1[1499], ("f1499".to_owned(), "1499".to_owned()));
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn invalid_record_is_not_written() {
     let env = Env::start(2, LEASE).await;
     let producer = env.producer().build().unwrap();
