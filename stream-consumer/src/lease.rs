@@ -11,7 +11,6 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
@@ -121,29 +120,39 @@ pub fn lease_deadline() -> Option<Instant> {
 /// This is what makes a stalled process (SIGSTOP, a long GC pause, a frozen VM) safe on resume: every task wakes
 /// at once and the scheduler's order decides which runs first, but whichever it is, the handler cannot complete,
 /// because its next poll sees the expired lease first.
-pub(crate) struct UnderLease<F> {
-    lease: Arc<LeaseView>,
+pub(crate) struct UnderLease<'a, F> {
+    // Borrowed: one is made per handler call, and an `Arc` clone and drop per entry showed in the read loop.
+    lease: &'a LeaseView,
     /// `None` once dropped because the lease ran out.
     inner: Option<F>,
+    /// When the lease was last checked, i.e. just before the last poll of `inner`.
+    checked_at: Option<Instant>,
     /// Created at the first `Pending` (a handler that completes in its first poll costs no timer).
     timer: Option<Pin<Box<Sleep>>>,
     /// The lease end the timer is set to.
     timer_at: Option<Instant>,
 }
 
-impl<F: Future + Unpin> UnderLease<F> {
+impl<'a, F: Future + Unpin> UnderLease<'a, F> {
     /// `inner` under `lease`.
-    pub(crate) fn new(lease: Arc<LeaseView>, inner: F) -> Self {
+    pub(crate) fn new(lease: &'a LeaseView, inner: F) -> Self {
         UnderLease {
             lease,
             inner: Some(inner),
+            checked_at: None,
             timer: None,
             timer_at: None,
         }
     }
+
+    /// The time read for the last lease check: once the output is ready, a moment at or just before the inner
+    /// future finished (the caller can stamp its result with it instead of reading the clock again).
+    pub(crate) fn checked_at(&self) -> Option<Instant> {
+        self.checked_at
+    }
 }
 
-impl<F: Future + Unpin> Future for UnderLease<F> {
+impl<F: Future + Unpin> Future for UnderLease<'_, F> {
     type Output = Result<F::Output, LeaseExpired>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -153,8 +162,10 @@ impl<F: Future + Unpin> Future for UnderLease<F> {
                 return Poll::Ready(Err(LeaseExpired));
             };
             // The deadline first: after a stall, the inner future may be ready too, and must not win.
+            let checked_at = now();
+            this.checked_at = Some(checked_at);
             let deadline = match this.lease.deadline() {
-                Some(d) if now() < d => d,
+                Some(d) if checked_at < d => d,
                 _ => {
                     this.inner = None;
                     return Poll::Ready(Err(LeaseExpired));
@@ -213,6 +224,7 @@ mod tests {
         use super::super::*;
         use super::MS;
         use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
 
         /// A lease view whose lease ends `lease` from now (Tokio's clock).
         fn view_ending_in(lease: Duration) -> Arc<LeaseView> {
@@ -236,8 +248,13 @@ mod tests {
         async fn completes_within_the_lease() {
             let view = view_ending_in(100 * MS);
             let polls = Arc::new(AtomicUsize::new(0));
-            let out = UnderLease::new(view, ready_after(50 * MS, Arc::clone(&polls))).await;
-            assert_eq!(out, Ok(7));
+            let start = now();
+            let mut fut = UnderLease::new(&view, ready_after(50 * MS, Arc::clone(&polls)));
+            assert_eq!(fut.checked_at(), None, "not polled yet");
+            assert_eq!((&mut fut).await, Ok(7));
+            let checked = fut.checked_at().expect("checked before the last poll");
+            assert!(checked <= now() && view.is_valid_at(checked));
+            assert!(checked >= start + 50 * MS, "the time of the last poll, not the first");
         }
 
         #[tokio::test(start_paused = true)]
@@ -245,7 +262,7 @@ mod tests {
             for stall in [100 * MS, 101 * MS, 1000 * MS] {
                 let view = view_ending_in(100 * MS);
                 let polls = Arc::new(AtomicUsize::new(0));
-                let mut fut = UnderLease::new(view, ready_after(50 * MS, Arc::clone(&polls)));
+                let mut fut = UnderLease::new(&view, ready_after(50 * MS, Arc::clone(&polls)));
                 // First poll within the lease: the inner future starts waiting.
                 assert!(futures::poll!(&mut fut).is_pending());
                 let polled_before = polls.load(Ordering::SeqCst);
@@ -264,7 +281,7 @@ mod tests {
         async fn expired_before_the_first_poll_never_polls_the_inner_future() {
             let view = view_ending_in(100 * MS);
             let polls = Arc::new(AtomicUsize::new(0));
-            let fut = UnderLease::new(view, ready_after(Duration::ZERO, Arc::clone(&polls)));
+            let fut = UnderLease::new(&view, ready_after(Duration::ZERO, Arc::clone(&polls)));
             tokio::time::advance(200 * MS).await;
             assert_eq!(fut.await, Err(LeaseExpired));
             assert_eq!(polls.load(Ordering::SeqCst), 0);
@@ -274,7 +291,7 @@ mod tests {
         async fn a_pending_inner_future_is_dropped_at_the_deadline() {
             let view = view_ending_in(100 * MS);
             let start = tokio::time::Instant::now();
-            let out = UnderLease::new(view, std::future::pending::<()>()).await;
+            let out = UnderLease::new(&view, std::future::pending::<()>()).await;
             assert_eq!(out, Err(LeaseExpired));
             let waited = start.elapsed();
             assert!(
@@ -287,7 +304,7 @@ mod tests {
         async fn an_extension_while_running_is_followed() {
             let view = view_ending_in(100 * MS);
             let polls = Arc::new(AtomicUsize::new(0));
-            let mut fut = UnderLease::new(Arc::clone(&view), ready_after(300 * MS, Arc::clone(&polls)));
+            let mut fut = UnderLease::new(&view, ready_after(300 * MS, Arc::clone(&polls)));
             assert!(futures::poll!(&mut fut).is_pending());
             tokio::time::advance(80 * MS).await;
             let mut l = Lease::default();
@@ -300,7 +317,7 @@ mod tests {
         async fn a_revoked_lease_expires_at_the_next_poll() {
             let view = view_ending_in(100 * MS);
             let polls = Arc::new(AtomicUsize::new(0));
-            let mut fut = UnderLease::new(Arc::clone(&view), ready_after(30 * MS, Arc::clone(&polls)));
+            let mut fut = UnderLease::new(&view, ready_after(30 * MS, Arc::clone(&polls)));
             assert!(futures::poll!(&mut fut).is_pending());
             view.publish(&Lease::default());
             tokio::time::advance(30 * MS).await;
@@ -313,7 +330,7 @@ mod tests {
             let expected = view.deadline();
             assert!(expected.is_some());
             assert_eq!(lease_deadline(), None, "outside a handler");
-            let seen = UnderLease::new(view, Box::pin(async { lease_deadline() })).await;
+            let seen = UnderLease::new(&view, Box::pin(async { lease_deadline() })).await;
             assert_eq!(seen, Ok(expected));
             assert_eq!(lease_deadline(), None, "restored after the poll");
         }

@@ -262,7 +262,7 @@ impl Reader {
     /// Runs a rebalance callback under the lease, like the handler (dropped at its first poll past the lease end),
     /// and for at most `listener_timeout` (a lease that keeps being renewed must not let it hold the shard).
     async fn bounded_callback(&self, name: &str, callback: futures::future::BoxFuture<'_, ()>) {
-        let under_lease = UnderLease::new(Arc::clone(&self.shared.lease), callback);
+        let under_lease = UnderLease::new(&self.shared.lease, callback);
         match tokio::time::timeout(self.shared.listener_timeout, under_lease).await {
             Ok(Ok(())) => {}
             Ok(Err(LeaseExpired)) => {
@@ -653,7 +653,7 @@ impl Reader {
         let in_flight = self.in_flight.begin();
         let Some(fields) = entry.fields else {
             // Pending but trimmed from the stream: nothing to hand over; drop it from the pending list.
-            self.acknowledge(entry.id, in_flight).await;
+            self.acknowledge(entry.id, in_flight, now()).await;
             return;
         };
         let mut message = Message {
@@ -671,7 +671,13 @@ impl Reader {
                 return;
             }
             let attempt = AssertUnwindSafe(self.shared.handler.handle(message.clone())).catch_unwind();
-            let result = match UnderLease::new(Arc::clone(&self.shared.lease), attempt).await {
+            let mut under_lease = UnderLease::new(&self.shared.lease, attempt);
+            let outcome = (&mut under_lease).await;
+            // The lease was checked (the clock read) just before the poll that finished the handler: when it was
+            // handled, for the acknowledgement window, without reading the clock again.
+            let handled_at = under_lease.checked_at().unwrap_or_else(now);
+            drop(under_lease);
+            let result = match outcome {
                 Ok(result) => result,
                 Err(LeaseExpired) => {
                     // Dropped unfinished: its result would not count, and nothing is acknowledged for it.
@@ -685,7 +691,7 @@ impl Reader {
             let delay = match retries.decide(message.delivery_count, result) {
                 Decision::Acknowledge => {
                     self.shared.metrics.entry_handled();
-                    self.acknowledge(message.id, in_flight).await;
+                    self.acknowledge(message.id, in_flight, handled_at).await;
                     return;
                 }
                 Decision::DeadLetter(why) => {
@@ -760,11 +766,11 @@ impl Reader {
         self.redis_failed(what, e).await || *attempts_after_stop > 0
     }
 
-    /// Queues a handled entry for the next batched `XACK` (it stays in flight until then); sends the batch at
+    /// Queues an entry handled at `handled_at` for the next batched `XACK` (it stays in flight until then); sends the batch at
     /// once when its oldest entry has waited [`ack_batch::ACK_WINDOW`]. (The queue holds at most one read's or one claim
     /// batch's entries: `batch_size`.)
-    async fn acknowledge(&mut self, id: EntryId, in_flight: InFlightGuard) {
-        if self.acks.push(id, in_flight, now()) {
+    async fn acknowledge(&mut self, id: EntryId, in_flight: InFlightGuard, handled_at: Instant) {
+        if self.acks.push(id, in_flight, handled_at) {
             self.flush_acks().await;
         }
     }
