@@ -106,7 +106,7 @@ impl ProducerBuilder {
         self
     }
 
-    /// Number of publishing connections (default 2).
+    /// Number of publishing connections (default 8; see [`ProducerConfig::connections`]).
     pub fn connections(mut self, n: usize) -> Self {
         self.config.connections = n;
         self

@@ -109,9 +109,11 @@ pub struct ProducerConfig {
     /// other nodes are discovered, every node connection uses the first URL's credentials and TLS settings). See
     /// [`redis_link::RedisTarget`].
     pub redis_url: String,
-    /// Redis connections used for publishing. Each is a multiplexed connection that pipelines every concurrent
-    /// request; shard `s` always uses connection `s % connections`, which keeps each shard's records in order.
-    /// Default 2.
+    /// Redis connections used for publishing (per master on a Redis Cluster). Each is a multiplexed connection
+    /// that pipelines every concurrent request; shard `s` always uses connection `s % connections`, which keeps
+    /// each shard's records in order. The fenced producer on one server writes one checked transaction at a time
+    /// per connection (each carrying every batch queued on it), so this is also how many are in flight. Default 8
+    /// (2 until issue 17: 8 lets the checked transactions keep Redis busy, `producer_bench`).
     pub connections: usize,
     /// Deadline for opening one Redis connection. Default 2 s.
     pub redis_connect_timeout: Duration,
@@ -168,7 +170,7 @@ impl ProducerConfig {
             coordinator_token: None,
             coordinator_timeout: Duration::from_secs(2),
             redis_url: String::new(),
-            connections: 2,
+            connections: 8,
             redis_connect_timeout: Duration::from_secs(2),
             redis_response_timeout: Duration::from_secs(5),
             trim: None,

@@ -167,8 +167,8 @@ struct Args {
     /// the best hand-written RESP shape if not among them); the best median there is the baseline of the ratios.
     #[arg(long, default_value_t = 2)]
     raw_finalists: usize,
-    /// SDK: publishing connections.
-    #[arg(long, default_value_t = 2)]
+    /// SDK: publishing connections (the SDK's default).
+    #[arg(long, default_value_t = 8)]
     sdk_connections: usize,
     /// SDK: concurrent caller tasks.
     #[arg(long, default_value_t = 16)]
