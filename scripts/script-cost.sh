@@ -3,7 +3,7 @@
 # every figure comes from a private redis-server run under `valgrind --tool=callgrind`, so it is the same on a
 # busy and on an idle machine (the timed benchmark, producer_bench, is noisy on 2 shared cores).
 #
-#   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about 30 s
+#   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about a minute (seven variants)
 #   scripts/script-cost.sh --check    # the same, and fails if a variant falls below its floor (scripts/test.sh):
 #                                     # fenced >= 0.66, idem >= 0.62 of native (measured 0.695 and 0.647;
 #                                     # SCRIPT_COST_FLOOR_FENCED / _IDEM override the floors)
