@@ -351,15 +351,23 @@ impl Lane {
     /// Runs a pipeline whose replies may individually be errors.
     async fn run(&self, pipe: &redis::Pipeline) -> Result<Vec<redis::RedisResult<Value>>, LaneError> {
         let (generation, mut con) = self.connection().await.map_err(LaneError::Connect)?;
-        match pipe.query_async::<Vec<redis::RedisResult<Value>>>(&mut con).await {
-            Ok(replies) => Ok(replies),
-            Err(e) => {
+        self.query(generation, &mut con, pipe).await.map_err(LaneError::Lost)
+    }
+
+    /// Runs a pipeline on this lane's connection of `generation`, its replies individually errors or not.
+    async fn query(
+        &self,
+        generation: u64,
+        con: &mut MultiplexedConnection,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
+        pipe.query_async::<Vec<redis::RedisResult<Value>>>(con)
+            .await
+            .inspect_err(|_| {
                 // Whatever went wrong after the request was handed over, the connection is suspect: the next use
                 // opens a fresh one.
                 self.discard(generation);
-                Err(LaneError::Lost(e))
-            }
-        }
+            })
     }
 }
 
@@ -773,21 +781,7 @@ impl Publisher {
             outcomes
                 .into_iter()
                 .map(|outcome| match outcome {
-                    CmdOutcome::Reply(Ok(value)) => publish_script::entry_id(&value)
-                        .map(|id| Published {
-                            shard,
-                            id,
-                            routing_version,
-                            duplicate: false,
-                        })
-                        .ok_or_else(|| PublishError::UnexpectedReply {
-                            shard,
-                            detail: "the reply is not an entry id".into(),
-                        }),
-                    CmdOutcome::Reply(Err(e)) => Err(PublishError::Rejected {
-                        shard,
-                        source: Arc::new(e),
-                    }),
+                    CmdOutcome::Reply(reply) => xadd_outcome(shard, routing_version, reply),
                     CmdOutcome::Connect(f) => Err(f.into_publish_error(shard)),
                     CmdOutcome::Lost(source) => Err(PublishError::ConnectionLost { shard, source }),
                     CmdOutcome::Unsettled(reason, source) => {
@@ -1086,6 +1080,34 @@ impl Publisher {
         s.records_not_written.fetch_add(not_written, Ordering::Relaxed);
         s.records_unknown.fetch_add(unknown, Ordering::Relaxed);
         s.metrics.records(written, not_written, unknown);
+    }
+}
+
+/// The outcome of one `XADD` from its reply: an entry id, or Redis's refusal (a top-level error reply, or an
+/// error inside `EXEC`'s answer).
+pub(crate) fn xadd_outcome(
+    shard: ShardId,
+    routing_version: RoutingVersion,
+    reply: redis::RedisResult<Value>,
+) -> Result<Published, PublishError> {
+    let rejected = |e: RedisError| PublishError::Rejected {
+        shard,
+        source: Arc::new(e),
+    };
+    match reply {
+        Err(e) => Err(rejected(e)),
+        Ok(Value::ServerError(e)) => Err(rejected(e.into())),
+        Ok(value) => publish_script::entry_id(&value)
+            .map(|id| Published {
+                shard,
+                id,
+                routing_version,
+                duplicate: false,
+            })
+            .ok_or_else(|| PublishError::UnexpectedReply {
+                shard,
+                detail: "the reply is not an entry id".into(),
+            }),
     }
 }
 

@@ -49,9 +49,9 @@ use protocol::{RoutingVersion, ShardId};
 use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 
-use super::{InFlightGuard, Lane, Published, Publisher, Record};
+use super::{xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
 use crate::error::PublishError;
-use crate::publish_script::{entry_id, MAX_RECORDS_PER_CALL};
+use crate::publish_script::MAX_RECORDS_PER_CALL;
 
 /// Most records one transaction carries (the batches waiting beyond it go in the next turn): bounds the time one
 /// `EXEC` holds Redis and the size of one write.
@@ -91,6 +91,14 @@ impl Batch {
     fn fail(self, error: PublishError) {
         let n = self.records;
         self.settle(vec![Err(error); n]);
+    }
+}
+
+/// Fails every batch with the error `error` makes for its shard.
+fn fail_all(batches: Vec<Batch>, error: impl Fn(ShardId) -> PublishError) {
+    for b in batches {
+        let e = error(b.shard);
+        b.fail(e);
     }
 }
 
@@ -194,10 +202,7 @@ impl Publisher {
         let (generation, mut con) = match lane.connection().await {
             Ok(c) => c,
             Err(f) => {
-                for b in batches {
-                    let e = f.clone().into_publish_error(b.shard);
-                    b.fail(e);
-                }
+                fail_all(batches, |shard| f.clone().into_publish_error(shard));
                 return;
             }
         };
@@ -234,13 +239,10 @@ impl Publisher {
                 Ok(r) => r,
                 Err(e) => {
                     let source = Arc::new(e);
-                    for b in batches {
-                        let shard = b.shard;
-                        b.fail(PublishError::NotSent {
-                            shard,
-                            source: source.clone(),
-                        });
-                    }
+                    fail_all(batches, |shard| PublishError::NotSent {
+                        shard,
+                        source: source.clone(),
+                    });
                     return;
                 }
             };
@@ -250,13 +252,10 @@ impl Publisher {
                     // Whether MULTI was taken or not, nothing more goes on this connection.
                     conn.drop_connection();
                     let source = Arc::new(e);
-                    for b in batches {
-                        let shard = b.shard;
-                        b.fail(PublishError::Rejected {
-                            shard,
-                            source: source.clone(),
-                        });
-                    }
+                    fail_all(batches, |shard| PublishError::Rejected {
+                        shard,
+                        source: source.clone(),
+                    });
                     return;
                 }
             };
@@ -305,26 +304,20 @@ impl Publisher {
                 Ok(r) => r,
                 Err(e) => {
                     let source = Arc::new(e);
-                    for b in batches {
-                        let shard = b.shard;
-                        b.fail(PublishError::ConnectionLost {
-                            shard,
-                            source: source.clone(),
-                        });
-                    }
+                    fail_all(batches, |shard| PublishError::ConnectionLost {
+                        shard,
+                        source: source.clone(),
+                    });
                     return;
                 }
             };
             conn.open_transaction = false;
             if replies.len() != count + 1 {
                 let detail = format!("{} replies to {count} queued XADDs and EXEC", replies.len());
-                for b in batches {
-                    let shard = b.shard;
-                    b.fail(PublishError::UnexpectedReply {
-                        shard,
-                        detail: detail.clone(),
-                    });
-                }
+                fail_all(batches, |shard| PublishError::UnexpectedReply {
+                    shard,
+                    detail: detail.clone(),
+                });
                 return;
             }
             let exec = replies.pop().expect("checked the length");
@@ -344,32 +337,26 @@ impl Publisher {
                         let results = items
                             .by_ref()
                             .take(b.records)
-                            .map(|item| written(shard, version, item))
+                            .map(|item| xadd_outcome(shard, version, Ok(item)))
                             .collect();
                         b.settle(results);
                     }
                 }
                 Ok(other) => {
                     let detail = format!("EXEC answered {other:?}");
-                    for b in batches {
-                        let shard = b.shard;
-                        b.fail(PublishError::UnexpectedReply {
-                            shard,
-                            detail: detail.clone(),
-                        });
-                    }
+                    fail_all(batches, |shard| PublishError::UnexpectedReply {
+                        shard,
+                        detail: detail.clone(),
+                    });
                 }
                 // EXECABORT (an XADD was refused while queued, e.g. out of memory) or EXEC itself refused: the
                 // first queued refusal says why.
                 Err(exec_error) => {
                     let source = Arc::new(replies.into_iter().find_map(Result::err).unwrap_or(exec_error));
-                    for b in batches {
-                        let shard = b.shard;
-                        b.fail(PublishError::Rejected {
-                            shard,
-                            source: source.clone(),
-                        });
-                    }
+                    fail_all(batches, |shard| PublishError::Rejected {
+                        shard,
+                        source: source.clone(),
+                    });
                 }
             }
             return;
@@ -379,34 +366,10 @@ impl Publisher {
             "a fence changed during every attempt",
             format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
         )));
-        for b in batches {
-            let shard = b.shard;
-            b.fail(PublishError::Rejected {
-                shard,
-                source: source.clone(),
-            });
-        }
-    }
-}
-
-/// The outcome of one `XADD` inside `EXEC`.
-fn written(shard: ShardId, routing_version: RoutingVersion, item: Value) -> Result<Published, PublishError> {
-    match item {
-        Value::ServerError(e) => Err(PublishError::Rejected {
+        fail_all(batches, |shard| PublishError::Rejected {
             shard,
-            source: Arc::new(RedisError::from(e)),
-        }),
-        value => entry_id(&value)
-            .map(|id| Published {
-                shard,
-                id,
-                routing_version,
-                duplicate: false,
-            })
-            .ok_or_else(|| PublishError::UnexpectedReply {
-                shard,
-                detail: "an XADD reply in EXEC is not an entry id".into(),
-            }),
+            source: source.clone(),
+        });
     }
 }
 
@@ -422,13 +385,11 @@ struct TurnConnection<'a> {
 impl TurnConnection<'_> {
     /// Runs a pipeline whose replies may individually be errors; a transport error discards the connection.
     async fn run(&mut self, pipe: &redis::Pipeline) -> Result<Vec<RedisResult<Value>>, RedisError> {
-        match pipe.query_async::<Vec<RedisResult<Value>>>(&mut *self.con).await {
-            Ok(replies) => Ok(replies),
-            Err(e) => {
-                self.drop_connection();
-                Err(e)
-            }
+        let replies = self.lane.query(self.generation, self.con, pipe).await;
+        if replies.is_err() {
+            self.open_transaction = false;
         }
+        replies
     }
 
     fn drop_connection(&mut self) {
