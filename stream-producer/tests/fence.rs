@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{fence, field_values, total_len, xlen, Env, DEADLINE};
 use protocol::routing::shard_for_key;
 use protocol::ShardId;
-use stream_producer::{PublishError, Record, WriteState};
+use stream_producer::{BatchError, PublishError, Published, Record, WriteState};
 use test_support::{wait_until, FaultProxy, Mode};
 
 /// Long enough that no periodic refresh runs during a test: the producer is stale until a fence refuses it.
@@ -172,15 +172,18 @@ async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-#[tokio::test]
-async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_nothing_is_written() {
-    let env = Env::start(4, LEASE).await;
+/// Sends 40 keyed records through a proxy that holds Redis's replies, waits until both lanes' checks ran in
+/// Redis (WATCH set, MULTI open), sets every fence to `fence_to(the producer's routing version)`, then lets the
+/// replies through: the answers the producer reads say what the fences were before. Returns the call's result and
+/// the fence set.
+async fn fence_changed_between_check_and_writes(
+    env: &Env,
+    fence_to: impl FnOnce(u64) -> u64,
+) -> (Result<Vec<Published>, BatchError>, u64) {
     let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
     let proxy = FaultProxy::start(target).await;
     let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
     let before = producer.ready().await.unwrap();
-
-    // The checks reach Redis (WATCH set, MULTI open) but their answers wait in the proxy...
     proxy.set_mode(Mode::HoldReplies);
     let batch = {
         let producer = producer.clone();
@@ -191,13 +194,20 @@ async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_noth
         async move { clients_in_multi(redis).await == 2 }
     })
     .await;
-    // ...when the seal raises every fence. The answers then say "not fenced": the producer sends the writes,
-    // and WATCH aborts them.
-    let sealed = before.version.0 + 1;
-    fence(&env.redis, 4, sealed).await;
+    let version = fence_to(before.version.0);
+    fence(&env.redis, 4, version).await;
     proxy.set_mode(Mode::Pass);
+    let result = batch.await.unwrap();
+    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
+    (result, version)
+}
 
-    let err = batch.await.unwrap().unwrap_err();
+#[tokio::test]
+async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_nothing_is_written() {
+    let env = Env::start(4, LEASE).await;
+    // The seal raises every fence after the checks read them: the producer sends the writes, WATCH aborts them.
+    let (result, sealed) = fence_changed_between_check_and_writes(&env, |v| v + 1).await;
+    let err = result.unwrap_err();
     assert_eq!(err.count(WriteState::NotWritten), 40, "{err}");
     for outcome in err.outcomes() {
         match outcome.error() {
@@ -215,32 +225,14 @@ async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_noth
         0,
         "an aborted transaction writes nothing"
     );
-    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_fence_touched_but_not_raised_between_check_and_writes_sends_the_same_batch_again() {
     let env = Env::start(4, LEASE).await;
-    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
-    let proxy = FaultProxy::start(target).await;
-    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
-    let before = producer.ready().await.unwrap();
-
-    proxy.set_mode(Mode::HoldReplies);
-    let batch = {
-        let producer = producer.clone();
-        tokio::spawn(async move { producer.send_batch(keyed(0, 40)).await })
-    };
-    wait_until(DEADLINE, "both lanes' checks ran in Redis", || {
-        let redis = &env.redis;
-        async move { clients_in_multi(redis).await == 2 }
-    })
-    .await;
     // Written, but to the producer's own version: WATCH aborts the EXEC all the same, the check then passes.
-    fence(&env.redis, 4, before.version.0).await;
-    proxy.set_mode(Mode::Pass);
-
-    let published = batch.await.unwrap().unwrap();
+    let (result, _) = fence_changed_between_check_and_writes(&env, |v| v).await;
+    let published = result.unwrap();
     assert_eq!(published.len(), 40);
     // Two aborted EXECs (one per lane), their two re-sends, and any later turn for batches queued after them.
     let execs = calls(&env.redis, "exec").await;
@@ -257,5 +249,4 @@ async fn a_fence_touched_but_not_raised_between_check_and_writes_sends_the_same_
             "shard {shard} in order"
         );
     }
-    std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
