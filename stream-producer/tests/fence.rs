@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fence, field_values, total_len, xlen, Env, DEADLINE};
+use common::{fence, field_values, stream, total_len, xlen, Env, DEADLINE};
 use protocol::routing::shard_for_key;
-use protocol::ShardId;
+use protocol::{keys, ShardId};
 use stream_producer::{BatchError, PublishError, Published, Record, WriteState};
 use test_support::{wait_until, FaultProxy, Mode};
 
@@ -249,4 +249,100 @@ async fn a_fence_touched_but_not_raised_between_check_and_writes_sends_the_same_
             "shard {shard} in order"
         );
     }
+}
+
+/// Sends 20 keyed records and returns the error, which must leave all of them not written and Redis empty.
+async fn refused_and_nothing_written(env: &Env, producer: &stream_producer::Producer) -> BatchError {
+    let err = producer.send_batch(keyed(0, 20)).await.unwrap_err();
+    assert_eq!(err.count(WriteState::NotWritten), 20, "{err}");
+    assert_eq!(total_len(&env.redis, 4).await, 0, "nothing written");
+    err
+}
+
+#[tokio::test]
+async fn a_fence_that_is_not_a_number_refuses_the_checked_transaction() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    let mut con = env.redis.connection().await;
+    for s in 0..4 {
+        let _: u64 = redis::cmd("HSET")
+            .arg(keys::shard_fence(&stream(), ShardId(s)))
+            .arg(keys::shard_fence_fields::ROUTING_VERSION)
+            .arg("not-a-version")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let err = refused_and_nothing_written(&env, &producer).await;
+    assert!(
+        err.outcomes()
+            .iter()
+            .all(|o| matches!(o.error(), Some(PublishError::Rejected { .. }))),
+        "{err}"
+    );
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_xadd_refused_while_queued_aborts_the_whole_transaction() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().build().unwrap();
+    producer.ready().await.unwrap();
+    // Out of memory: the check's commands pass, every queued XADD is refused, EXEC answers EXECABORT.
+    let mut con = env.redis.connection().await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = refused_and_nothing_written(&env, &producer).await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        err.outcomes().iter().all(|o| matches!(
+            o.error(),
+            Some(PublishError::Rejected { source, .. }) if source.to_string().contains("OOM")
+        )),
+        "{err}"
+    );
+    assert_eq!(calls(&env.redis, "xadd").await, 0, "no queued XADD ran");
+    // Memory back: the same producer writes.
+    producer.send_batch(keyed(1, 20)).await.unwrap();
+    assert_eq!(total_len(&env.redis, 4).await, 20);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_check_command_the_server_refuses_stops_the_batch_before_any_xadd() {
+    let env = Env::start(4, LEASE).await;
+    // A user allowed everything but WATCH: the check fails, and no XADD may go out unchecked.
+    let mut con = env.redis.connection().await;
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "nowatch", "on", ">pw", "~*", "&*", "+@all", "-watch"][..])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let producer = env
+        .producer()
+        .redis(format!("redis://nowatch:pw@127.0.0.1:{}", env.redis.port()))
+        .build()
+        .unwrap();
+    let err = refused_and_nothing_written(&env, &producer).await;
+    assert!(
+        err.outcomes().iter().all(|o| matches!(
+            o.error(),
+            Some(PublishError::Rejected { .. } | PublishError::RedisUnsupported { .. })
+        )),
+        "{err}"
+    );
+    assert_eq!(calls(&env.redis, "xadd").await, 0, "no XADD was sent");
+    producer.close().await.unwrap();
 }

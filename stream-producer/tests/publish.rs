@@ -189,16 +189,19 @@ async fn unreachable_redis_is_reported_as_not_written() {
     producer.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn connection_reset_mid_pipeline_is_reported_as_unknown() {
-    let env = Env::start(4, LEASE).await;
+/// A producer (built by `configure` from the env's) through a fault proxy: 100 keyed records sent while the proxy
+/// stalls, the proxy reset once `in_flight` pipelines are out, then switched back to pass. Returns the producer
+/// and the call's error.
+async fn reset_with_pipelines_out(
+    env: &Env,
+    configure: impl FnOnce(stream_producer::ProducerBuilder) -> stream_producer::ProducerBuilder,
+    in_flight: u64,
+) -> (std::sync::Arc<stream_producer::Producer>, stream_producer::BatchError) {
     let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
     let proxy = FaultProxy::start(target).await;
-    // Plain pipelines, whose XADDs leave in the first write (the fenced producer's check comes first: next test).
-    let producer = std::sync::Arc::new(env.producer().fencing(false).redis(proxy.url()).build().unwrap());
+    let producer = std::sync::Arc::new(configure(env.producer().redis(proxy.url())).build().unwrap());
     producer.ready().await.unwrap();
-
-    // The pipelines leave, but Redis's answers never come back...
+    // The requests leave, but Redis's answers never come back...
     proxy.set_mode(Mode::Stall);
     let batch = {
         let producer = producer.clone();
@@ -210,54 +213,40 @@ async fn connection_reset_mid_pipeline_is_reported_as_unknown() {
         })
     };
     wait_until(DEADLINE, "pipelines in flight", || {
-        let in_flight = producer.stats().pipelines_in_flight;
-        async move { in_flight == 4 }
+        let out = producer.stats().pipelines_in_flight;
+        async move { out == in_flight }
     })
     .await;
-    // ...and the connection drops: Redis may or may not have run them.
+    // ...and the connection drops.
     proxy.set_mode(Mode::Reset);
     let err = batch.await.unwrap().unwrap_err();
+    // Once the path works again, the lane reconnects.
+    proxy.set_mode(Mode::Pass);
+    producer.send("k", &[("f", "v")]).await.unwrap();
+    (producer, err)
+}
+
+#[tokio::test]
+async fn connection_reset_mid_pipeline_is_reported_as_unknown() {
+    let env = Env::start(4, LEASE).await;
+    // Plain pipelines, whose XADDs leave in the first write (the fenced producer's check comes first: next test).
+    let (producer, err) = reset_with_pipelines_out(&env, |b| b.fencing(false), 4).await;
+    // Redis may or may not have run them.
     assert_eq!(err.count(WriteState::Unknown), 100, "{err}");
     assert!(err
         .outcomes()
         .iter()
         .all(|o| matches!(o.error(), Some(PublishError::ConnectionLost { .. }))));
     assert_eq!(producer.stats().records_unknown, 100);
-
-    // Once the path works again, the lane reconnects.
-    proxy.set_mode(Mode::Pass);
-    producer.send("k", &[("f", "v")]).await.unwrap();
     std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
 
 #[tokio::test]
 async fn connection_reset_during_the_fence_check_is_reported_as_not_sent() {
     let env = Env::start(4, LEASE).await;
-    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
-    let proxy = FaultProxy::start(target).await;
-    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
-    producer.ready().await.unwrap();
-
-    // The checks leave (one per lane: a lane carries one fenced batch at a time), their answers never come back...
-    proxy.set_mode(Mode::Stall);
-    let batch = {
-        let producer = producer.clone();
-        tokio::spawn(async move {
-            let records = (0..100)
-                .map(|i| Record::with_key(format!("k{i}")).field("f", "v"))
-                .collect();
-            producer.send_batch(records).await
-        })
-    };
-    wait_until(DEADLINE, "checks in flight", || {
-        let in_flight = producer.stats().pipelines_in_flight;
-        async move { in_flight == 2 }
-    })
-    .await;
-    // ...and the connection drops: no XADD had left, so nothing can have been written. (The shards queued
-    // behind the two checks then find no connection: not written either.)
-    proxy.set_mode(Mode::Reset);
-    let err = batch.await.unwrap().unwrap_err();
+    // One check per lane in flight (a lane writes one checked transaction at a time): no XADD had left, so nothing
+    // can have been written. (Batches queued behind the two checks then find no connection: not written either.)
+    let (producer, err) = reset_with_pipelines_out(&env, |b| b.connections(2), 2).await;
     assert_eq!(err.count(WriteState::NotWritten), 100, "{err}");
     let not_sent = err
         .outcomes()
@@ -270,10 +259,7 @@ async fn connection_reset_during_the_fence_check_is_reported_as_not_sent() {
         Some(PublishError::NotSent { .. } | PublishError::Connect { .. })
     )));
     assert_eq!(producer.stats().records_not_written, 100);
-    assert_eq!(total_len(&env.redis, 4).await, 0);
-
-    proxy.set_mode(Mode::Pass);
-    producer.send("k", &[("f", "v")]).await.unwrap();
+    // Only the record sent after the reset is in Redis.
     assert_eq!(total_len(&env.redis, 4).await, 1);
     std::sync::Arc::into_inner(producer).unwrap().close().await.unwrap();
 }
