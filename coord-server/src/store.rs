@@ -630,13 +630,7 @@ impl Store {
             Err(e) => {
                 // The script checked every field already; a reply this build cannot parse must not leave the
                 // group blocked for a mutex TTL either.
-                let _: i64 = self
-                    .release
-                    .key(&keys.mutex)
-                    .key(&keys.hash)
-                    .arg(token)
-                    .invoke_async(&mut conn)
-                    .await?;
+                self.release(keys, token).await?;
                 Err(e)
             }
         }
