@@ -11,15 +11,21 @@
 //!   that must own its connection (the consumer's `XREADGROUP BLOCK`), and commands every master must answer
 //!   (`SCAN`, start-up checks). They give a direct connection to the master of a slot, and [`Redirect`] reads
 //!   the `MOVED` / `ASK` replies that say where to go next.
+//! - [`PipelinedConnection`] and [`resp`] are for pipelines of thousands of commands (the producer's writes):
+//!   commands written as RESP into one buffer and replies read by a small parser, without redis-rs's per-command
+//!   objects.
 
 mod connection;
 mod node_pool;
+mod pipelined;
 mod redirect;
+pub mod resp;
 mod target;
 mod topology;
 
 pub use connection::Connection;
 pub use node_pool::NodePool;
+pub use pipelined::PipelinedConnection;
 pub use redirect::{Redirect, RedirectKind};
 pub use target::{RedisTarget, TargetError, MAX_SEEDS};
 pub use topology::{NodeAddr, SlotMap, TopologyError};

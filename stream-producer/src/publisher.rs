@@ -7,9 +7,12 @@
 //!   evenly and promises no order between such records.
 //!
 //! # Connections
-//! The publisher holds a fixed number of *lanes*, each one redis-rs multiplexed connection that pipelines every
-//! request it is given. Shard `s` always uses lane `s % lanes`, so the pipelines of one shard are written in the
-//! order they were issued. A lane connects lazily and, after a transport error, reconnects on its next use.
+//! The publisher holds a fixed number of *lanes*, each one pipelining connection
+//! ([`redis_link::PipelinedConnection`]) shared by every request given to it. Shard `s` always uses lane
+//! `s % lanes`, so the pipelines of one shard are written in the order they were issued. A lane connects lazily
+//! and, after a transport error, reconnects on its next use. The `XADD`s of the single-server paths are written
+//! as RESP straight into one buffer per pipeline ([`redis_link::resp`]), not as a redis-rs `Cmd` each: on the
+//! publish path that was most of the client's CPU per record (issue 17).
 //!
 //! # The fence
 //! By default ([`ProducerConfig::fencing`](crate::ProducerConfig::fencing)) every shard batch (split at 512
@@ -67,8 +70,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use protocol::names::StreamName;
 use protocol::routing::shard_for_key;
 use protocol::{keys, EntryId, RoutingVersion, ShardId};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{RedisError, Value};
+use redis_link::{resp, PipelinedConnection};
 
 use client_core::redis_check::MIN_REDIS_VERSION;
 use client_core::{check_redis, RedisCheckError, RedisRequirements};
@@ -199,7 +202,7 @@ struct RedisGate {
 }
 
 impl RedisGate {
-    async fn check(&self, con: &MultiplexedConnection) -> Result<(), ConnectFailure> {
+    async fn check(&self, con: &PipelinedConnection) -> Result<(), ConnectFailure> {
         let verdict = self
             .verdict
             .get_or_try_init(|| async {
@@ -226,14 +229,23 @@ impl RedisGate {
     }
 }
 
-/// One multiplexed connection, opened lazily and replaced after a transport error.
+/// The timeouts of every lane's connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneTimeouts {
+    /// Opening a connection (and its `AUTH` / `SELECT`).
+    pub(crate) connect: Duration,
+    /// Waiting for the replies of one request.
+    pub(crate) response: Duration,
+}
+
+/// One pipelining connection, opened lazily and replaced after a transport error.
 struct Lane {
     gate: Arc<RedisGate>,
     client: redis::Client,
-    config: AsyncConnectionConfig,
+    timeouts: LaneTimeouts,
     /// The open connection and its generation (so a stale failure does not drop a newer connection).
     /// A std mutex: held only to clone or swap the handle.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    current: Mutex<Option<(u64, PipelinedConnection)>>,
     /// Serialises connection attempts (single flight): a burst of publishes opens one connection, not one each.
     connecting: tokio::sync::Mutex<ConnectState>,
     /// Mirror of `ConnectState::attempts`, readable without waiting for the lock.
@@ -269,11 +281,11 @@ enum LaneError {
 }
 
 impl Lane {
-    fn new(gate: Arc<RedisGate>, client: redis::Client, config: AsyncConnectionConfig, preload_script: bool) -> Self {
+    fn new(gate: Arc<RedisGate>, client: redis::Client, timeouts: LaneTimeouts, preload_script: bool) -> Self {
         Lane {
             gate,
             client,
-            config,
+            timeouts,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
             attempts: AtomicU64::new(0),
@@ -284,11 +296,11 @@ impl Lane {
         }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, PipelinedConnection)>> {
         self.current.lock().expect("the lane lock is never held across a panic")
     }
 
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), ConnectFailure> {
+    async fn connection(&self) -> Result<(u64, PipelinedConnection), ConnectFailure> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             if let Some(c) = self.slot().clone() {
                 return Ok(c);
@@ -304,10 +316,12 @@ impl Lane {
         if let Some(e) = state.last_error.as_ref().filter(|_| state.attempts != seen) {
             return Err(e.clone());
         }
-        let result = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await;
+        let result = PipelinedConnection::connect(
+            self.client.get_connection_info(),
+            Some(self.timeouts.connect),
+            Some(self.timeouts.response),
+        )
+        .await;
         state.attempts += 1;
         self.attempts.store(state.attempts, Ordering::Release);
         match result {
@@ -358,7 +372,7 @@ impl Lane {
     async fn query(
         &self,
         generation: u64,
-        con: &mut MultiplexedConnection,
+        con: &mut PipelinedConnection,
         pipe: &redis::Pipeline,
     ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
         pipe.query_async::<Vec<redis::RedisResult<Value>>>(con)
@@ -368,6 +382,36 @@ impl Lane {
                 // opens a fresh one.
                 self.discard(generation);
             })
+    }
+
+    /// Sends `commands` (RESP, `count` commands) on this lane's connection of `generation`; one reply each, an
+    /// error reply as `Err`.
+    async fn query_packed(
+        &self,
+        generation: u64,
+        con: &PipelinedConnection,
+        commands: Vec<bytes::Bytes>,
+        count: usize,
+    ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
+        match con.send_parts(commands, count).await {
+            Ok(replies) => Ok(replies.into_iter().map(Value::extract_error).collect()),
+            Err(e) => {
+                self.discard(generation);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs RESP-encoded commands (see [`Lane::query_packed`]), connecting first if needed.
+    async fn run_packed(
+        &self,
+        commands: Vec<bytes::Bytes>,
+        count: usize,
+    ) -> Result<Vec<redis::RedisResult<Value>>, LaneError> {
+        let (generation, con) = self.connection().await.map_err(LaneError::Connect)?;
+        self.query_packed(generation, &con, commands, count)
+            .await
+            .map_err(LaneError::Lost)
     }
 }
 
@@ -485,16 +529,6 @@ pub(crate) enum CmdOutcome {
     Unexpected(String),
 }
 
-/// The settings of every lane's connection.
-fn lane_config(connect_timeout: Duration, response_timeout: Duration) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(connect_timeout))
-        .set_response_timeout(Some(response_timeout))
-        // Many concurrent pipelines share a lane: a deeper request queue than the default 50 avoids
-        // callers waiting for a slot while the socket is busy.
-        .set_pipeline_buffer_size(1024)
-}
-
 /// Writes records to shard streams.
 pub(crate) struct Publisher {
     stream: StreamName,
@@ -542,13 +576,16 @@ impl Publisher {
         trim: Option<Trim>,
         stats: Arc<Stats>,
     ) -> Self {
-        let config = lane_config(connect_timeout, response_timeout);
+        let timeouts = LaneTimeouts {
+            connect: connect_timeout,
+            response: response_timeout,
+        };
         let gate = Arc::new(RedisGate {
             url: redis_url.to_owned(),
             verdict: tokio::sync::OnceCell::new(),
         });
         let lanes = (0..connections)
-            .map(|_| Lane::new(gate.clone(), client.clone(), config.clone(), false))
+            .map(|_| Lane::new(gate.clone(), client.clone(), timeouts, false))
             .collect();
         Publisher {
             stream,
@@ -575,8 +612,11 @@ impl Publisher {
         trim: Option<Trim>,
         stats: Arc<Stats>,
     ) -> Result<Self, RedisError> {
-        let config = lane_config(connect_timeout, response_timeout);
-        let route = cluster::ClusterRoute::new(seeds, config, connections, response_timeout)?;
+        let timeouts = LaneTimeouts {
+            connect: connect_timeout,
+            response: response_timeout,
+        };
+        let route = cluster::ClusterRoute::new(seeds, timeouts, connections)?;
         Ok(Publisher {
             stream,
             lanes: Vec::new(),
@@ -652,35 +692,72 @@ impl Publisher {
         pipe.add_command(self.xadd(key, record, minid));
     }
 
-    /// The `XADD` of one record (with the producer's trimming).
-    fn xadd(&self, key: &str, record: &Record, minid: Option<&str>) -> redis::Cmd {
-        // Sized up front: a command that grows while its arguments are added reallocates two buffers several
-        // times per record, a large share of the plain path's client CPU (issue 17).
-        let (trim_args, trim_bytes) = match (self.trim, minid) {
-            (Some(Trim::MaxLen(_)), _) => (3, 6 + 1 + 20),
-            (Some(Trim::MaxAge(_)), m) => (3, 5 + 1 + m.map_or(1, str::len)),
-            (None, _) => (0, 0),
-        };
-        let field_bytes: usize = record.fields.iter().map(|(n, v)| n.len() + v.len()).sum();
-        let mut cmd = redis::Cmd::with_capacity(
-            3 + trim_args + 2 * record.fields.len(),
-            4 + key.len() + trim_bytes + 1 + field_bytes,
-        );
-        cmd.arg("XADD").arg(key);
+    /// How many arguments the `XADD` of `record` has (the command name counts).
+    fn xadd_arg_count(&self, record: &Record) -> usize {
+        let trim = if self.trim.is_some() { 3 } else { 0 };
+        3 + trim + 2 * record.fields.len()
+    }
+
+    /// The arguments of the `XADD` of one record (with the producer's trimming), in order: the one definition
+    /// of the command, written as a redis-rs `Cmd` ([`Publisher::xadd`]) or as RESP ([`Publisher::encode_xadds`]).
+    fn xadd_args(&self, key: &str, record: &Record, minid: Option<&str>, mut arg: impl FnMut(&[u8])) {
+        arg(b"XADD");
+        arg(key.as_bytes());
         match self.trim {
             Some(Trim::MaxLen(n)) => {
-                cmd.arg("MAXLEN").arg("~").arg(n);
+                arg(b"MAXLEN");
+                arg(b"~");
+                arg(resp::Decimal::new(n).as_bytes());
             }
             Some(Trim::MaxAge(_)) => {
-                cmd.arg("MINID").arg("~").arg(minid.unwrap_or("0"));
+                arg(b"MINID");
+                arg(b"~");
+                arg(minid.unwrap_or("0").as_bytes());
             }
             None => {}
         }
-        cmd.arg("*");
+        arg(b"*");
         for (name, value) in &record.fields {
-            cmd.arg(name.as_slice()).arg(value.as_slice());
+            arg(name);
+            arg(value);
         }
+    }
+
+    /// The `XADD` of one record as a redis-rs command (the cluster path, which re-sends commands one by one).
+    fn xadd(&self, key: &str, record: &Record, minid: Option<&str>) -> redis::Cmd {
+        // Sized up front: a command that grows while its arguments are added reallocates two buffers several
+        // times per record.
+        let field_bytes: usize = record.fields.iter().map(|(n, v)| n.len() + v.len()).sum();
+        let mut cmd = redis::Cmd::with_capacity(self.xadd_arg_count(record), 64 + key.len() + field_bytes);
+        self.xadd_args(key, record, minid, |a| {
+            cmd.arg(a);
+        });
         cmd
+    }
+
+    /// The `XADD`s of `records` to `key`, as RESP in one buffer.
+    fn encode_xadds<'r>(
+        &self,
+        key: &str,
+        records: impl Iterator<Item = &'r Record> + Clone,
+        minid: Option<&str>,
+    ) -> bytes::Bytes {
+        // Sized up front (an estimate that is exact for short arguments): one allocation per pipeline.
+        let per_arg = resp::arg_len(0) + 2;
+        let fixed = resp::arg_len(key.len()) + 6 * per_arg + 40 + minid.map_or(0, str::len);
+        let size: usize = records
+            .clone()
+            .map(|r| {
+                let fields: usize = r.fields.iter().map(|(n, v)| n.len() + v.len() + 2 * per_arg).sum();
+                fixed + fields
+            })
+            .sum();
+        let mut buf = Vec::with_capacity(size);
+        for record in records {
+            resp::write_command(&mut buf, self.xadd_arg_count(record));
+            self.xadd_args(key, record, minid, |a| resp::write_arg(&mut buf, a));
+        }
+        buf.into()
     }
 
     fn minid(&self) -> Option<String> {
@@ -731,12 +808,18 @@ impl Publisher {
                     .await;
             }
             let key = keys::shard_stream(&self.stream, shard);
-            let mut pipe = redis::Pipeline::with_capacity(indices.len());
-            pipe.ignore_errors();
-            for &i in indices {
-                self.add_xadd(&mut pipe, &key, records[i].borrow(), minid);
-            }
-            self.run_shard(shard, pipe, indices.len(), routing.version).await
+            let outcomes = if self.cluster.is_some() {
+                let mut pipe = redis::Pipeline::with_capacity(indices.len());
+                pipe.ignore_errors();
+                for &i in indices {
+                    self.add_xadd(&mut pipe, &key, records[i].borrow(), minid);
+                }
+                self.send(shard, &pipe).await
+            } else {
+                let commands = self.encode_xadds(&key, indices.iter().map(|&i| records[i].borrow()), minid);
+                self.send_packed(shard, commands, indices.len()).await
+            };
+            self.settle_shard(shard, outcomes, indices.len(), routing.version)
         });
         let results = futures::future::join_all(pipelines).await;
         let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
@@ -759,24 +842,25 @@ impl Publisher {
             return cluster.run(&self.stats, &self.stream, shard, pipe).await;
         }
         let lane = &self.lanes[shard.index() % self.lanes.len()];
-        match lane.run(pipe).await {
-            Ok(replies) => replies.into_iter().map(CmdOutcome::Reply).collect(),
-            Err(LaneError::Connect(f)) => (0..pipe.len()).map(|_| CmdOutcome::Connect(f.clone())).collect(),
-            Err(LaneError::Lost(e)) => {
-                let e = Arc::new(e);
-                (0..pipe.len()).map(|_| CmdOutcome::Lost(e.clone())).collect()
-            }
-        }
+        cmd_outcomes(lane.run(pipe).await, pipe.len())
     }
 
-    async fn run_shard(
+    /// Sends `count` RESP-encoded commands of one shard to its lane (one server only).
+    async fn send_packed(&self, shard: ShardId, commands: bytes::Bytes, count: usize) -> Vec<CmdOutcome> {
+        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
+        let lane = &self.lanes[shard.index() % self.lanes.len()];
+        cmd_outcomes(lane.run_packed(vec![commands], count).await, count)
+    }
+
+    /// The results of a shard's `count` `XADD`s from their outcomes.
+    fn settle_shard(
         &self,
         shard: ShardId,
-        pipe: redis::Pipeline,
+        outcomes: Vec<CmdOutcome>,
         count: usize,
         routing_version: RoutingVersion,
     ) -> Vec<Result<Published, PublishError>> {
-        let outcomes = self.send(shard, &pipe).await;
         let results: Vec<Result<Published, PublishError>> = if outcomes.len() == count {
             outcomes
                 .into_iter()
@@ -1083,6 +1167,18 @@ impl Publisher {
     }
 }
 
+/// One outcome per command of a lane's pipeline of `count` commands.
+fn cmd_outcomes(run: Result<Vec<redis::RedisResult<Value>>, LaneError>, count: usize) -> Vec<CmdOutcome> {
+    match run {
+        Ok(replies) => replies.into_iter().map(CmdOutcome::Reply).collect(),
+        Err(LaneError::Connect(f)) => (0..count).map(|_| CmdOutcome::Connect(f.clone())).collect(),
+        Err(LaneError::Lost(e)) => {
+            let e = Arc::new(e);
+            (0..count).map(|_| CmdOutcome::Lost(e.clone())).collect()
+        }
+    }
+}
+
 /// The outcome of one `XADD` from its reply: an entry id, or Redis's refusal (a top-level error reply, or an
 /// error inside `EXEC`'s answer).
 pub(crate) fn xadd_outcome(
@@ -1179,6 +1275,31 @@ mod tests {
             .filter(|w| !(w.starts_with('$') || (w.starts_with('*') && w.len() > 1)))
             .collect();
         assert_eq!(words, ["XADD", "k", "MAXLEN", "~", "1000", "*", "f", "v", ""]);
+    }
+
+    #[test]
+    fn the_resp_written_xadds_are_the_commands_redis_rs_would_send() {
+        let records = [
+            Record::with_key("a").field("f", "v"),
+            Record::without_key()
+                .field("", "")
+                .field(vec![0u8, 13, 10], "x".repeat(300)),
+        ];
+        for trim in [
+            None,
+            Some(Trim::MaxLen(1000)),
+            Some(Trim::MaxAge(Duration::from_secs(60))),
+        ] {
+            let mut p = publisher();
+            p.trim = trim;
+            let minid = p.minid();
+            let mut pipe = redis::pipe();
+            for r in &records {
+                p.add_xadd(&mut pipe, "s:{orders}:3", r, minid.as_deref());
+            }
+            let encoded = p.encode_xadds("s:{orders}:3", records.iter(), minid.as_deref());
+            assert_eq!(&encoded[..], &pipe.get_packed_pipeline()[..], "{trim:?}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use redis_link::{NodeAddr, NodePool, Redirect, RedirectKind, TopologyError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{CmdOutcome, ConnectFailure, Lane, LaneError, RedisGate};
+use super::{CmdOutcome, ConnectFailure, Lane, LaneError, LaneTimeouts, RedisGate};
 use crate::stats::Stats;
 
 /// Most `MOVED`/`ASK` rounds one call follows in a row (a backoff after `TRYAGAIN` starts the count again): more
@@ -33,7 +33,7 @@ const BACKOFF_MAX: Duration = Duration::from_millis(200);
 /// The per-node lanes of a cluster, its slot map, and the order of each shard's pipelines.
 pub(crate) struct ClusterRoute {
     pool: NodePool,
-    config: AsyncConnectionConfig,
+    timeouts: LaneTimeouts,
     connections: usize,
     /// Loads the publish script on every new node connection (scripted path).
     pub(super) preload_script: bool,
@@ -157,18 +157,16 @@ fn topology_failure(e: TopologyError) -> ConnectFailure {
 }
 
 impl ClusterRoute {
-    pub(super) fn new(
-        seeds: &[String],
-        config: AsyncConnectionConfig,
-        connections: usize,
-        retry_window: Duration,
-    ) -> Result<Self, RedisError> {
+    pub(super) fn new(seeds: &[String], timeouts: LaneTimeouts, connections: usize) -> Result<Self, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
         Ok(ClusterRoute {
-            pool: NodePool::new(seeds, config.clone())?,
-            config,
+            pool: NodePool::new(seeds, config)?,
+            timeouts,
             connections: connections.max(1),
             preload_script: false,
-            retry_window,
+            retry_window: timeouts.response,
             nodes: Mutex::default(),
             order: Mutex::default(),
         })
@@ -196,7 +194,7 @@ impl ClusterRoute {
         });
         let lanes: Arc<Vec<Lane>> = Arc::new(
             (0..self.connections)
-                .map(|_| Lane::new(gate.clone(), client.clone(), self.config.clone(), self.preload_script))
+                .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
                 .collect(),
         );
         nodes.insert(node.clone(), lanes.clone());
@@ -420,9 +418,11 @@ mod tests {
     fn route() -> ClusterRoute {
         ClusterRoute::new(
             &["redis://127.0.0.1:1".to_owned()],
-            AsyncConnectionConfig::new(),
+            LaneTimeouts {
+                connect: Duration::from_secs(1),
+                response: Duration::from_secs(1),
+            },
             2,
-            Duration::from_secs(1),
         )
         .unwrap()
     }

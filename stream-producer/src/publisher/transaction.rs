@@ -44,9 +44,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use protocol::keys::{self, shard_fence_fields};
 use protocol::{RoutingVersion, ShardId};
-use redis::{Cmd, RedisError, RedisResult, Value};
+use redis::{RedisError, RedisResult, Value};
+use redis_link::PipelinedConnection;
 use tokio::sync::oneshot;
 
 use super::{xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
@@ -75,9 +77,9 @@ struct Batch {
     shard: ShardId,
     fence_key: String,
     routing_version: RoutingVersion,
-    /// Its `XADD`s; moved into the transaction's pipeline while it is written.
-    writes: Vec<Cmd>,
-    /// How many records (the length of `writes` when queued).
+    /// Its `XADD`s, as RESP (sent again as they are if `WATCH` aborts the transaction).
+    writes: Bytes,
+    /// How many records (`XADD`s in `writes`).
     records: usize,
     outcome: oneshot::Sender<Vec<Result<Published, PublishError>>>,
 }
@@ -140,12 +142,13 @@ impl Publisher {
         let stream_key = keys::shard_stream(&self.stream, shard);
         let fence_key = keys::shard_fence(&self.stream, shard);
         // Encoded here, by the caller, before the queue's lock is taken.
-        let batches: Vec<(Vec<Cmd>, usize)> = records
+        let batches: Vec<(Bytes, usize)> = records
             .chunks(MAX_RECORDS_PER_CALL)
             .map(|chunk| {
-                let writes: Vec<Cmd> = chunk.iter().map(|r| self.xadd(&stream_key, r, minid)).collect();
-                let n = writes.len();
-                (writes, n)
+                (
+                    self.encode_xadds(&stream_key, chunk.iter().copied(), minid),
+                    chunk.len(),
+                )
             })
             .collect();
         let mut waiting = Vec::with_capacity(batches.len());
@@ -291,16 +294,9 @@ impl Publisher {
                 return;
             }
             let count: usize = batches.iter().map(|b| b.records).sum();
-            let mut writes = redis::Pipeline::with_capacity(count + 1);
-            writes.ignore_errors();
-            for b in &mut batches {
-                // Moved, not copied: a copy per record costs more than the rare retry that needs them back.
-                for cmd in std::mem::take(&mut b.writes) {
-                    writes.add_command(cmd);
-                }
-            }
-            writes.cmd("EXEC");
-            let mut replies = match conn.run(&writes).await {
+            let mut writes: Vec<Bytes> = batches.iter().map(|b| b.writes.clone()).collect();
+            writes.push(Bytes::from_static(EXEC));
+            let mut replies = match conn.run_packed(writes, count + 1).await {
                 Ok(r) => r,
                 Err(e) => {
                     let source = Arc::new(e);
@@ -323,13 +319,7 @@ impl Publisher {
             let exec = replies.pop().expect("checked the length");
             match exec {
                 // A fence was touched after WATCH: nothing written. Check again, with the same commands.
-                Ok(Value::Nil) => {
-                    let mut sent = writes.cmd_iter();
-                    for b in &mut batches {
-                        b.writes = sent.by_ref().take(b.records).cloned().collect();
-                    }
-                    continue;
-                }
+                Ok(Value::Nil) => continue,
                 Ok(Value::Array(items)) if items.len() == count => {
                     let mut items = items.into_iter();
                     for b in batches {
@@ -378,14 +368,26 @@ impl Publisher {
 struct TurnConnection<'a> {
     lane: &'a Lane,
     generation: u64,
-    con: &'a mut redis::aio::MultiplexedConnection,
+    con: &'a mut PipelinedConnection,
     open_transaction: bool,
 }
+
+/// `EXEC` as RESP.
+const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
 
 impl TurnConnection<'_> {
     /// Runs a pipeline whose replies may individually be errors; a transport error discards the connection.
     async fn run(&mut self, pipe: &redis::Pipeline) -> Result<Vec<RedisResult<Value>>, RedisError> {
         let replies = self.lane.query(self.generation, self.con, pipe).await;
+        if replies.is_err() {
+            self.open_transaction = false;
+        }
+        replies
+    }
+
+    /// Sends RESP-encoded commands, one reply each; a transport error discards the connection.
+    async fn run_packed(&mut self, commands: Vec<Bytes>, count: usize) -> Result<Vec<RedisResult<Value>>, RedisError> {
+        let replies = self.lane.query_packed(self.generation, self.con, commands, count).await;
         if replies.is_err() {
             self.open_transaction = false;
         }
@@ -476,6 +478,11 @@ mod tests {
 
     fn status() -> RedisResult<Value> {
         ok(Value::Okay)
+    }
+
+    #[test]
+    fn exec_is_the_command_redis_rs_packs() {
+        assert_eq!(EXEC, redis::cmd("EXEC").get_packed_command());
     }
 
     #[test]

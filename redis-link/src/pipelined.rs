@@ -1,0 +1,379 @@
+//! A pipelining connection to one Redis server that takes requests already encoded as RESP.
+//!
+//! Like redis-rs's `MultiplexedConnection`, many tasks share it and their requests are answered in the order they
+//! were handed over; unlike it, a request is a byte buffer the caller wrote with [`crate::resp`] (no `Cmd` per
+//! command, no copy into a pipeline), and replies are read by [`crate::resp::parse`]. It also implements redis-rs's
+//! [`ConnectionLike`], so `Cmd::query_async` and `Pipeline::query_async` work on it for everything off the hot
+//! path.
+//!
+//! One task per connection writes and reads: requests queued while it writes go out together in one write, and
+//! a caller never touches the socket, so dropping a caller's future (cancellation) cannot leave half a command on
+//! the wire. Any transport or protocol failure ends the connection and fails every request waiting on it; a
+//! request handed over after that fails at once. Nothing is retried here: the caller knows whether a request
+//! that may have run can be sent again.
+//!
+//! Speaks RESP2 only (no `HELLO 3`), over TCP or a Unix socket; `rediss://` (TLS) is refused.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::resp;
+
+/// Most bytes gathered from queued requests into one write.
+const MAX_WRITE: usize = 1 << 20;
+/// Read buffer size (grows when one reply is larger).
+const READ_CHUNK: usize = 64 * 1024;
+
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A shared, pipelining connection to one Redis server (see the module docs). Cheap to clone; the connection
+/// closes when the last clone is dropped.
+#[derive(Clone)]
+pub struct PipelinedConnection {
+    requests: mpsc::UnboundedSender<Request>,
+    db: i64,
+    response_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for PipelinedConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelinedConnection")
+            .field("db", &self.db)
+            .field("closed", &self.requests.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One request: its bytes (in parts, written in order) and how many replies answer it.
+struct Request {
+    parts: Vec<Bytes>,
+    replies: usize,
+    answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+}
+
+/// A request written and waiting for its replies.
+struct Waiting {
+    replies: usize,
+    answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+}
+
+/// What ended a connection, shared by every request it fails.
+#[derive(Debug, Clone)]
+struct Closed {
+    kind: io::ErrorKind,
+    detail: String,
+}
+
+impl Closed {
+    fn error(&self) -> RedisError {
+        io::Error::new(self.kind, self.detail.clone()).into()
+    }
+}
+
+impl PipelinedConnection {
+    /// Opens a connection to the server `info` names and authenticates and selects its database as redis-rs
+    /// would, all within `connect_timeout`. Every later request waits at most `response_timeout` for its replies.
+    ///
+    /// # Errors
+    /// The server cannot be reached, refuses `AUTH` or `SELECT`, or the address is a TLS one.
+    pub async fn connect(
+        info: &ConnectionInfo,
+        connect_timeout: Option<Duration>,
+        response_timeout: Option<Duration>,
+    ) -> RedisResult<Self> {
+        let open = open(info);
+        let (reader, writer) = match connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, open)
+                .await
+                .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??,
+            None => open.await?,
+        };
+        let (requests, queue) = mpsc::unbounded_channel();
+        tokio::spawn(drive(reader, writer, queue));
+        Ok(PipelinedConnection {
+            requests,
+            db: info.redis_settings().db(),
+            response_timeout,
+        })
+    }
+
+    /// Sends `bytes` (one or more complete commands) and returns the `replies` replies that answer them, error
+    /// replies included as [`Value::ServerError`].
+    ///
+    /// # Errors
+    /// A transport or protocol failure (the connection is closed from then on), or no answer within the response
+    /// timeout: the commands may or may not have run.
+    pub async fn send(&self, bytes: impl Into<Bytes>, replies: usize) -> RedisResult<Vec<Value>> {
+        self.send_parts(vec![bytes.into()], replies).await
+    }
+
+    /// Like [`PipelinedConnection::send`], the commands given in parts (sent one after the other, with nothing
+    /// between them): buffers encoded separately need not be copied into one.
+    ///
+    /// # Errors
+    /// As [`PipelinedConnection::send`].
+    pub async fn send_parts(&self, parts: Vec<Bytes>, replies: usize) -> RedisResult<Vec<Value>> {
+        let (answer, rx) = oneshot::channel();
+        let request = Request { parts, replies, answer };
+        if self.requests.send(request).is_err() {
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection is closed").into());
+        }
+        let answered = match self.response_timeout {
+            Some(limit) => tokio::time::timeout(limit, rx)
+                .await
+                .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))?,
+            None => rx.await,
+        };
+        answered.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the connection closed before answering",
+            )
+            .into())
+        })
+    }
+
+    /// Whether the connection has ended (a later request fails at once).
+    pub fn is_closed(&self) -> bool {
+        self.requests.is_closed()
+    }
+}
+
+impl ConnectionLike for PipelinedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut replies = self.send(cmd.get_packed_command(), 1).await?;
+            Ok(replies.pop().expect("one reply was awaited"))
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut replies = self.send(pipeline.get_packed_pipeline(), offset + count).await?;
+            Ok(replies.split_off(offset))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
+
+async fn open(info: &ConnectionInfo) -> RedisResult<(Reader, Writer)> {
+    let (mut reader, mut writer): (Reader, Writer) = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        #[cfg(unix)]
+        ConnectionAddr::Unix(path) => {
+            let (r, w) = tokio::net::UnixStream::connect(path).await?.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        other => {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "a pipelined connection speaks plain TCP or a Unix socket",
+                format!("{other}"),
+            )))
+        }
+    };
+    let settings = info.redis_settings();
+    let mut hello = Vec::new();
+    let mut replies = 0;
+    if let Some(password) = settings.password() {
+        match settings.username() {
+            Some(user) => {
+                resp::write_command(&mut hello, 3);
+                resp::write_arg(&mut hello, b"AUTH");
+                resp::write_arg(&mut hello, user.as_bytes());
+            }
+            None => {
+                resp::write_command(&mut hello, 2);
+                resp::write_arg(&mut hello, b"AUTH");
+            }
+        }
+        resp::write_arg(&mut hello, password.as_bytes());
+        replies += 1;
+    }
+    if settings.db() != 0 {
+        resp::write_command(&mut hello, 2);
+        resp::write_arg(&mut hello, b"SELECT");
+        resp::write_int_arg(&mut hello, settings.db().unsigned_abs());
+        replies += 1;
+    }
+    if replies > 0 {
+        writer.write_all(&hello).await?;
+        let mut buf = Vec::with_capacity(256);
+        for _ in 0..replies {
+            let reply = loop {
+                if let Some((value, used)) = resp::parse(&buf).map_err(protocol_error)? {
+                    buf.drain(..used);
+                    break value;
+                }
+                if reader.read_buf(&mut buf).await? == 0 {
+                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+                }
+            };
+            // AUTH or SELECT refused: the connection is of no use.
+            reply.extract_error()?;
+        }
+    }
+    Ok((reader, writer))
+}
+
+fn protocol_error(e: resp::ProtocolError) -> RedisError {
+    io::Error::new(io::ErrorKind::InvalidData, e).into()
+}
+
+/// The connection's task: writes what is queued, reads what answers it, until either side fails or every handle
+/// is gone. Then every request still waiting is failed.
+async fn drive(reader: Reader, writer: Writer, queue: mpsc::UnboundedReceiver<Request>) {
+    let waiting: Arc<Mutex<VecDeque<Waiting>>> = Arc::default();
+    let closed = tokio::select! {
+        closed = write_loop(writer, queue, waiting.clone()) => closed,
+        closed = read_loop(reader, waiting.clone()) => closed,
+    };
+    let waiting = std::mem::take(&mut *waiting.lock().expect("never held across a panic"));
+    for w in waiting {
+        let _ = w.answer.send(Err(closed.error()));
+    }
+}
+
+async fn write_loop(
+    mut writer: Writer,
+    mut queue: mpsc::UnboundedReceiver<Request>,
+    waiting: Arc<Mutex<VecDeque<Waiting>>>,
+) -> Closed {
+    let mut gathered: Vec<u8> = Vec::new();
+    let mut batch: Vec<Bytes> = Vec::new();
+    loop {
+        let Some(first) = queue.recv().await else {
+            return Closed {
+                kind: io::ErrorKind::NotConnected,
+                detail: "the connection was dropped".into(),
+            };
+        };
+        let mut size = 0;
+        {
+            let mut w = waiting.lock().expect("never held across a panic");
+            let mut next = Some(first);
+            // Whatever else is queued now goes in the same write.
+            while let Some(request) = next {
+                size += request.parts.iter().map(Bytes::len).sum::<usize>();
+                batch.extend(request.parts);
+                if request.replies == 0 {
+                    let _ = request.answer.send(Ok(Vec::new()));
+                } else {
+                    w.push_back(Waiting {
+                        replies: request.replies,
+                        answer: request.answer,
+                    });
+                }
+                next = if size < MAX_WRITE { queue.try_recv().ok() } else { None };
+            }
+        }
+        let written = if batch.len() == 1 {
+            writer.write_all(&batch[0]).await
+        } else {
+            gathered.clear();
+            gathered.reserve(size);
+            for b in &batch {
+                gathered.extend_from_slice(b);
+            }
+            writer.write_all(&gathered).await
+        };
+        batch.clear();
+        if let Err(e) = written {
+            return Closed {
+                kind: e.kind(),
+                detail: format!("writing to Redis failed: {e}"),
+            };
+        }
+        if gathered.capacity() > 4 * MAX_WRITE {
+            gathered = Vec::new();
+        }
+    }
+}
+
+async fn read_loop(mut reader: Reader, waiting: Arc<Mutex<VecDeque<Waiting>>>) -> Closed {
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut start = 0;
+    // The request being answered, taken off the queue while its replies arrive.
+    let mut current: Option<(Waiting, Vec<Value>)> = None;
+    loop {
+        loop {
+            let (value, used) = match resp::parse(&buf[start..]) {
+                Ok(Some(parsed)) => parsed,
+                Ok(None) => break,
+                Err(e) => {
+                    return Closed {
+                        kind: io::ErrorKind::InvalidData,
+                        detail: e.to_string(),
+                    }
+                }
+            };
+            start += used;
+            let (request, replies) = match current.as_mut() {
+                Some(c) => c,
+                None => {
+                    let Some(next) = waiting.lock().expect("never held across a panic").pop_front() else {
+                        return Closed {
+                            kind: io::ErrorKind::InvalidData,
+                            detail: "Redis sent a reply nobody asked for".into(),
+                        };
+                    };
+                    let capacity = next.replies.min(4096);
+                    current.insert((next, Vec::with_capacity(capacity)))
+                }
+            };
+            replies.push(value);
+            if replies.len() == request.replies {
+                let (request, replies) = current.take().expect("set above");
+                // The caller may have given up (timeout, cancellation): its replies are dropped.
+                let _ = request.answer.send(Ok(replies));
+            }
+        }
+        if start == buf.len() {
+            buf.clear();
+            start = 0;
+        } else if start > buf.len() / 2 {
+            buf.drain(..start);
+            start = 0;
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        match reader.read_buf(&mut buf).await {
+            Ok(0) => {
+                return Closed {
+                    kind: io::ErrorKind::UnexpectedEof,
+                    detail: "Redis closed the connection".into(),
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Closed {
+                    kind: e.kind(),
+                    detail: format!("reading from Redis failed: {e}"),
+                }
+            }
+        }
+    }
+}

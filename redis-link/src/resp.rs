@@ -1,0 +1,329 @@
+//! RESP2 written and read by hand, for the hot paths that send thousands of commands per pipeline.
+//!
+//! redis-rs builds a `Cmd` (two heap buffers) per command, copies it again into the pipeline's buffer, and parses
+//! every reply through a general combinator parser; on the producer's publish path that was most of its client
+//! CPU per record (issue 17). Here a command is written straight into the caller's buffer, and replies are read
+//! by a small parser into redis-rs's own [`Value`], so what the rest of the code sees does not change. Error
+//! replies (rare) are handed to redis-rs's parser, so their [`redis::ErrorKind`] is exactly the one redis-rs
+//! gives (`NOSCRIPT`, `MOVED`, `EXECABORT`...).
+//!
+//! Every length a server sends is bounded before anything is allocated for it (a broken or hostile server cannot
+//! make the client reserve gigabytes), and nesting is bounded too.
+
+use redis::Value;
+
+/// The longest bulk string accepted: Redis's own `proto-max-bulk-len` default.
+pub const MAX_BULK_LEN: usize = 512 * 1024 * 1024;
+/// The longest status or error line accepted.
+const MAX_LINE_LEN: usize = 64 * 1024;
+/// The most elements an array may announce (a reply's count, not its size; see [`MAX_PREALLOCATED`]).
+const MAX_ARRAY_LEN: usize = 1 << 28;
+/// Elements reserved up front for an announced array; the rest grows as elements actually arrive.
+const MAX_PREALLOCATED: usize = 4096;
+/// Deepest nesting of arrays accepted (redis-rs's bound too).
+const MAX_DEPTH: usize = 100;
+
+/// Appends the header of a command of `args` arguments (the command name counts).
+pub fn write_command(buf: &mut Vec<u8>, args: usize) {
+    buf.push(b'*');
+    write_decimal(buf, args as u64);
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends one argument of a command.
+pub fn write_arg(buf: &mut Vec<u8>, arg: &[u8]) {
+    buf.push(b'$');
+    write_decimal(buf, arg.len() as u64);
+    buf.extend_from_slice(b"\r\n");
+    buf.extend_from_slice(arg);
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends one integer argument of a command.
+pub fn write_int_arg(buf: &mut Vec<u8>, n: u64) {
+    write_arg(buf, Decimal::new(n).as_bytes());
+}
+
+/// A number as the decimal digits of a command argument, without allocating.
+#[derive(Debug, Clone, Copy)]
+pub struct Decimal {
+    digits: [u8; 20],
+    len: usize,
+}
+
+impl Decimal {
+    /// The digits of `n`.
+    pub fn new(n: u64) -> Self {
+        let mut digits = [0u8; 20];
+        let len = decimal(&mut digits, n);
+        Decimal { digits, len }
+    }
+
+    /// The digits.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.digits.len() - self.len..]
+    }
+}
+
+/// Bytes [`write_arg`] appends for an argument of `len` bytes.
+pub fn arg_len(len: usize) -> usize {
+    1 + decimal_len(len as u64) + 2 + len + 2
+}
+
+fn write_decimal(buf: &mut Vec<u8>, n: u64) {
+    buf.extend_from_slice(Decimal::new(n).as_bytes());
+}
+
+/// Writes `n` right-aligned into `digits`; returns how many digits.
+fn decimal(digits: &mut [u8; 20], mut n: u64) -> usize {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return digits.len() - at;
+        }
+    }
+}
+
+fn decimal_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
+}
+
+/// Why bytes from the server are not a reply this parser accepts. The connection cannot be used after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed reply from Redis: {0}")]
+pub struct ProtocolError(pub String);
+
+fn malformed(detail: impl Into<String>) -> ProtocolError {
+    ProtocolError(detail.into())
+}
+
+/// Parses the first reply in `buf`: `Ok(None)` when `buf` does not hold all of it yet, else the reply and how
+/// many bytes it took.
+///
+/// # Errors
+/// Bytes that are not a RESP2 reply, or a length beyond the bounds above.
+pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    parse_at(buf, 0, 0)
+}
+
+/// The position just past the `\r\n` ending the line that starts at `from`, and the line's end.
+fn line(buf: &[u8], from: usize) -> Result<Option<(usize, usize)>, ProtocolError> {
+    let rest = &buf[from..];
+    match rest.iter().position(|&b| b == b'\r') {
+        Some(cr) if cr > MAX_LINE_LEN => Err(malformed("a line longer than 64 KiB")),
+        Some(cr) => match rest.get(cr + 1) {
+            None => Ok(None),
+            Some(b'\n') => Ok(Some((from + cr, from + cr + 2))),
+            Some(_) => Err(malformed("a carriage return without a line feed")),
+        },
+        None if rest.len() > MAX_LINE_LEN => Err(malformed("a line longer than 64 KiB")),
+        None => Ok(None),
+    }
+}
+
+fn integer(digits: &[u8]) -> Result<i64, ProtocolError> {
+    let (negative, digits) = match digits {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(malformed(format!(
+            "not an integer: {:?}",
+            String::from_utf8_lossy(&digits[..digits.len().min(24)])
+        )));
+    }
+    let magnitude = digits
+        .iter()
+        .try_fold(0i64, |n, d| n.checked_mul(10)?.checked_add(i64::from(d - b'0')))
+        .ok_or_else(|| malformed("an integer out of range"))?;
+    Ok(if negative { -magnitude } else { magnitude })
+}
+
+/// A length announced by `$` or `*`: -1 (nil) or 0..=`max`.
+fn length(digits: &[u8], max: usize) -> Result<Option<usize>, ProtocolError> {
+    match integer(digits)? {
+        -1 => Ok(None),
+        n if n >= 0 && (n as u64) <= max as u64 => Ok(Some(n as usize)),
+        n => Err(malformed(format!("a length of {n}"))),
+    }
+}
+
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some((end, next)) = line(buf, at + 1)? else {
+        return Ok(None);
+    };
+    let body = &buf[at + 1..end];
+    let value = match kind {
+        b'+' if body == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(
+            std::str::from_utf8(body)
+                .map_err(|_| malformed("a status that is not UTF-8"))?
+                .to_owned(),
+        ),
+        // redis-rs's parser reads the error line, so the error kind is the one redis-rs callers expect.
+        b'-' => match redis::parse_redis_value(&buf[at..next]) {
+            Ok(v @ Value::ServerError(_)) => v,
+            _ => return Err(malformed("an error line redis-rs cannot read")),
+        },
+        b':' => Value::Int(integer(body)?),
+        b'$' => match length(body, MAX_BULK_LEN)? {
+            None => Value::Nil,
+            Some(len) => {
+                let Some(data) = buf.get(next..next + len + 2) else {
+                    return Ok(None);
+                };
+                if &data[len..] != b"\r\n" {
+                    return Err(malformed("a bulk string not ended by CRLF"));
+                }
+                return Ok(Some((Value::BulkString(data[..len].to_vec()), next + len + 2)));
+            }
+        },
+        b'*' => match length(body, MAX_ARRAY_LEN)? {
+            None => Value::Nil,
+            Some(len) => {
+                if depth >= MAX_DEPTH {
+                    return Err(malformed("arrays nested too deep"));
+                }
+                let mut items = Vec::with_capacity(len.min(MAX_PREALLOCATED));
+                let mut pos = next;
+                for _ in 0..len {
+                    let Some((item, after)) = parse_at(buf, pos, depth + 1)? else {
+                        return Ok(None);
+                    };
+                    items.push(item);
+                    pos = after;
+                }
+                return Ok(Some((Value::Array(items), pos)));
+            }
+        },
+        other => {
+            return Err(malformed(format!(
+                "a reply of type {:?} (RESP2 expected)",
+                other as char
+            )))
+        }
+    };
+    Ok(Some((value, next)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(bytes: &[u8]) -> Value {
+        let (v, used) = parse(bytes).unwrap().expect("complete");
+        assert_eq!(used, bytes.len());
+        v
+    }
+
+    #[test]
+    fn commands_are_written_as_redis_rs_packs_them() {
+        let mut buf = Vec::new();
+        write_command(&mut buf, 5);
+        for arg in [&b"XADD"[..], b"s", b"*", b"f", b""] {
+            write_arg(&mut buf, arg);
+        }
+        let packed = redis::cmd("XADD")
+            .arg("s")
+            .arg("*")
+            .arg("f")
+            .arg("")
+            .get_packed_command();
+        assert_eq!(buf, packed);
+        let mut n = Vec::new();
+        write_int_arg(&mut n, 1234567890);
+        assert_eq!(n, b"$10\r\n1234567890\r\n");
+        for x in [0, 7, 10, 99, u64::MAX] {
+            assert_eq!(Decimal::new(x).as_bytes(), x.to_string().as_bytes());
+        }
+        for len in [0, 9, 10, 99, 100, 123_456] {
+            let mut b = Vec::new();
+            write_arg(&mut b, &vec![b'x'; len]);
+            assert_eq!(b.len(), arg_len(len));
+        }
+    }
+
+    #[test]
+    fn replies_read_like_redis_rs_reads_them() {
+        for bytes in [
+            &b"+OK\r\n"[..],
+            b"+QUEUED\r\n",
+            b":-42\r\n",
+            b":0\r\n",
+            b"$-1\r\n",
+            b"$0\r\n\r\n",
+            b"$15\r\n1700000000000-0\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*3\r\n$2\r\nab\r\n:7\r\n-ERR nope\r\n",
+            b"*2\r\n*1\r\n+x\r\n$-1\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b"-EXECABORT Transaction discarded\r\n",
+            b"-MOVED 3999 127.0.0.1:6381\r\n",
+        ] {
+            assert_eq!(one(bytes), redis::parse_redis_value(bytes).unwrap(), "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn an_error_reply_keeps_its_kind() {
+        let Value::ServerError(e) = one(b"-NOSCRIPT No matching script\r\n") else {
+            panic!("not an error");
+        };
+        let e: redis::RedisError = e.into();
+        assert_eq!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::NoScript));
+    }
+
+    #[test]
+    fn every_prefix_of_a_reply_is_incomplete() {
+        let bytes = b"*3\r\n$15\r\n1700000000000-0\r\n+QUEUED\r\n*1\r\n:5\r\n";
+        for cut in 0..bytes.len() {
+            assert_eq!(parse(&bytes[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        assert!(parse(bytes).unwrap().is_some());
+    }
+
+    #[test]
+    fn two_replies_in_a_row_are_read_one_at_a_time() {
+        let bytes = b"$1\r\na\r\n:2\r\n";
+        let (first, used) = parse(bytes).unwrap().unwrap();
+        assert_eq!(first, Value::BulkString(b"a".to_vec()));
+        assert_eq!(parse(&bytes[used..]).unwrap().unwrap(), (Value::Int(2), 4));
+    }
+
+    #[test]
+    fn malformed_or_oversized_replies_are_refused_before_allocating() {
+        for bytes in [
+            &b"?1\r\n"[..],
+            b"$abc\r\n",
+            b"$-2\r\n",
+            b"$536870913\r\n",
+            b"*268435457\r\n",
+            b"$3\r\nabcXY",
+            b":99999999999999999999\r\n",
+            b":\r\n",
+            b"+a\rb\r\n",
+            b"+\xff\r\n",
+            b"%1\r\n",
+        ] {
+            assert!(parse(bytes).is_err(), "{bytes:?}");
+        }
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
+        assert!(parse(deep.as_bytes()).is_err());
+        let long = vec![b'a'; MAX_LINE_LEN + 2];
+        assert!(parse(&[b"+", &long[..]].concat()).is_err());
+        // A huge announced array that is not there yet waits for its elements with a bounded reservation.
+        assert_eq!(parse(b"*268435456\r\n:1\r\n").unwrap(), None);
+    }
+}
