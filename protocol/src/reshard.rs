@@ -28,6 +28,29 @@ pub struct EntryId {
 impl EntryId {
     /// `0-0`: the position of an empty stream.
     pub const ZERO: EntryId = EntryId { ms: 0, seq: 0 };
+
+    /// `<ms>-<seq>` read straight from a reply's bytes (no copy, no UTF-8 check, no `String`): every entry read
+    /// and every record written carries one. Strict, and the rule [`FromStr`] uses too: two canonical decimals (no
+    /// sign, no leading zero, nothing around them) of at most 20 digits that fit a `u64`.
+    pub fn from_bytes(raw: &[u8]) -> Option<EntryId> {
+        fn part(p: &[u8]) -> Option<u64> {
+            if p.is_empty() || p.len() > 20 || (p.len() > 1 && p[0] == b'0') {
+                return None;
+            }
+            p.iter().try_fold(0u64, |n, &b| {
+                let digit = b.wrapping_sub(b'0');
+                if digit > 9 {
+                    return None;
+                }
+                n.checked_mul(10)?.checked_add(u64::from(digit))
+            })
+        }
+        let dash = raw.iter().position(|&b| b == b'-')?;
+        Some(EntryId {
+            ms: part(&raw[..dash])?,
+            seq: part(&raw[dash + 1..])?,
+        })
+    }
 }
 
 impl fmt::Display for EntryId {
@@ -51,24 +74,9 @@ impl std::error::Error for EntryIdError {}
 impl FromStr for EntryId {
     type Err = EntryIdError;
 
-    /// Strict: two canonical decimals (no sign, no leading zero) of at most 20 digits that fit a `u64`.
+    /// Strict, as [`EntryId::from_bytes`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || EntryIdError(s.chars().take(48).collect());
-        let (ms, seq) = s.split_once('-').ok_or_else(err)?;
-        let part = |p: &str| -> Result<u64, EntryIdError> {
-            let canonical = !p.is_empty()
-                && p.len() <= 20
-                && p.bytes().all(|b| b.is_ascii_digit())
-                && (p == "0" || !p.starts_with('0'));
-            if !canonical {
-                return Err(err());
-            }
-            p.parse().map_err(|_| err())
-        };
-        Ok(EntryId {
-            ms: part(ms)?,
-            seq: part(seq)?,
-        })
+        EntryId::from_bytes(s.as_bytes()).ok_or_else(|| EntryIdError(s.chars().take(48).collect()))
     }
 }
 
@@ -223,6 +231,29 @@ mod tests {
             "99999999999999999999-0",
         ] {
             assert!(bad.parse::<EntryId>().is_err(), "{bad}");
+        }
+        for raw in [
+            "-",
+            "1-+0",
+            " 1-0",
+            "1-0 ",
+            "1-0\n",
+            "1--2",
+            "1-b",
+            "18446744073709551616-0",
+            "0-18446744073709551616",
+            "000000000000000000001-0",
+            "\u{661}-0",
+        ] {
+            assert!(raw.parse::<EntryId>().is_err(), "{raw:?}");
+        }
+        assert_eq!(EntryId::from_bytes(b"\xff-0"), None, "not UTF-8");
+        for (raw, ms, seq) in [
+            ("0-0", 0, 0),
+            ("0-9", 0, 9),
+            ("18446744073709551615-18446744073709551615", u64::MAX, u64::MAX),
+        ] {
+            assert_eq!(EntryId::from_bytes(raw.as_bytes()), Some(EntryId { ms, seq }), "{raw}");
         }
         assert_eq!(serde_json::to_string(&a).unwrap(), "\"1700000000000-3\"");
         assert!(serde_json::from_str::<EntryId>("\"x\"").is_err());

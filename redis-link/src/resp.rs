@@ -71,7 +71,12 @@ pub fn arg_len(len: usize) -> usize {
 }
 
 fn write_decimal(buf: &mut Vec<u8>, n: u64) {
-    buf.extend_from_slice(Decimal::new(n).as_bytes());
+    // Most lengths in a command are short: no division loop for them.
+    match n {
+        0..=9 => buf.push(b'0' + n as u8),
+        10..=99 => buf.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]),
+        _ => buf.extend_from_slice(Decimal::new(n).as_bytes()),
+    }
 }
 
 /// Writes `n` right-aligned into `digits`; returns how many digits.

@@ -93,32 +93,9 @@ fn entry_id(command: &'static str, v: &Value) -> Result<EntryId, ReplyError> {
         Value::VerbatimString { text, .. } => text.as_bytes(),
         other => return Err(err(command, format!("entry id is {other:?}"))),
     };
-    parse_entry_id(raw).ok_or_else(|| {
+    EntryId::from_bytes(raw).ok_or_else(|| {
         let shown = String::from_utf8_lossy(&raw[..raw.len().min(48)]);
         err(command, format!("{shown:?} is not a stream entry id (<ms>-<seq>)"))
-    })
-}
-
-/// `<ms>-<seq>` straight from the reply's bytes: every entry of every read carries one, and going through
-/// `String` and [`EntryId`]'s `FromStr` cost a copy, a UTF-8 check and an allocation each. As strict as `FromStr`:
-/// two canonical decimals (no sign, no leading zero, nothing around them) that fit a `u64`.
-pub(crate) fn parse_entry_id(raw: &[u8]) -> Option<EntryId> {
-    fn part(p: &[u8]) -> Option<u64> {
-        if p.is_empty() || p.len() > 20 || (p.len() > 1 && p[0] == b'0') {
-            return None;
-        }
-        p.iter().try_fold(0u64, |n, &b| {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                return None;
-            }
-            n.checked_mul(10)?.checked_add(u64::from(digit))
-        })
-    }
-    let dash = raw.iter().position(|&b| b == b'-')?;
-    Some(EntryId {
-        ms: part(&raw[..dash])?,
-        seq: part(&raw[dash + 1..])?,
     })
 }
 
@@ -358,48 +335,8 @@ mod tests {
     }
 
     #[test]
-    fn entry_ids_parse_from_bytes() {
-        for (raw, ms, seq) in [
-            ("0-0", 0, 0),
-            ("1-0", 1, 0),
-            ("0-9", 0, 9),
-            ("1700000000123-42", 1_700_000_000_123, 42),
-            ("18446744073709551615-18446744073709551615", u64::MAX, u64::MAX),
-        ] {
-            assert_eq!(parse_entry_id(raw.as_bytes()), Some(id(ms, seq)), "{raw}");
-            assert_eq!(raw.parse::<EntryId>(), Ok(id(ms, seq)), "{raw}: agrees with FromStr");
-        }
-    }
-
-    #[test]
-    fn malformed_entry_ids_are_rejected_like_from_str() {
-        for raw in [
-            "",
-            "-",
-            "1",
-            "1-",
-            "-1",
-            "01-0",
-            "1-00",
-            "+1-0",
-            "1-+0",
-            " 1-0",
-            "1-0 ",
-            "1-0\n",
-            "1-2-3",
-            "1--2",
-            "a-1",
-            "1-b",
-            "18446744073709551616-0",
-            "0-18446744073709551616",
-            "99999999999999999999-0",
-            "000000000000000000001-0",
-            "\u{661}-0",
-        ] {
-            assert_eq!(parse_entry_id(raw.as_bytes()), None, "{raw:?}");
-            assert!(raw.parse::<EntryId>().is_err(), "{raw:?}: FromStr refuses it too");
-        }
-        assert_eq!(parse_entry_id(b"\xff-0"), None, "not UTF-8");
+    fn entry_id_replies_are_read_strictly() {
+        assert_eq!(entry_id("X", &b("1700000000123-42")), Ok(id(1_700_000_000_123, 42)));
         assert!(entry_id("X", &b("1-0x")).is_err());
         assert!(entry_id("X", &Value::Int(1)).is_err(), "an integer is not an id");
         assert_eq!(entry_id("X", &Value::SimpleString("2-3".into())), Ok(id(2, 3)));

@@ -339,8 +339,8 @@ pub(crate) fn expand_ids(text: &str, count: usize) -> Option<Vec<EntryId>> {
 /// A reply value as an entry id (`XADD`'s answer), read without copying it into a `String`.
 pub(crate) fn entry_id(value: &Value) -> Option<EntryId> {
     match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
+        Value::BulkString(bytes) => EntryId::from_bytes(bytes),
+        Value::SimpleString(s) => EntryId::from_bytes(s.as_bytes()),
         _ => None,
     }
 }
