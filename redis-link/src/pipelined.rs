@@ -122,24 +122,39 @@ impl PipelinedConnection {
     /// # Errors
     /// As [`PipelinedConnection::send`].
     pub async fn send_parts(&self, parts: Vec<Bytes>, replies: usize) -> RedisResult<Vec<Value>> {
+        self.submit(parts, replies).await
+    }
+
+    /// Hands the commands to the connection now, in the order of the calls, and returns the future of their
+    /// replies (see [`PipelinedConnection::send`]). For a caller that must have a request on the wire before it
+    /// lets another caller send, without waiting for the answer: requests handed over later are written after
+    /// this one, and answered after it.
+    pub fn submit(
+        &self,
+        parts: Vec<Bytes>,
+        replies: usize,
+    ) -> impl std::future::Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
         let (answer, rx) = oneshot::channel();
-        let request = Request { parts, replies, answer };
-        if self.requests.send(request).is_err() {
-            return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection is closed").into());
+        let handed = self.requests.send(Request { parts, replies, answer }).is_ok();
+        let limit = self.response_timeout;
+        async move {
+            if !handed {
+                return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection is closed").into());
+            }
+            let answered = match limit {
+                Some(limit) => tokio::time::timeout(limit, rx)
+                    .await
+                    .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))?,
+                None => rx.await,
+            };
+            answered.unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the connection closed before answering",
+                )
+                .into())
+            })
         }
-        let answered = match self.response_timeout {
-            Some(limit) => tokio::time::timeout(limit, rx)
-                .await
-                .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))?,
-            None => rx.await,
-        };
-        answered.unwrap_or_else(|_| {
-            Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the connection closed before answering",
-            )
-            .into())
-        })
     }
 
     /// Whether the connection has ended (a later request fails at once).

@@ -10,6 +10,14 @@
 //! the first caller to get the lane's turn writes everything queued by then, in queue order, and hands every batch
 //! its outcome ("group commit"): fewer round trips, larger pipelines, and no task encodes for the others.
 //!
+//! # Turns overlap
+//! A turn holds the lane from its check until its `XADD`s and `EXEC` are handed to the connection, not until
+//! `EXEC` is answered: the next turn's check goes out right behind that `EXEC` (the connection keeps their order,
+//! and `EXEC` ends the previous `WATCH`), so Redis always has the lane's next work queued instead of idling for a
+//! round trip per turn. Order is kept by one rule: a turn writes only after the previous turn's `EXEC` has an
+//! answer. If that `EXEC` was aborted by `WATCH`, the previous turn put its batches back at the front of the queue,
+//! and this turn `DISCARD`s and puts its own right behind them; the next turn checks them all again, in order.
+//!
 //! # Why this is as safe as the publish script
 //! * `WATCH` makes `EXEC` answer nil when the fence key was modified after it: a seal (which raises the fence,
 //!   `HSET`) between the check and the writes aborts the whole batch, nothing of it written. The check is then
@@ -27,8 +35,9 @@
 //! * `EXEC` runs the queued `XADD`s with nothing in between, and an error while queueing (out of memory) aborts
 //!   the transaction. The `XADD`s of one batch address one key, so a key of the wrong type fails them all. A batch
 //!   is written whole or not at all, like a script call.
-//! * A batch's outcome is settled by the transaction that carried it; an `EXEC` aborted by `WATCH` is checked and
-//!   sent again in the same turn, before any later batch of the lane.
+//! * A batch's outcome is settled by the transaction that carried it; the batches of an `EXEC` aborted by `WATCH`
+//!   go back to the front of the queue and are checked and sent again before any later batch of the lane (at most
+//!   [`MAX_ATTEMPTS`] times).
 //!
 //! # Cost
 //! Redis spends 11,041 instructions per record on this (`scripts/script-cost.sh`, variant `watch`, 128 records
@@ -49,7 +58,7 @@ use protocol::keys::{self, shard_fence_fields};
 use protocol::{RoutingVersion, ShardId};
 use redis::{RedisError, RedisResult, Value};
 use redis_link::PipelinedConnection;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::{xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
 use crate::error::PublishError;
@@ -59,17 +68,36 @@ use crate::publish_script::MAX_RECORDS_PER_CALL;
 /// `EXEC` holds Redis and the size of one write.
 const MAX_RECORDS_PER_TRANSACTION: usize = 4 * MAX_RECORDS_PER_CALL;
 
-/// Checks of one turn whose `EXEC` was aborted by a change of a fence that still let its batches write (the key
-/// was touched, not raised above their version). More fails the batches as not written.
+/// Transactions of one batch aborted by a change of a fence that still let it write (the key was touched, not
+/// raised above its version). More fails the batch as not written.
 const MAX_ATTEMPTS: u32 = 3;
 
 /// The checked transactions of one lane.
 #[derive(Default)]
 pub(crate) struct Transactions {
-    /// Batches waiting to be written, in issue order. A std mutex: held only to push or take.
-    queue: Mutex<VecDeque<Batch>>,
-    /// The turn: its holder writes what is queued, alone on the lane's connection.
+    /// Batches waiting to be written, in issue order, and the end of the last turn whose `EXEC` is not answered
+    /// yet. A std mutex: held only to push or take.
+    queue: Mutex<Queue>,
+    /// The turn: its holder checks what is queued and hands its writes to the connection, alone on the lane.
     turn: tokio::sync::Mutex<()>,
+    /// Notified when batches are put back in the queue.
+    requeued: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    batches: VecDeque<Batch>,
+    /// How the last turn that sent `EXEC` ended, for the next turn to wait on (taken by it).
+    last: Option<watch::Receiver<Option<TurnEnd>>>,
+}
+
+/// How a turn that sent `EXEC` ended, as the next turn needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TurnEnd {
+    /// Its batches are settled (written, refused, or unknown): nothing of it will be sent again.
+    Settled,
+    /// `WATCH` aborted its `EXEC`: its first `requeued` batches of the queue are to be written first.
+    Aborted { requeued: usize },
 }
 
 /// One shard batch, encoded by its caller.
@@ -81,6 +109,8 @@ struct Batch {
     writes: Bytes,
     /// How many records (`XADD`s in `writes`).
     records: usize,
+    /// Transactions of it aborted by `WATCH` so far.
+    aborted: u32,
     outcome: oneshot::Sender<Vec<Result<Published, PublishError>>>,
 }
 
@@ -96,6 +126,9 @@ impl Batch {
     }
 }
 
+/// Where a batch's caller waits for its records' outcomes.
+type BatchOutcome = oneshot::Receiver<Vec<Result<Published, PublishError>>>;
+
 /// Fails every batch with the error `error` makes for its shard.
 fn fail_all(batches: Vec<Batch>, error: impl Fn(ShardId) -> PublishError) {
     for b in batches {
@@ -105,26 +138,39 @@ fn fail_all(batches: Vec<Batch>, error: impl Fn(ShardId) -> PublishError) {
 }
 
 impl Transactions {
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Batch>> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue
             .lock()
             .expect("the transaction queue lock is never held across a panic")
     }
 
-    /// Takes the batches of the next transaction: whole batches in queue order, up to the record bound (at least
-    /// one).
-    fn take(&self) -> Vec<Batch> {
+    /// Takes the batches of the next transaction (whole batches in queue order, up to the record bound, at least
+    /// one), and the end of the previous turn to wait for before writing them.
+    fn take(&self) -> (Vec<Batch>, Option<watch::Receiver<Option<TurnEnd>>>) {
         let mut queue = self.queue();
         let mut taken = Vec::new();
         let mut records = 0;
-        while let Some(next) = queue.front() {
+        while let Some(next) = queue.batches.front() {
             if !taken.is_empty() && records + next.records > MAX_RECORDS_PER_TRANSACTION {
                 break;
             }
             records += next.records;
-            taken.push(queue.pop_front().expect("front exists"));
+            taken.push(queue.batches.pop_front().expect("front exists"));
         }
-        taken
+        let last = if taken.is_empty() { None } else { queue.last.take() };
+        (taken, last)
+    }
+
+    /// Puts `batches` back at position `at` of the queue, in their order.
+    fn requeue(&self, at: usize, batches: Vec<Batch>) {
+        {
+            let mut queue = self.queue();
+            let at = at.min(queue.batches.len());
+            for (i, b) in batches.into_iter().enumerate() {
+                queue.batches.insert(at + i, b);
+            }
+        }
+        self.requeued.notify_waiters();
     }
 }
 
@@ -139,6 +185,54 @@ impl Publisher {
         minid: Option<&str>,
     ) -> Vec<Result<Published, PublishError>> {
         let lane = &self.lanes[shard.index() % self.lanes.len()];
+        let waiting = self.queue_batches(lane, shard, records, routing_version, minid);
+        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
+        for (mut rx, n) in waiting {
+            let settled = |rx: &mut oneshot::Receiver<_>| match rx.try_recv() {
+                Ok(results) => Some(results),
+                // The caller whose turn carried it was cancelled mid-way: its writes may have left.
+                Err(oneshot::error::TryRecvError::Closed) => Some(vec![Err(PublishError::Abandoned); n]),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+            };
+            let results = loop {
+                if let Some(results) = settled(&mut rx) {
+                    break results;
+                }
+                // Armed before the queue is looked at: batches put back after that wake us.
+                let requeued = lane.transactions.requeued.notified();
+                let mut requeued = std::pin::pin!(requeued);
+                requeued.as_mut().enable();
+                let turn = lane.transactions.turn.lock().await;
+                // Written meanwhile by the turn before ours?
+                if let Some(results) = settled(&mut rx) {
+                    break results;
+                }
+                if !self.write_queued(lane, turn).await {
+                    // Nothing queued: ours is in a transaction whose EXEC is on its way. Wait for its outcome, or
+                    // for it to come back to the queue (an EXEC aborted by WATCH).
+                    tokio::select! {
+                        outcome = &mut rx => break outcome.unwrap_or_else(|_| vec![Err(PublishError::Abandoned); n]),
+                        () = requeued => {}
+                    }
+                }
+            };
+            debug_assert_eq!(results.len(), n);
+            out.extend(results);
+        }
+        self.count(&out);
+        out
+    }
+
+    /// Encodes one shard's records as batches of at most [`MAX_RECORDS_PER_CALL`] and queues them on `lane`,
+    /// together and in order; returns each batch's outcome receiver and size.
+    fn queue_batches(
+        &self,
+        lane: &Lane,
+        shard: ShardId,
+        records: &[&Record],
+        routing_version: RoutingVersion,
+        minid: Option<&str>,
+    ) -> Vec<(BatchOutcome, usize)> {
         let stream_key = keys::shard_stream(&self.stream, shard);
         let fence_key = keys::shard_fence(&self.stream, shard);
         // Encoded here, by the caller, before the queue's lock is taken.
@@ -152,61 +246,37 @@ impl Publisher {
             })
             .collect();
         let mut waiting = Vec::with_capacity(batches.len());
-        {
-            // One push for all batches of the call: they stay together and in order.
-            let mut queue = lane.transactions.queue();
-            for (writes, n) in batches {
-                let (outcome, rx) = oneshot::channel();
-                queue.push_back(Batch {
-                    shard,
-                    fence_key: fence_key.clone(),
-                    routing_version,
-                    writes,
-                    records: n,
-                    outcome,
-                });
-                waiting.push((rx, n));
-            }
+        // One push for all batches of the call: they stay together and in order.
+        let mut queue = lane.transactions.queue();
+        for (writes, n) in batches {
+            let (outcome, rx) = oneshot::channel();
+            queue.batches.push_back(Batch {
+                shard,
+                fence_key: fence_key.clone(),
+                routing_version,
+                writes,
+                records: n,
+                aborted: 0,
+                outcome,
+            });
+            waiting.push((rx, n));
         }
-        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
-        for (mut rx, n) in waiting {
-            let settled = |rx: &mut oneshot::Receiver<_>| match rx.try_recv() {
-                Ok(results) => Some(results),
-                // The caller whose turn carried it was cancelled mid-way: its writes may have left.
-                Err(oneshot::error::TryRecvError::Closed) => Some(vec![Err(PublishError::Abandoned); n]),
-                Err(oneshot::error::TryRecvError::Empty) => None,
-            };
-            let results = loop {
-                if let Some(results) = settled(&mut rx) {
-                    break results;
-                }
-                let turn = lane.transactions.turn.lock().await;
-                // Written meanwhile by the turn before ours?
-                if let Some(results) = settled(&mut rx) {
-                    break results;
-                }
-                self.write_queued(lane).await;
-                drop(turn);
-            };
-            debug_assert_eq!(results.len(), n);
-            out.extend(results);
-        }
-        self.count(&out);
-        out
+        waiting
     }
 
-    /// One turn: writes the batches queued now (up to the bound) as one checked transaction and settles each.
-    /// The caller holds the lane's turn.
-    async fn write_queued(&self, lane: &Lane) {
-        let mut batches = lane.transactions.take();
+    /// One turn: checks the batches queued now (up to the bound), hands their writes to the connection as one
+    /// checked transaction, lets the next turn go (`turn` is released), and settles each batch from `EXEC`'s
+    /// answer. The caller holds the lane's turn. `false`: nothing was queued.
+    async fn write_queued(&self, lane: &Lane, turn: tokio::sync::MutexGuard<'_, ()>) -> bool {
+        let (batches, previous) = lane.transactions.take();
         if batches.is_empty() {
-            return;
+            return false;
         }
         let (generation, mut con) = match lane.connection().await {
             Ok(c) => c,
             Err(f) => {
                 fail_all(batches, |shard| f.clone().into_publish_error(shard));
-                return;
+                return true;
             }
         };
         // The distinct fences, each read once.
@@ -233,134 +303,180 @@ impl Publisher {
             con: &mut con,
             open_transaction: false,
         };
-        for _attempt in 0..MAX_ATTEMPTS {
-            self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
-            let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
-            // From here until EXEC or DISCARD is answered the connection may be inside MULTI.
-            conn.open_transaction = true;
-            let replies = match conn.run(&check).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let source = Arc::new(e);
-                    fail_all(batches, |shard| PublishError::NotSent {
-                        shard,
-                        source: source.clone(),
-                    });
-                    return;
-                }
-            };
-            let read = match check_reply(replies, fences.len()) {
-                Ok(read) => read,
-                Err(e) => {
-                    // Whether MULTI was taken or not, nothing more goes on this connection.
-                    conn.drop_connection();
-                    let source = Arc::new(e);
-                    fail_all(batches, |shard| PublishError::Rejected {
-                        shard,
-                        source: source.clone(),
-                    });
-                    return;
-                }
-            };
-            // Settle the batches the check refuses; keep the others, in order.
-            let mut kept = Vec::with_capacity(batches.len());
-            for b in batches {
-                let at = fences
-                    .iter()
-                    .position(|f| *f == b.fence_key)
-                    .expect("every fence was read");
-                match &read[at] {
-                    Fence::Unreadable(e) => {
-                        let shard = b.shard;
-                        b.fail(PublishError::Rejected {
-                            shard,
-                            source: Arc::new(e.clone()),
-                        });
-                    }
-                    Fence::Value(fence) if b.routing_version < *fence => {
-                        let (shard, routing_version, fence) = (b.shard, b.routing_version, *fence);
-                        b.fail(PublishError::Fenced {
-                            shard,
-                            routing_version,
-                            fence,
-                        });
-                    }
-                    Fence::Value(_) => kept.push(b),
-                }
-            }
-            batches = kept;
-            if batches.is_empty() {
-                conn.discard_transaction().await;
-                return;
-            }
-            let count: usize = batches.iter().map(|b| b.records).sum();
-            let mut writes: Vec<Bytes> = batches.iter().map(|b| b.writes.clone()).collect();
-            writes.push(Bytes::from_static(EXEC));
-            let mut replies = match conn.run_packed(writes, count + 1).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let source = Arc::new(e);
-                    fail_all(batches, |shard| PublishError::ConnectionLost {
-                        shard,
-                        source: source.clone(),
-                    });
-                    return;
-                }
-            };
-            conn.open_transaction = false;
-            if replies.len() != count + 1 {
-                let detail = format!("{} replies to {count} queued XADDs and EXEC", replies.len());
-                fail_all(batches, |shard| PublishError::UnexpectedReply {
+        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
+        // From here until EXEC or DISCARD is handed over the connection may be inside MULTI.
+        conn.open_transaction = true;
+        let replies = match conn.run(&check).await {
+            Ok(r) => r,
+            Err(e) => {
+                let source = Arc::new(e);
+                fail_all(batches, |shard| PublishError::NotSent {
                     shard,
-                    detail: detail.clone(),
+                    source: source.clone(),
                 });
-                return;
+                return true;
             }
-            let exec = replies.pop().expect("checked the length");
-            match exec {
-                // A fence was touched after WATCH: nothing written. Check again, with the same commands.
-                Ok(Value::Nil) => continue,
-                Ok(Value::Array(items)) if items.len() == count => {
-                    let mut items = items.into_iter();
-                    for b in batches {
-                        let (shard, version) = (b.shard, b.routing_version);
-                        let results = items
-                            .by_ref()
-                            .take(b.records)
-                            .map(|item| xadd_outcome(shard, version, Ok(item)))
-                            .collect();
-                        b.settle(results);
-                    }
-                }
-                Ok(other) => {
-                    let detail = format!("EXEC answered {other:?}");
-                    fail_all(batches, |shard| PublishError::UnexpectedReply {
-                        shard,
-                        detail: detail.clone(),
-                    });
-                }
-                // EXECABORT (an XADD was refused while queued, e.g. out of memory) or EXEC itself refused: the
-                // first queued refusal says why.
-                Err(exec_error) => {
-                    let source = Arc::new(replies.into_iter().find_map(Result::err).unwrap_or(exec_error));
-                    fail_all(batches, |shard| PublishError::Rejected {
-                        shard,
-                        source: source.clone(),
-                    });
-                }
+        };
+        let read = match check_reply(replies, fences.len()) {
+            Ok(read) => read,
+            Err(e) => {
+                // Whether MULTI was taken or not, nothing more goes on this connection.
+                conn.drop_connection();
+                let source = Arc::new(e);
+                fail_all(batches, |shard| PublishError::Rejected {
+                    shard,
+                    source: source.clone(),
+                });
+                return true;
             }
-            return;
+        };
+        // Nothing is written before the previous turn's EXEC has its answer (it went out before our check, so it
+        // is here or about to be). Aborted, its batches are back at the front: ours go right behind them.
+        if let Some(mut previous) = previous {
+            let end = previous.wait_for(Option::is_some).await.map(|end| *end);
+            if let Ok(Some(TurnEnd::Aborted { requeued })) = end {
+                conn.discard_transaction().await;
+                lane.transactions.requeue(requeued, batches);
+                return true;
+            }
         }
-        let source = Arc::new(RedisError::from((
-            redis::ErrorKind::Client,
-            "a fence changed during every attempt",
-            format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
-        )));
-        fail_all(batches, |shard| PublishError::Rejected {
-            shard,
-            source: source.clone(),
-        });
+        // Settle the batches the check refuses; keep the others, in order.
+        let mut kept = Vec::with_capacity(batches.len());
+        for b in batches {
+            let at = fences
+                .iter()
+                .position(|f| *f == b.fence_key)
+                .expect("every fence was read");
+            match &read[at] {
+                Fence::Unreadable(e) => {
+                    let shard = b.shard;
+                    b.fail(PublishError::Rejected {
+                        shard,
+                        source: Arc::new(e.clone()),
+                    });
+                }
+                Fence::Value(fence) if b.routing_version < *fence => {
+                    let (shard, routing_version, fence) = (b.shard, b.routing_version, *fence);
+                    b.fail(PublishError::Fenced {
+                        shard,
+                        routing_version,
+                        fence,
+                    });
+                }
+                Fence::Value(_) => kept.push(b),
+            }
+        }
+        let batches = kept;
+        if batches.is_empty() {
+            conn.discard_transaction().await;
+            return true;
+        }
+        let count: usize = batches.iter().map(|b| b.records).sum();
+        let mut writes: Vec<Bytes> = batches.iter().map(|b| b.writes.clone()).collect();
+        writes.push(Bytes::from_static(EXEC));
+        let answer = conn.con.submit(writes, count + 1);
+        // EXEC is on the wire: whatever happens to this future now, the connection leaves the transaction.
+        conn.open_transaction = false;
+        let (ended, end) = watch::channel(None);
+        lane.transactions.queue().last = Some(end.clone());
+        // The next turn may check now; it writes only after `ended` says how this one ended.
+        drop(turn);
+        let replies = match answer.await {
+            Ok(replies) => replies.into_iter().map(Value::extract_error).collect::<Vec<_>>(),
+            Err(e) => {
+                lane.discard(generation);
+                let source = Arc::new(e);
+                fail_all(batches, |shard| PublishError::ConnectionLost {
+                    shard,
+                    source: source.clone(),
+                });
+                let _ = ended.send(Some(TurnEnd::Settled));
+                return true;
+            }
+        };
+        let how = settle_exec(lane, &end, batches, replies, count);
+        let _ = ended.send(Some(how));
+        true
     }
+}
+
+/// Settles the batches of a transaction from the replies to its `count` queued `XADD`s and `EXEC`, and says how
+/// the turn ended. The batches of an `EXEC` aborted by `WATCH` go back to the front of the queue, to be checked
+/// again before anything queued after them (up to [`MAX_ATTEMPTS`] transactions each); `end` is the turn's own end,
+/// dropped from the queue if no later turn took it (nobody waits for it then).
+fn settle_exec(
+    lane: &Lane,
+    end: &watch::Receiver<Option<TurnEnd>>,
+    batches: Vec<Batch>,
+    mut replies: Vec<RedisResult<Value>>,
+    count: usize,
+) -> TurnEnd {
+    if replies.len() != count + 1 {
+        let detail = format!("{} replies to {count} queued XADDs and EXEC", replies.len());
+        fail_all(batches, |shard| PublishError::UnexpectedReply {
+            shard,
+            detail: detail.clone(),
+        });
+        return TurnEnd::Settled;
+    }
+    match replies.pop().expect("checked the length") {
+        // A fence was touched after WATCH: nothing written.
+        Ok(Value::Nil) => {
+            let (again, spent): (Vec<Batch>, Vec<Batch>) =
+                batches.into_iter().partition(|b| b.aborted + 1 < MAX_ATTEMPTS);
+            let source = Arc::new(RedisError::from((
+                redis::ErrorKind::Client,
+                "a fence changed during every attempt",
+                format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
+            )));
+            fail_all(spent, |shard| PublishError::Rejected {
+                shard,
+                source: source.clone(),
+            });
+            let requeued = again.len();
+            let mut queue = lane.transactions.queue();
+            for (i, mut b) in again.into_iter().enumerate() {
+                b.aborted += 1;
+                queue.batches.insert(i, b);
+            }
+            if queue.last.as_ref().is_some_and(|last| last.same_channel(end)) {
+                queue.last = None;
+            }
+            drop(queue);
+            lane.transactions.requeued.notify_waiters();
+            return TurnEnd::Aborted { requeued };
+        }
+        Ok(Value::Array(items)) if items.len() == count => {
+            let mut items = items.into_iter();
+            for b in batches {
+                let (shard, version) = (b.shard, b.routing_version);
+                let results = items
+                    .by_ref()
+                    .take(b.records)
+                    .map(|item| xadd_outcome(shard, version, Ok(item)))
+                    .collect();
+                b.settle(results);
+            }
+        }
+        Ok(other) => {
+            let detail = format!("EXEC answered {other:?}");
+            fail_all(batches, |shard| PublishError::UnexpectedReply {
+                shard,
+                detail: detail.clone(),
+            });
+        }
+        // EXECABORT (an XADD was refused while queued, e.g. out of memory) or EXEC itself refused: the first queued
+        // refusal says why.
+        Err(exec_error) => {
+            let source = Arc::new(replies.into_iter().find_map(Result::err).unwrap_or(exec_error));
+            fail_all(batches, |shard| PublishError::Rejected {
+                shard,
+                source: source.clone(),
+            });
+        }
+    }
+    TurnEnd::Settled
 }
 
 /// The lane's connection during a turn. If the turn ends (or its future is dropped) while the connection may be
@@ -379,15 +495,6 @@ impl TurnConnection<'_> {
     /// Runs a pipeline whose replies may individually be errors; a transport error discards the connection.
     async fn run(&mut self, pipe: &redis::Pipeline) -> Result<Vec<RedisResult<Value>>, RedisError> {
         let replies = self.lane.query(self.generation, self.con, pipe).await;
-        if replies.is_err() {
-            self.open_transaction = false;
-        }
-        replies
-    }
-
-    /// Sends RESP-encoded commands, one reply each; a transport error discards the connection.
-    async fn run_packed(&mut self, commands: Vec<Bytes>, count: usize) -> Result<Vec<RedisResult<Value>>, RedisError> {
-        let replies = self.lane.query_packed(self.generation, self.con, commands, count).await;
         if replies.is_err() {
             self.open_transaction = false;
         }
@@ -478,6 +585,95 @@ mod tests {
 
     fn status() -> RedisResult<Value> {
         ok(Value::Okay)
+    }
+
+    /// Calls of `command` so far (`INFO commandstats`).
+    async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
+        let stats = redis.info("commandstats").await;
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    fn records(tag: &str) -> Vec<Record> {
+        (0..3)
+            .map(|i| Record::with_key("k").field("n", format!("{tag}{i}")))
+            .collect()
+    }
+
+    /// A turn that checked its batches while the previous turn's `EXEC` was still unanswered, and then learns that
+    /// `EXEC` was aborted by `WATCH` (its batches back at the front of the queue), writes nothing: it `DISCARD`s
+    /// and puts its batches right behind the aborted ones, and the next turn writes both in issue order.
+    #[tokio::test]
+    async fn a_turn_behind_an_aborted_exec_discards_and_goes_behind_its_batches() {
+        let redis = test_support::RedisServer::start().await;
+        let p = Publisher::new(
+            protocol::names::StreamName::new("orders").unwrap(),
+            redis.client(),
+            &redis.url(),
+            1,
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(5),
+            None,
+            Arc::default(),
+        );
+        let lane = &p.lanes[0];
+        let (a, b) = (records("a"), records("b"));
+        let (a, b): (Vec<&Record>, Vec<&Record>) = (a.iter().collect(), b.iter().collect());
+        let version = RoutingVersion(1);
+        let mut b_out = p.queue_batches(lane, ShardId(0), &b, version, None);
+        // The previous turn, which carried `a`, has sent its EXEC; its end is not known yet.
+        let (ended, end) = watch::channel(None);
+        lane.transactions.queue().last = Some(end);
+        let mut a_out = p.queue_batches(lane, ShardId(0), &a, version, None);
+        let a_batch = lane.transactions.queue().batches.pop_back().unwrap();
+        let turn = lane.transactions.turn.lock().await;
+        let b_turn = p.write_queued(lane, turn);
+        let previous_aborts = async {
+            test_support::wait_until(std::time::Duration::from_secs(5), "b's check ran", || async {
+                calls(&redis, "multi").await == 1
+            })
+            .await;
+            // What the previous turn does on a nil EXEC: its batch back at the front, then its end.
+            lane.transactions.requeue(0, vec![a_batch]);
+            ended.send(Some(TurnEnd::Aborted { requeued: 1 })).unwrap();
+        };
+        let (wrote, ()) = tokio::join!(b_turn, previous_aborts);
+        assert!(wrote);
+        assert_eq!(calls(&redis, "discard").await, 1, "b's transaction was left");
+        assert_eq!(calls(&redis, "exec").await, 0, "nothing was written");
+        let queued: Vec<Bytes> = lane
+            .transactions
+            .queue()
+            .batches
+            .iter()
+            .map(|b| b.writes.clone())
+            .collect();
+        assert_eq!(queued.len(), 2);
+        assert!(queued[0].windows(2).any(|w| w == b"a0") && queued[1].windows(2).any(|w| w == b"b0"));
+        assert!(
+            b_out[0].0.try_recv().is_err() && a_out[0].0.try_recv().is_err(),
+            "neither settled yet"
+        );
+        // The next turn takes both, in order, as one transaction.
+        assert!(p.write_queued(lane, lane.transactions.turn.lock().await).await);
+        for out in [&mut a_out, &mut b_out] {
+            let results = out.pop().unwrap().0.await.unwrap();
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        let mut con = redis.connection().await;
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(protocol::keys::shard_stream(&p.stream, ShardId(0)))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let order: Vec<&str> = entries.iter().map(|(_, f)| f[0].1.as_str()).collect();
+        assert_eq!(order, ["a0", "a1", "a2", "b0", "b1", "b2"]);
     }
 
     #[test]
