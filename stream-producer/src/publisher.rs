@@ -18,7 +18,8 @@
 //! By default ([`ProducerConfig::fencing`](crate::ProducerConfig::fencing)) every shard batch (split at 512
 //! records) is checked against the shard's fence atomically with its writes and written whole or not at all. On one
 //! server without idempotence it is a checked transaction: `WATCH` and a read of the fence, then `MULTI`, the
-//! `XADD`s and `EXEC` on the same connection, which the lane carries alone meanwhile ([`transaction`]). The
+//! `XADD`s and `EXEC` on the same connection, which the lane carries alone from the check until `EXEC` is handed
+//! over ([`transaction`]). The
 //! idempotent producer and a Redis Cluster send one `EVALSHA` of the publish script per batch instead
 //! ([`crate::publish_script`]); the script calls of one shard go in one pipeline, as the `XADD`s do. A fenced batch
 //! fails with [`PublishError::Fenced`] (not written).
