@@ -385,34 +385,21 @@ impl Lane {
             })
     }
 
-    /// Sends `commands` (RESP, `count` commands) on this lane's connection of `generation`; one reply each, an
-    /// error reply as `Err`.
-    async fn query_packed(
-        &self,
-        generation: u64,
-        con: &PipelinedConnection,
-        commands: Vec<bytes::Bytes>,
-        count: usize,
-    ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
-        match con.send_parts(commands, count).await {
-            Ok(replies) => Ok(replies.into_iter().map(Value::extract_error).collect()),
-            Err(e) => {
-                self.discard(generation);
-                Err(e)
-            }
-        }
-    }
-
-    /// Runs RESP-encoded commands (see [`Lane::query_packed`]), connecting first if needed.
+    /// Runs `count` RESP-encoded commands, connecting first if needed; one reply each (see [`reply_of`]).
     async fn run_packed(
         &self,
         commands: Vec<bytes::Bytes>,
         count: usize,
     ) -> Result<Vec<redis::RedisResult<Value>>, LaneError> {
         let (generation, con) = self.connection().await.map_err(LaneError::Connect)?;
-        self.query_packed(generation, &con, commands, count)
-            .await
-            .map_err(LaneError::Lost)
+        match con.send_parts(commands, count).await {
+            Ok(replies) => Ok(replies.into_iter().map(reply_of).collect()),
+            Err(e) => {
+                // As in `query`: after a failure the connection is suspect.
+                self.discard(generation);
+                Err(LaneError::Lost(e))
+            }
+        }
     }
 }
 
@@ -1165,6 +1152,15 @@ impl Publisher {
         s.records_not_written.fetch_add(not_written, Ordering::Relaxed);
         s.records_unknown.fetch_add(unknown, Ordering::Relaxed);
         s.metrics.records(written, not_written, unknown);
+    }
+}
+
+/// One command's reply as redis-rs's pipelines give it: an error reply is `Err`; errors nested in an array (the
+/// `XADD`s inside `EXEC`'s answer, each of which ran or not on its own) stay values.
+pub(crate) fn reply_of(value: Value) -> redis::RedisResult<Value> {
+    match value {
+        Value::ServerError(e) => Err(e.into()),
+        other => Ok(other),
     }
 }
 

@@ -284,6 +284,43 @@ async fn a_fence_that_is_not_a_number_refuses_the_checked_transaction() {
     producer.close().await.unwrap();
 }
 
+/// One transaction carries the batches of several shards; an `XADD` that fails while `EXEC` runs (the key holds
+/// another type) fails its own batch only: the other shards' records ran and are reported written.
+#[tokio::test]
+async fn an_xadd_failing_inside_exec_fails_its_own_batch_only() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().connections(1).build().unwrap();
+    producer.ready().await.unwrap();
+    let mut con = env.redis.connection().await;
+    let broken = keys::shard_stream(&stream(), ShardId(1));
+    let () = redis::cmd("SET")
+        .arg(&broken)
+        .arg("not a stream")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = producer.send_batch(keyed(0, 40)).await.unwrap_err();
+    for (record, outcome) in keyed(0, 40).iter().zip(err.outcomes()) {
+        let shard = shard_for_key(record.key().unwrap(), 4);
+        match outcome.error() {
+            None => assert_ne!(shard, ShardId(1), "written to the broken shard?"),
+            Some(PublishError::Rejected { source, .. }) => {
+                assert_eq!(shard, ShardId(1), "{source}");
+                assert!(source.to_string().contains("WRONGTYPE"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let written = err.outcomes().iter().filter(|o| o.error().is_none()).count();
+    assert!(written > 0 && written < 40, "{written}");
+    let mut total = 0;
+    for s in [0u32, 2, 3] {
+        total += xlen(&env.redis, s).await;
+    }
+    assert_eq!(total as usize, written, "what is reported written is in Redis");
+    producer.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_xadd_refused_while_queued_aborts_the_whole_transaction() {
     let env = Env::start(4, LEASE).await;

@@ -60,7 +60,7 @@ use redis::{RedisError, RedisResult, Value};
 use redis_link::PipelinedConnection;
 use tokio::sync::{oneshot, watch};
 
-use super::{xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
+use super::{reply_of, xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
 use crate::error::PublishError;
 use crate::publish_script::MAX_RECORDS_PER_CALL;
 
@@ -383,7 +383,7 @@ impl Publisher {
         // The next turn may check now; it writes only after `ended` says how this one ended.
         drop(turn);
         let replies = match answer.await {
-            Ok(replies) => replies.into_iter().map(Value::extract_error).collect::<Vec<_>>(),
+            Ok(replies) => replies.into_iter().map(reply_of).collect::<Vec<_>>(),
             Err(e) => {
                 lane.discard(generation);
                 let source = Arc::new(e);
