@@ -137,7 +137,10 @@ impl PipelinedConnection {
         let (answer, rx) = oneshot::channel();
         let handed = self.requests.send(Request { parts, replies, answer }).is_ok();
         let limit = self.response_timeout;
+        // Keeps the connection open until the answer is in, even if every handle is dropped meanwhile.
+        let open = self.requests.clone();
         async move {
+            let _open = open;
             if !handed {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection is closed").into());
             }

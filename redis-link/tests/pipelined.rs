@@ -175,3 +175,12 @@ async fn an_unreachable_server_or_socket_is_a_connect_error() {
     let info = redis::IntoConnectionInfo::into_connection_info("redis+unix:///nonexistent/redis.sock").unwrap();
     assert!(PipelinedConnection::connect(&info, SECOND, SECOND).await.is_err());
 }
+
+#[tokio::test]
+async fn a_submitted_request_is_answered_after_every_handle_is_dropped() {
+    let redis = RedisServer::start().await;
+    let con = connect(&redis.url(), SECOND).await.unwrap();
+    let answer = con.submit(vec![incr("a").into(), incr("a").into()], 2);
+    drop(con);
+    assert_eq!(answer.await.unwrap(), vec![Value::Int(1), Value::Int(2)]);
+}
