@@ -109,10 +109,10 @@ pub struct ProducerConfig {
     /// other nodes are discovered, every node connection uses the first URL's credentials and TLS settings). See
     /// [`redis_link::RedisTarget`].
     pub redis_url: String,
-    /// Redis connections used for publishing (per master on a Redis Cluster). Each is a multiplexed connection
-    /// that pipelines every concurrent request; shard `s` always uses connection `s % connections`, which keeps
-    /// each shard's records in order. The fenced producer on one server writes one checked transaction at a time
-    /// per connection (each carrying every batch queued on it), so this is also how many are in flight. Default 8
+    /// Redis connections used for publishing (per master on a Redis Cluster). Each is a pipelining connection
+    /// ([`redis_link::PipelinedConnection`]) shared by every concurrent request; shard `s` always uses connection `s % connections`, which keeps
+    /// each shard's records in order. The fenced producer on one server checks one transaction at a time per
+    /// connection (each carrying every batch queued on it; the next one's check follows the previous `EXEC`). Default 8
     /// (2 until issue 17: 8 lets the checked transactions keep Redis busy, `producer_bench`).
     pub connections: usize,
     /// Deadline for opening one Redis connection. Default 2 s.

@@ -14,7 +14,8 @@
 //!   path share one in-flight request) and persists the highest observed version through the
 //!   [`VersionStore`] SPI.
 //! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
-//!   them with pipelined `XADD`s, one pipeline per shard, over a few multiplexed connections.
+//!   them with pipelined `XADD`s, one pipeline per shard, over a few pipelining connections
+//!   ([`redis_link::PipelinedConnection`]; the `XADD`s written as RESP by the producer).
 //! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch
 //!   (idempotent producer, Redis Cluster); `publisher::transaction`: the checked transaction (one server).
 //! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
