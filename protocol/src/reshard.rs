@@ -32,6 +32,7 @@ impl EntryId {
     /// `<ms>-<seq>` read straight from a reply's bytes (no copy, no UTF-8 check, no `String`): every entry read
     /// and every record written carries one. Strict, and the rule [`FromStr`] uses too: two canonical decimals (no
     /// sign, no leading zero, nothing around them) of at most 20 digits that fit a `u64`.
+    #[inline]
     pub fn from_bytes(raw: &[u8]) -> Option<EntryId> {
         fn part(p: &[u8]) -> Option<u64> {
             if p.is_empty() || p.len() > 20 || (p.len() > 1 && p[0] == b'0') {
