@@ -91,6 +91,36 @@ struct Queue {
     last: Option<watch::Receiver<Option<TurnEnd>>>,
 }
 
+/// The end of the turn before, as a turn took it with its batches. A turn that stops before waiting for it (its
+/// check failed, or refused every batch) puts it back for the next turn, unless that turn already ended: its
+/// `EXEC` may still be aborted, and the batches it then puts back must be written before anything queued after them.
+struct PreviousEnd<'a> {
+    lanes: &'a Transactions,
+    end: Option<watch::Receiver<Option<TurnEnd>>>,
+}
+
+impl PreviousEnd<'_> {
+    /// Waits for the previous turn's end (`None`: there is none, or its turn was dropped unanswered).
+    async fn wait(&mut self) -> Option<TurnEnd> {
+        let mut end = self.end.take()?;
+        let ended = end.wait_for(Option::is_some).await.ok().and_then(|e| *e);
+        ended
+    }
+}
+
+impl Drop for PreviousEnd<'_> {
+    fn drop(&mut self) {
+        let Some(end) = self.end.take() else { return };
+        let mut queue = self.lanes.queue();
+        // An aborted turn sends its end under this lock, after putting its batches back at the front: ended means
+        // those batches are there already (nobody took them: this turn holds the lane), not ended means its own
+        // settling will see the end here and deal with it.
+        if end.borrow().is_none() && queue.last.is_none() {
+            queue.last = Some(end);
+        }
+    }
+}
+
 /// How a turn that sent `EXEC` ended, as the next turn needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TurnEnd {
@@ -146,7 +176,7 @@ impl Transactions {
 
     /// Takes the batches of the next transaction (whole batches in queue order, up to the record bound, at least
     /// one), and the end of the previous turn to wait for before writing them.
-    fn take(&self) -> (Vec<Batch>, Option<watch::Receiver<Option<TurnEnd>>>) {
+    fn take(&self) -> (Vec<Batch>, PreviousEnd<'_>) {
         let mut queue = self.queue();
         let mut taken = Vec::new();
         let mut records = 0;
@@ -157,8 +187,8 @@ impl Transactions {
             records += next.records;
             taken.push(queue.batches.pop_front().expect("front exists"));
         }
-        let last = if taken.is_empty() { None } else { queue.last.take() };
-        (taken, last)
+        let end = if taken.is_empty() { None } else { queue.last.take() };
+        (taken, PreviousEnd { lanes: self, end })
     }
 
     /// Puts `batches` back at position `at` of the queue, in their order.
@@ -333,13 +363,11 @@ impl Publisher {
         };
         // Nothing is written before the previous turn's EXEC has its answer (it went out before our check, so it
         // is here or about to be). Aborted, its batches are back at the front: ours go right behind them.
-        if let Some(mut previous) = previous {
-            let end = previous.wait_for(Option::is_some).await.map(|end| *end);
-            if let Ok(Some(TurnEnd::Aborted { requeued })) = end {
-                conn.discard_transaction().await;
-                lane.transactions.requeue(requeued, batches);
-                return true;
-            }
+        let mut previous = previous;
+        if let Some(TurnEnd::Aborted { requeued }) = previous.wait().await {
+            conn.discard_transaction().await;
+            lane.transactions.requeue(requeued, batches);
+            return true;
         }
         // Settle the batches the check refuses; keep the others, in order.
         let mut kept = Vec::with_capacity(batches.len());
@@ -395,30 +423,34 @@ impl Publisher {
                 return true;
             }
         };
-        let how = settle_exec(lane, &end, batches, replies, count);
-        let _ = ended.send(Some(how));
+        settle_exec(lane, &ended, &end, batches, replies, count);
         true
     }
 }
 
-/// Settles the batches of a transaction from the replies to its `count` queued `XADD`s and `EXEC`, and says how
-/// the turn ended. The batches of an `EXEC` aborted by `WATCH` go back to the front of the queue, to be checked
+/// Settles the batches of a transaction from the replies to its `count` queued `XADD`s and `EXEC`, and sends how
+/// the turn ended on `ended`. The batches of an `EXEC` aborted by `WATCH` go back to the front of the queue, to be checked
 /// again before anything queued after them (up to [`MAX_ATTEMPTS`] transactions each); `end` is the turn's own end,
 /// dropped from the queue if no later turn took it (nobody waits for it then).
 fn settle_exec(
     lane: &Lane,
+    ended: &watch::Sender<Option<TurnEnd>>,
     end: &watch::Receiver<Option<TurnEnd>>,
     batches: Vec<Batch>,
     mut replies: Vec<RedisResult<Value>>,
     count: usize,
-) -> TurnEnd {
+) {
+    let settled = || {
+        let _ = ended.send(Some(TurnEnd::Settled));
+    };
     if replies.len() != count + 1 {
         let detail = format!("{} replies to {count} queued XADDs and EXEC", replies.len());
         fail_all(batches, |shard| PublishError::UnexpectedReply {
             shard,
             detail: detail.clone(),
         });
-        return TurnEnd::Settled;
+        settled();
+        return;
     }
     match replies.pop().expect("checked the length") {
         // A fence was touched after WATCH: nothing written.
@@ -443,9 +475,11 @@ fn settle_exec(
             if queue.last.as_ref().is_some_and(|last| last.same_channel(end)) {
                 queue.last = None;
             }
+            // Under the queue's lock: see `PreviousEnd`'s drop.
+            let _ = ended.send(Some(TurnEnd::Aborted { requeued }));
             drop(queue);
             lane.transactions.requeued.notify_waiters();
-            return TurnEnd::Aborted { requeued };
+            return;
         }
         Ok(Value::Array(items)) if items.len() == count => {
             let mut items = items.into_iter();
@@ -476,7 +510,7 @@ fn settle_exec(
             });
         }
     }
-    TurnEnd::Settled
+    settled();
 }
 
 /// The lane's connection during a turn. If the turn ends (or its future is dropped) while the connection may be
@@ -674,6 +708,61 @@ mod tests {
             .unwrap();
         let order: Vec<&str> = entries.iter().map(|(_, f)| f[0].1.as_str()).collect();
         assert_eq!(order, ["a0", "a1", "a2", "b0", "b1", "b2"]);
+    }
+
+    /// A turn whose check fails (here `HGET` of a fence that is not a hash) stops before waiting for the previous
+    /// turn's end: it puts that end back, so the next turn still writes only after it (the previous `EXEC` may yet
+    /// be aborted).
+    #[tokio::test]
+    async fn a_turn_whose_check_fails_leaves_the_previous_end_to_the_next_turn() {
+        let redis = test_support::RedisServer::start().await;
+        let p = Publisher::new(
+            protocol::names::StreamName::new("orders").unwrap(),
+            redis.client(),
+            &redis.url(),
+            1,
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(5),
+            None,
+            Arc::default(),
+        );
+        let lane = &p.lanes[0];
+        let mut con = redis.connection().await;
+        let () = redis::cmd("SET")
+            .arg(protocol::keys::shard_fence(&p.stream, ShardId(0)))
+            .arg("not a hash")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let b = records("b");
+        let b: Vec<&Record> = b.iter().collect();
+        let mut b_out = p.queue_batches(lane, ShardId(0), &b, RoutingVersion(1), None);
+        let (ended, end) = watch::channel(None);
+        lane.transactions.queue().last = Some(end.clone());
+        assert!(p.write_queued(lane, lane.transactions.turn.lock().await).await);
+        let results = b_out.pop().unwrap().0.await.unwrap();
+        assert!(
+            results.iter().all(|r| matches!(r, Err(PublishError::Rejected { .. }))),
+            "{results:?}"
+        );
+        let restored = lane.transactions.queue().last.take();
+        assert!(
+            restored.is_some_and(|last| last.same_channel(&end)),
+            "the previous end is back"
+        );
+        // Had the previous turn ended (aborted: its batches back at the front), there is nothing to put back.
+        lane.transactions.queue().last = Some(end.clone());
+        let (c, _) = (records("c"), ());
+        let c: Vec<&Record> = c.iter().collect();
+        let mut c_out = p.queue_batches(lane, ShardId(0), &c, RoutingVersion(1), None);
+        let turn = lane.transactions.turn.lock().await;
+        let (batches, previous) = lane.transactions.take();
+        ended.send(Some(TurnEnd::Settled)).unwrap();
+        drop(previous);
+        drop(turn);
+        assert!(lane.transactions.queue().last.is_none());
+        drop(batches);
+        assert!(c_out.pop().unwrap().0.await.is_err(), "dropped unsettled");
     }
 
     #[test]
