@@ -632,6 +632,20 @@ mod tests {
             .map_or(0, |n| n.parse().unwrap())
     }
 
+    /// A publisher of stream `orders` with one lane to `redis`.
+    fn one_lane(redis: &test_support::RedisServer) -> Publisher {
+        Publisher::new(
+            protocol::names::StreamName::new("orders").unwrap(),
+            redis.client(),
+            &redis.url(),
+            1,
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(5),
+            None,
+            Arc::default(),
+        )
+    }
+
     fn records(tag: &str) -> Vec<Record> {
         (0..3)
             .map(|i| Record::with_key("k").field("n", format!("{tag}{i}")))
@@ -644,16 +658,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_behind_an_aborted_exec_discards_and_goes_behind_its_batches() {
         let redis = test_support::RedisServer::start().await;
-        let p = Publisher::new(
-            protocol::names::StreamName::new("orders").unwrap(),
-            redis.client(),
-            &redis.url(),
-            1,
-            std::time::Duration::from_secs(1),
-            std::time::Duration::from_secs(5),
-            None,
-            Arc::default(),
-        );
+        let p = one_lane(&redis);
         let lane = &p.lanes[0];
         let (a, b) = (records("a"), records("b"));
         let (a, b): (Vec<&Record>, Vec<&Record>) = (a.iter().collect(), b.iter().collect());
@@ -716,16 +721,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_whose_check_fails_leaves_the_previous_end_to_the_next_turn() {
         let redis = test_support::RedisServer::start().await;
-        let p = Publisher::new(
-            protocol::names::StreamName::new("orders").unwrap(),
-            redis.client(),
-            &redis.url(),
-            1,
-            std::time::Duration::from_secs(1),
-            std::time::Duration::from_secs(5),
-            None,
-            Arc::default(),
-        );
+        let p = one_lane(&redis);
         let lane = &p.lanes[0];
         let mut con = redis.connection().await;
         let () = redis::cmd("SET")
