@@ -57,13 +57,65 @@ impl std::fmt::Debug for PipelinedConnection {
 struct Request {
     parts: Vec<Bytes>,
     replies: usize,
-    answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+    answer: Answer,
 }
 
 /// A request written and waiting for its replies.
 struct Waiting {
     replies: usize,
-    answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+    answer: Answer,
+}
+
+/// Where a request's replies go, and in which form.
+enum Answer {
+    /// Parsed into [`Value`]s.
+    Values(oneshot::Sender<RedisResult<Vec<Value>>>),
+    /// Each reply's bytes, as the server sent them (for [`crate::resp::Cursor`]).
+    Frames(oneshot::Sender<RedisResult<Vec<Vec<u8>>>>),
+}
+
+impl Answer {
+    fn fail(self, e: RedisError) {
+        // The caller may have given up (timeout, cancellation): nobody to tell then.
+        let _ = match self {
+            Answer::Values(tx) => tx.send(Err(e)).is_ok(),
+            Answer::Frames(tx) => tx.send(Err(e)).is_ok(),
+        };
+    }
+
+    fn collector(&self, replies: usize) -> Collected {
+        let capacity = replies.min(4096);
+        match self {
+            Answer::Values(_) => Collected::Values(Vec::with_capacity(capacity)),
+            Answer::Frames(_) => Collected::Frames(Vec::with_capacity(capacity)),
+        }
+    }
+
+    fn send(self, collected: Collected) {
+        let _ = match (self, collected) {
+            (Answer::Values(tx), Collected::Values(v)) => tx.send(Ok(v)).is_ok(),
+            (Answer::Frames(tx), Collected::Frames(f)) => tx.send(Ok(f)).is_ok(),
+            (answer, _) => {
+                answer.fail(io::Error::other("replies collected in the wrong form").into());
+                false
+            }
+        };
+    }
+}
+
+/// The replies of the request being answered, so far.
+enum Collected {
+    Values(Vec<Value>),
+    Frames(Vec<Vec<u8>>),
+}
+
+impl Collected {
+    fn len(&self) -> usize {
+        match self {
+            Collected::Values(v) => v.len(),
+            Collected::Frames(f) => f.len(),
+        }
+    }
 }
 
 /// What ended a connection, shared by every request it fails.
@@ -135,6 +187,32 @@ impl PipelinedConnection {
         replies: usize,
     ) -> impl std::future::Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
         let (answer, rx) = oneshot::channel();
+        self.hand_over(parts, replies, Answer::Values(answer), rx)
+    }
+
+    /// Like [`PipelinedConnection::submit`], each reply returned as the bytes the server sent (one complete RESP
+    /// reply each, measured by [`crate::resp::frame_len`] within the same bounds as the parser), to be decoded
+    /// with a [`crate::resp::Cursor`]. An error reply is a frame too (it starts with `-`; [`crate::resp::parse`]
+    /// turns it into its [`Value::ServerError`]).
+    ///
+    /// # Errors
+    /// As [`PipelinedConnection::send`].
+    pub fn submit_frames(
+        &self,
+        parts: Vec<Bytes>,
+        replies: usize,
+    ) -> impl std::future::Future<Output = RedisResult<Vec<Vec<u8>>>> + Send + 'static {
+        let (answer, rx) = oneshot::channel();
+        self.hand_over(parts, replies, Answer::Frames(answer), rx)
+    }
+
+    fn hand_over<T: Send + 'static>(
+        &self,
+        parts: Vec<Bytes>,
+        replies: usize,
+        answer: Answer,
+        rx: oneshot::Receiver<RedisResult<T>>,
+    ) -> impl std::future::Future<Output = RedisResult<T>> + Send + 'static {
         let handed = self.requests.send(Request { parts, replies, answer }).is_ok();
         let limit = self.response_timeout;
         // Keeps the connection open until the answer is in, even if every handle is dropped meanwhile.
@@ -270,7 +348,7 @@ async fn drive(reader: Reader, writer: Writer, queue: mpsc::UnboundedReceiver<Re
     };
     let waiting = std::mem::take(&mut *waiting.lock().expect("never held across a panic"));
     for w in waiting {
-        let _ = w.answer.send(Err(closed.error()));
+        w.answer.fail(closed.error());
     }
 }
 
@@ -297,7 +375,8 @@ async fn write_loop(
                 size += request.parts.iter().map(Bytes::len).sum::<usize>();
                 batch.extend(request.parts);
                 if request.replies == 0 {
-                    let _ = request.answer.send(Ok(Vec::new()));
+                    let collected = request.answer.collector(0);
+                    request.answer.send(collected);
                 } else {
                     w.push_back(Waiting {
                         replies: request.replies,
@@ -334,11 +413,36 @@ async fn read_loop(mut reader: Reader, waiting: Arc<Mutex<VecDeque<Waiting>>>) -
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut start = 0;
     // The request being answered, taken off the queue while its replies arrive.
-    let mut current: Option<(Waiting, Vec<Value>)> = None;
+    let mut current: Option<(Waiting, Collected)> = None;
     loop {
-        loop {
-            let (value, used) = match resp::parse(&buf[start..]) {
-                Ok(Some(parsed)) => parsed,
+        while start < buf.len() {
+            let (request, collected) = match current.as_mut() {
+                Some(c) => c,
+                None => {
+                    let Some(next) = waiting.lock().expect("never held across a panic").pop_front() else {
+                        return Closed {
+                            kind: io::ErrorKind::InvalidData,
+                            detail: "Redis sent a reply nobody asked for".into(),
+                        };
+                    };
+                    let collected = next.answer.collector(next.replies);
+                    current.insert((next, collected))
+                }
+            };
+            let rest = &buf[start..];
+            let parsed = match collected {
+                Collected::Values(values) => resp::parse(rest).map(|r| {
+                    r.map(|(value, used)| {
+                        values.push(value);
+                        used
+                    })
+                }),
+                Collected::Frames(frames) => {
+                    resp::frame_len(rest).map(|r| r.inspect(|&used| frames.push(rest[..used].to_vec())))
+                }
+            };
+            let used = match parsed {
+                Ok(Some(used)) => used,
                 Ok(None) => break,
                 Err(e) => {
                     return Closed {
@@ -348,24 +452,9 @@ async fn read_loop(mut reader: Reader, waiting: Arc<Mutex<VecDeque<Waiting>>>) -
                 }
             };
             start += used;
-            let (request, replies) = match current.as_mut() {
-                Some(c) => c,
-                None => {
-                    let Some(next) = waiting.lock().expect("never held across a panic").pop_front() else {
-                        return Closed {
-                            kind: io::ErrorKind::InvalidData,
-                            detail: "Redis sent a reply nobody asked for".into(),
-                        };
-                    };
-                    let capacity = next.replies.min(4096);
-                    current.insert((next, Vec::with_capacity(capacity)))
-                }
-            };
-            replies.push(value);
-            if replies.len() == request.replies {
-                let (request, replies) = current.take().expect("set above");
-                // The caller may have given up (timeout, cancellation): its replies are dropped.
-                let _ = request.answer.send(Ok(replies));
+            if collected.len() == request.replies {
+                let (request, collected) = current.take().expect("set above");
+                request.answer.send(collected);
             }
         }
         if start == buf.len() {

@@ -170,7 +170,7 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
     };
     let body = &buf[at + 1..end];
     let value = match kind {
-        b'+' if body == b"OK" => Value::Okay,
+        b'+' if matches!(body, [b'O', b'K']) => Value::Okay,
         b'+' => Value::SimpleString(
             std::str::from_utf8(body)
                 .map_err(|_| malformed("a status that is not UTF-8"))?
@@ -185,13 +185,9 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         b'$' => match length(body, MAX_BULK_LEN)? {
             None => Value::Nil,
             Some(len) => {
-                let Some(data) = buf.get(next..next + len + 2) else {
-                    return Ok(None);
-                };
-                if &data[len..] != b"\r\n" {
-                    return Err(malformed("a bulk string not ended by CRLF"));
-                }
-                return Ok(Some((Value::BulkString(data[..len].to_vec()), next + len + 2)));
+                return Ok(
+                    bulk_end(buf, next, len)?.map(|end| (Value::BulkString(buf[next..next + len].to_vec()), end))
+                );
             }
         },
         b'*' => match length(body, MAX_ARRAY_LEN)? {
@@ -212,14 +208,154 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
                 return Ok(Some((Value::Array(items), pos)));
             }
         },
-        other => {
-            return Err(malformed(format!(
-                "a reply of type {:?} (RESP2 expected)",
-                other as char
-            )))
-        }
+        other => return Err(unknown_type(other)),
     };
     Ok(Some((value, next)))
+}
+
+fn unknown_type(kind: u8) -> ProtocolError {
+    malformed(format!("a reply of type {:?} (RESP2 expected)", kind as char))
+}
+
+/// The end of a bulk string of `len` bytes starting at `at`: `None` while incomplete, an error when its CRLF is
+/// missing.
+fn bulk_end(buf: &[u8], at: usize, len: usize) -> Result<Option<usize>, ProtocolError> {
+    match buf.get(at + len..at + len + 2) {
+        None => Ok(None),
+        // Compared byte by byte: a slice comparison is a `memcmp` call, measurable per field.
+        Some(&[b'\r', b'\n']) => Ok(Some(at + len + 2)),
+        Some(_) => Err(malformed("a bulk string not ended by CRLF")),
+    }
+}
+
+/// How many bytes the first reply in `buf` takes, without building it: `Ok(None)` when `buf` does not hold all
+/// of it yet. The grammar and the bounds of [`parse`]; error lines are not read (a [`Cursor`] user hands an
+/// error frame to [`parse`]).
+///
+/// # Errors
+/// As [`parse`].
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
+    frame_end(buf, 0, 0)
+}
+
+fn frame_end(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some((end, next)) = line(buf, at + 1)? else {
+        return Ok(None);
+    };
+    let body = &buf[at + 1..end];
+    match kind {
+        b'+' => std::str::from_utf8(body)
+            .map(|_| Some(next))
+            .map_err(|_| malformed("a status that is not UTF-8")),
+        b'-' => Ok(Some(next)),
+        b':' => integer(body).map(|_| Some(next)),
+        b'$' => match length(body, MAX_BULK_LEN)? {
+            None => Ok(Some(next)),
+            Some(len) => bulk_end(buf, next, len),
+        },
+        b'*' => match length(body, MAX_ARRAY_LEN)? {
+            None => Ok(Some(next)),
+            Some(len) => {
+                if depth >= MAX_DEPTH {
+                    return Err(malformed("arrays nested too deep"));
+                }
+                let mut pos = next;
+                for _ in 0..len {
+                    match frame_end(buf, pos, depth + 1)? {
+                        Some(after) => pos = after,
+                        None => return Ok(None),
+                    }
+                }
+                Ok(Some(pos))
+            }
+        },
+        other => Err(unknown_type(other)),
+    }
+}
+
+/// Reads the values of one complete reply (a frame [`frame_len`] measured) in order, without building them: for
+/// a caller that decodes a reply of known shape straight into its own types (the consumer's entry batches),
+/// skipping the [`Value`] tree and its allocation per element.
+///
+/// Every method checks what it finds: a reply of another shape is an error, never a panic.
+#[derive(Debug, Clone)]
+pub struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `frame`.
+    pub fn new(frame: &'a [u8]) -> Self {
+        Cursor { buf: frame, pos: 0 }
+    }
+
+    /// The type byte of the next value (`*`, `$`, `+`, `-`, `:`), `None` at the end.
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    /// Whether every byte was read.
+    pub fn is_done(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    /// The next value's type byte and header line, moving past the line.
+    fn header(&mut self) -> Result<(u8, &'a [u8]), ProtocolError> {
+        let kind = self.peek().ok_or_else(truncated)?;
+        let (end, next) = line(self.buf, self.pos + 1)?.ok_or_else(truncated)?;
+        let body = &self.buf[self.pos + 1..end];
+        self.pos = next;
+        Ok((kind, body))
+    }
+
+    /// An array's length; `None` for a nil (array or bulk string).
+    ///
+    /// # Errors
+    /// The next value is of another type, or malformed.
+    pub fn array(&mut self) -> Result<Option<usize>, ProtocolError> {
+        match self.header()? {
+            (b'*', body) => length(body, MAX_ARRAY_LEN),
+            (b'$', body) if length(body, MAX_BULK_LEN)?.is_none() => Ok(None),
+            (kind, _) => Err(malformed(format!("{:?} where an array was expected", kind as char))),
+        }
+    }
+
+    /// A bulk string's bytes (or a status line's); `None` for a nil (bulk string or array).
+    ///
+    /// # Errors
+    /// The next value is of another type, or malformed.
+    pub fn bulk(&mut self) -> Result<Option<&'a [u8]>, ProtocolError> {
+        match self.header()? {
+            (b'$', body) => match length(body, MAX_BULK_LEN)? {
+                None => Ok(None),
+                Some(len) => {
+                    let at = self.pos;
+                    self.pos = bulk_end(self.buf, at, len)?.ok_or_else(truncated)?;
+                    Ok(Some(&self.buf[at..at + len]))
+                }
+            },
+            (b'+', body) => Ok(Some(body)),
+            (b'*', body) if length(body, MAX_ARRAY_LEN)?.is_none() => Ok(None),
+            (kind, _) => Err(malformed(format!("{:?} where a string was expected", kind as char))),
+        }
+    }
+
+    /// Moves past the next value, whatever it is.
+    ///
+    /// # Errors
+    /// The next value is malformed or incomplete.
+    pub fn skip(&mut self) -> Result<(), ProtocolError> {
+        self.pos = frame_end(self.buf, self.pos, 0)?.ok_or_else(truncated)?;
+        Ok(())
+    }
+}
+
+fn truncated() -> ProtocolError {
+    malformed("a reply cut short")
 }
 
 #[cfg(test)]
@@ -297,6 +433,99 @@ mod tests {
             assert_eq!(parse(&bytes[..cut]).unwrap(), None, "cut at {cut}");
         }
         assert!(parse(bytes).unwrap().is_some());
+    }
+
+    /// Every reply of the tests above, and some nested ones.
+    const SAMPLES: &[&[u8]] = &[
+        b"+OK\r\n",
+        b"+QUEUED\r\n",
+        b":-42\r\n",
+        b"$-1\r\n",
+        b"$0\r\n\r\n",
+        b"$15\r\n1700000000000-0\r\n",
+        b"*-1\r\n",
+        b"*0\r\n",
+        b"*3\r\n$2\r\nab\r\n:7\r\n-ERR nope\r\n",
+        b"*2\r\n*1\r\n+x\r\n$-1\r\n",
+        b"-MOVED 3999 127.0.0.1:6381\r\n",
+        b"*1\r\n*2\r\n$1\r\nk\r\n*2\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n*2\r\n$3\r\n1-1\r\n*-1\r\n",
+    ];
+
+    #[test]
+    fn a_frame_is_as_long_as_the_parser_reads() {
+        for bytes in SAMPLES {
+            let (_, used) = parse(bytes).unwrap().unwrap();
+            assert_eq!(frame_len(bytes).unwrap(), Some(used), "{bytes:?}");
+            for cut in 0..bytes.len() {
+                assert_eq!(frame_len(&bytes[..cut]).unwrap(), None, "{bytes:?} cut at {cut}");
+            }
+            let two = [*bytes, b":1\r\n"].concat();
+            assert_eq!(frame_len(&two).unwrap(), Some(used));
+        }
+        for bytes in [
+            &b"?1\r\n"[..],
+            b"$-2\r\n",
+            b"$536870913\r\n",
+            b"$3\r\nabcXY",
+            b"+\xff\r\n",
+            b"%1\r\n",
+        ] {
+            assert!(frame_len(bytes).is_err(), "{bytes:?}");
+        }
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
+        assert!(frame_len(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_cursor_reads_a_reply_of_known_shape_and_refuses_another() {
+        let mut c = Cursor::new(b"*3\r\n$3\r\nabc\r\n*-1\r\n+st\r\n");
+        assert_eq!(c.peek(), Some(b'*'));
+        assert_eq!(c.array().unwrap(), Some(3));
+        assert_eq!(c.bulk().unwrap(), Some(&b"abc"[..]));
+        assert_eq!(c.bulk().unwrap(), None, "a nil array reads as a nil string");
+        assert_eq!(c.bulk().unwrap(), Some(&b"st"[..]));
+        assert!(c.is_done());
+        assert!(c.bulk().is_err(), "nothing left");
+        assert!(Cursor::new(b":1\r\n").array().is_err());
+        assert!(Cursor::new(b"*1\r\n").bulk().is_err());
+        assert!(Cursor::new(b"$5\r\nab\r\n").bulk().is_err(), "cut short");
+        assert_eq!(Cursor::new(b"$-1\r\n").array().unwrap(), None);
+        let mut c = Cursor::new(b"*2\r\n*1\r\n:1\r\n$1\r\nx\r\n");
+        c.skip().unwrap();
+        assert!(c.is_done());
+    }
+
+    /// Reads a frame with a cursor as deep as it goes; only errors may come out, never a panic.
+    fn walk(c: &mut Cursor<'_>, depth: usize) -> Result<(), ProtocolError> {
+        match c.peek() {
+            Some(b'*') if depth < 4 => {
+                if let Some(n) = c.array()? {
+                    for _ in 0..n.min(64) {
+                        walk(c, depth + 1)?;
+                    }
+                }
+                Ok(())
+            }
+            Some(b'$' | b'+') => c.bulk().map(|_| ()),
+            _ => c.skip(),
+        }
+    }
+
+    #[test]
+    fn a_cursor_on_damaged_bytes_fails_without_panicking() {
+        for bytes in SAMPLES {
+            for cut in 0..bytes.len() {
+                let _ = walk(&mut Cursor::new(&bytes[..cut]), 0);
+            }
+            for at in 0..bytes.len() {
+                for b in [b'*', b'$', b'-', b'\r', b'9', b'0', 0xff] {
+                    let mut damaged = bytes.to_vec();
+                    damaged[at] = b;
+                    let _ = walk(&mut Cursor::new(&damaged), 0);
+                    let _ = frame_len(&damaged);
+                }
+            }
+        }
     }
 
     #[test]

@@ -184,3 +184,45 @@ async fn a_submitted_request_is_answered_after_every_handle_is_dropped() {
     drop(con);
     assert_eq!(answer.await.unwrap(), vec![Value::Int(1), Value::Int(2)]);
 }
+
+#[tokio::test]
+async fn frames_and_values_interleave_each_request_in_its_own_form() {
+    let redis = RedisServer::start().await;
+    let con = connect(&redis.url(), SECOND).await.unwrap();
+    let mut xadd = Vec::new();
+    for i in 0..3 {
+        resp::write_command(&mut xadd, 5);
+        for arg in [&b"XADD"[..], b"s", format!("1-{i}").as_bytes(), b"f", b"v"] {
+            resp::write_arg(&mut xadd, arg);
+        }
+    }
+    let mut range = Vec::new();
+    resp::write_command(&mut range, 4);
+    for arg in [&b"XRANGE"[..], b"s", b"-", b"+"] {
+        resp::write_arg(&mut range, arg);
+    }
+    let mut wrong = Vec::new();
+    resp::write_command(&mut wrong, 2);
+    resp::write_arg(&mut wrong, b"GET");
+    resp::write_arg(&mut wrong, b"s");
+    // Handed over in this order, answered in this order, each in the form it asked for.
+    let added = con.submit(vec![xadd.into()], 3);
+    let frames = con.submit_frames(vec![range.clone().into(), wrong.into()], 2);
+    let value = con.submit(vec![range.into()], 1);
+    assert_eq!(added.await.unwrap().len(), 3);
+    let frames = frames.await.unwrap();
+    let value = value.await.unwrap().pop().unwrap();
+    assert_eq!(frames.len(), 2);
+    // The frame is the bytes the parser reads as that value.
+    assert_eq!(resp::parse(&frames[0]).unwrap(), Some((value, frames[0].len())));
+    let mut c = resp::Cursor::new(&frames[0]);
+    assert_eq!(c.array().unwrap(), Some(3));
+    assert_eq!(c.array().unwrap(), Some(2));
+    assert_eq!(c.bulk().unwrap(), Some(&b"1-0"[..]));
+    // An error reply is a frame too, read by the parser as the error redis-rs would give.
+    assert_eq!(frames[1].first(), Some(&b'-'));
+    let Some((Value::ServerError(e), _)) = resp::parse(&frames[1]).unwrap() else {
+        panic!("not an error: {:?}", frames[1]);
+    };
+    assert_eq!(redis::RedisError::from(e).code(), Some("WRONGTYPE"));
+}
