@@ -76,7 +76,11 @@
 //!   lost ([`StartPosition::Beginning`]); [`ConsumerBuilder::start_from`] with [`StartPosition::End`] starts at
 //!   new entries instead (`$`).
 //! * One dedicated connection per shard reader for the blocking `XREADGROUP` (`BLOCK` =
-//!   [`Timings::read_block`], response timeout longer than that); one shared `ConnectionManager` for the rest.
+//!   [`Timings::read_block`], response timeout longer than that), which also carries the acknowledgements of the
+//!   previous batch just ahead of the read; one shared `ConnectionManager` for the rest. The dedicated one is a
+//!   `redis_link::PipelinedConnection` (RESP2, plain TCP or Unix socket like the rest of the SDK): the read's
+//!   reply, which carries every record, is decoded straight from its bytes into entries, at about half the client
+//!   CPU per record of redis-rs's general reply parser (`BENCHMARKS.md`, issue 17).
 //! * On gaining a shard the reader first re-delivers the pending entries earlier owners left (`XAUTOCLAIM` from
 //!   `0-0`, min-idle 0, to the end of the cursor), then reads new entries.
 //! * Dead letters: `redis-stream:dead-letter:{<stream>:<n>:<salt>}` ([`protocol::keys::dead_letter_stream`]); fields

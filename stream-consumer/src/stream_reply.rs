@@ -4,8 +4,12 @@
 //! Parsed by hand rather than through redis-rs's typed stream replies because those keep fields in a `HashMap`
 //! (the order of fields is lost, and a handler may care) and drop the difference between a deleted entry and an
 //! empty one. No I/O here; accepts both RESP2 arrays and RESP3 maps.
+//!
+//! The reader's own `XREADGROUP` replies (every record passes through them) are decoded straight from their RESP2
+//! bytes by [`read_group_frame`], without a [`Value`] tree; the property tests check that both readings agree.
 
 use redis::Value;
+use redis_link::resp::{Cursor, ProtocolError};
 
 use crate::message::EntryId;
 
@@ -93,10 +97,7 @@ fn entry_id(command: &'static str, v: &Value) -> Result<EntryId, ReplyError> {
         Value::VerbatimString { text, .. } => text.as_bytes(),
         other => return Err(err(command, format!("entry id is {other:?}"))),
     };
-    EntryId::from_bytes(raw).ok_or_else(|| {
-        let shown = String::from_utf8_lossy(&raw[..raw.len().min(48)]);
-        err(command, format!("{shown:?} is not a stream entry id (<ms>-<seq>)"))
-    })
+    EntryId::from_bytes(raw).ok_or_else(|| bad_id(command, raw))
 }
 
 fn int(v: &Value) -> Option<i64> {
@@ -148,31 +149,37 @@ pub(crate) fn entries(command: &'static str, v: Value) -> Result<Vec<RawEntry>, 
         Value::Nil => return Ok(Vec::new()),
         other => into_items(other).map_err(|o| err(command, format!("entry list is {o:?}")))?,
     };
-    list.into_iter()
-        .map(|e| match e {
+    // A plain loop into a vector of the list's length: collecting through `filter_map` reused the list's
+    // allocation and then shrank it (a reallocation per read, measurable in the read loop).
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
+        match e {
             // XCLAIM of an entry deleted meanwhile answers nil in its place (older servers).
-            Value::Nil => Ok(None),
+            Value::Nil => {}
             other => {
                 let pair = into_items(other).map_err(|o| err(command, format!("entry is {o:?}")))?;
                 let mut it = pair.into_iter();
-                match (it.next(), it.next(), it.next()) {
-                    (Some(id), Some(f), None) => Ok(Some(RawEntry {
+                let entry = match (it.next(), it.next(), it.next()) {
+                    (Some(id), Some(f), None) => RawEntry {
                         id: entry_id(command, &id)?,
                         fields: fields(command, f)?,
-                    })),
-                    (Some(id), None, None) => Ok(Some(RawEntry {
+                    },
+                    (Some(id), None, None) => RawEntry {
                         id: entry_id(command, &id)?,
                         fields: None,
-                    })),
-                    _ => Err(err(command, "entry is not [id, fields]")),
-                }
+                    },
+                    _ => return Err(err(command, "entry is not [id, fields]")),
+                };
+                out.push(entry);
             }
-        })
-        .filter_map(Result::transpose)
-        .collect()
+        }
+    }
+    Ok(out)
 }
 
-/// An `XREADGROUP` reply for one stream: nil on timeout, else `[[key, entries]]` (or a RESP3 map).
+/// An `XREADGROUP` reply for one stream: nil on timeout, else `[[key, entries]]` (or a RESP3 map). The reference
+/// reading of a [`Value`], which [`read_group_frame`] must agree with (the reader uses that one).
+#[cfg(test)]
 pub(crate) fn read_group(v: Value) -> Result<Vec<RawEntry>, ReplyError> {
     const CMD: &str = "XREADGROUP";
     match v {
@@ -203,6 +210,79 @@ pub(crate) fn read_group(v: Value) -> Result<Vec<RawEntry>, ReplyError> {
             }
         }
     }
+}
+
+/// An `XREADGROUP` reply for one stream, from the bytes of a RESP2 reply (not an error reply: the caller turns
+/// one of those into its error first): the same reading as [`read_group`] without building [`Value`]s.
+pub(crate) fn read_group_frame(frame: &[u8]) -> Result<Vec<RawEntry>, ReplyError> {
+    let mut c = Cursor::new(frame);
+    let entries = match c.array().map_err(malformed)? {
+        None | Some(0) => Vec::new(),
+        Some(1) => {
+            if c.array().map_err(malformed)? != Some(2) {
+                return Err(err(READ, "stream is not [key, entries]"));
+            }
+            c.skip().map_err(malformed)?;
+            frame_entries(&mut c)?
+        }
+        Some(_) => return Err(err(READ, "more than one stream")),
+    };
+    if !c.is_done() {
+        return Err(err(READ, "bytes after the reply"));
+    }
+    Ok(entries)
+}
+
+const READ: &str = "XREADGROUP";
+
+fn malformed(e: ProtocolError) -> ReplyError {
+    err(READ, e.to_string())
+}
+
+/// The entry list at the cursor (as [`entries`] reads it).
+fn frame_entries(c: &mut Cursor<'_>) -> Result<Vec<RawEntry>, ReplyError> {
+    let Some(n) = c.array().map_err(malformed)? else {
+        return Ok(Vec::new());
+    };
+    // Bounded: the count is the server's word; entries must actually arrive to be kept.
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let parts = match c.array().map_err(malformed)? {
+            // A nil in place of an entry (as older servers answer XCLAIM).
+            None => continue,
+            Some(parts @ (1 | 2)) => parts,
+            Some(_) => return Err(err(READ, "entry is not [id, fields]")),
+        };
+        let raw = c
+            .bulk()
+            .map_err(malformed)?
+            .ok_or_else(|| err(READ, "entry id is nil"))?;
+        let id = EntryId::from_bytes(raw).ok_or_else(|| bad_id(READ, raw))?;
+        let fields = if parts == 2 { frame_fields(c)? } else { None };
+        out.push(RawEntry { id, fields });
+    }
+    Ok(out)
+}
+
+fn frame_fields(c: &mut Cursor<'_>) -> Result<Option<Fields>, ReplyError> {
+    let Some(flat) = c.array().map_err(malformed)? else {
+        return Ok(None);
+    };
+    if flat % 2 != 0 {
+        return Err(err(READ, "odd number of field items"));
+    }
+    let mut out = Vec::with_capacity((flat / 2).min(4096));
+    for _ in 0..flat / 2 {
+        let name = c.bulk().map_err(malformed)?.ok_or_else(|| err(READ, "field"))?;
+        let value = c.bulk().map_err(malformed)?.ok_or_else(|| err(READ, "value"))?;
+        out.push((name.to_vec(), value.to_vec()));
+    }
+    Ok(Some(out))
+}
+
+fn bad_id(command: &'static str, raw: &[u8]) -> ReplyError {
+    let shown = String::from_utf8_lossy(&raw[..raw.len().min(48)]);
+    err(command, format!("{shown:?} is not a stream entry id (<ms>-<seq>)"))
 }
 
 /// An `XAUTOCLAIM` reply: `[next, entries, deleted]` (Redis 7) or `[next, entries]` (6.2).
@@ -340,6 +420,107 @@ mod tests {
         assert!(entry_id("X", &b("1-0x")).is_err());
         assert!(entry_id("X", &Value::Int(1)).is_err(), "an integer is not an id");
         assert_eq!(entry_id("X", &Value::SimpleString("2-3".into())), Ok(id(2, 3)));
+    }
+
+    /// One generated entry: id, then nil (deleted), no fields part, or fields.
+    type GenEntry = (u64, u64, Option<Option<Vec<(Vec<u8>, Vec<u8>)>>>);
+
+    fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+        redis_link::resp::write_arg(out, b);
+    }
+
+    /// The RESP2 bytes Redis sends for an `XREADGROUP` of one stream (`None` entries: a nil in the list).
+    fn encode(entries: &[Option<GenEntry>]) -> Vec<u8> {
+        let mut out = b"*1\r\n*2\r\n".to_vec();
+        bulk(&mut out, b"{s}:0");
+        out.extend_from_slice(format!("*{}\r\n", entries.len()).as_bytes());
+        for e in entries {
+            let Some((ms, seq, fields)) = e else {
+                out.extend_from_slice(b"*-1\r\n");
+                continue;
+            };
+            let id = format!("{ms}-{seq}");
+            match fields {
+                None => {
+                    out.extend_from_slice(b"*1\r\n");
+                    bulk(&mut out, id.as_bytes());
+                }
+                Some(fields) => {
+                    out.extend_from_slice(b"*2\r\n");
+                    bulk(&mut out, id.as_bytes());
+                    match fields {
+                        None => out.extend_from_slice(b"*-1\r\n"),
+                        Some(pairs) => {
+                            out.extend_from_slice(format!("*{}\r\n", pairs.len() * 2).as_bytes());
+                            for (n, v) in pairs {
+                                bulk(&mut out, n);
+                                bulk(&mut out, v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn by_value(bytes: &[u8]) -> Result<Vec<RawEntry>, ReplyError> {
+        let (value, used) = redis_link::resp::parse(bytes).unwrap().expect("complete");
+        assert_eq!(used, bytes.len());
+        read_group(value)
+    }
+
+    proptest::proptest! {
+        /// The reader's decoding of the reply's bytes and the reading of its parsed `Value` agree on every reply
+        /// Redis can send, and on damaged ones the direct decoding fails without panicking.
+        #[test]
+        fn reading_the_bytes_agrees_with_reading_the_value(
+            entries in proptest::collection::vec(
+                proptest::option::weighted(0.9, (
+                    0u64..u64::MAX,
+                    0u64..5,
+                    proptest::option::weighted(0.9, proptest::option::weighted(0.9, proptest::collection::vec(
+                        (proptest::collection::vec(proptest::num::u8::ANY, 0..6),
+                         proptest::collection::vec(proptest::num::u8::ANY, 0..40)),
+                        0..4,
+                    ))),
+                )),
+                0..20,
+            ),
+            cut in proptest::num::usize::ANY,
+            flip in proptest::num::usize::ANY,
+        ) {
+            let bytes = encode(&entries);
+            let direct = read_group_frame(&bytes);
+            proptest::prop_assert_eq!(&direct, &by_value(&bytes));
+            let expected: Vec<EntryId> = entries.iter().flatten().map(|(ms, seq, _)| id(*ms, *seq)).collect();
+            proptest::prop_assert_eq!(direct.unwrap().iter().map(|e| e.id).collect::<Vec<_>>(), expected);
+            let _ = read_group_frame(&bytes[..cut % bytes.len()]);
+            let mut damaged = bytes.clone();
+            let at = flip % damaged.len();
+            damaged[at] ^= 0x5a;
+            let _ = read_group_frame(&damaged);
+        }
+    }
+
+    #[test]
+    fn the_timeout_and_odd_replies_read_the_same_both_ways() {
+        for bytes in [&b"*-1\r\n"[..], b"*0\r\n", b"*1\r\n*2\r\n$1\r\nk\r\n*-1\r\n"] {
+            assert_eq!(read_group_frame(bytes), by_value(bytes), "{bytes:?}");
+            assert_eq!(read_group_frame(bytes), Ok(vec![]));
+        }
+        for bytes in [
+            &b"*2\r\n*2\r\n$1\r\nk\r\n*0\r\n*2\r\n$1\r\nj\r\n*0\r\n"[..],
+            b"*1\r\n*3\r\n$1\r\nk\r\n*0\r\n*0\r\n",
+            b"*1\r\n*2\r\n$1\r\nk\r\n*1\r\n*2\r\n$4\r\nnope\r\n*0\r\n",
+            b"*1\r\n*2\r\n$1\r\nk\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*1\r\n$1\r\nf\r\n",
+            b"*1\r\n*2\r\n$1\r\nk\r\n*1\r\n*3\r\n$3\r\n1-0\r\n*0\r\n*0\r\n",
+            b":1\r\n",
+        ] {
+            assert!(read_group_frame(bytes).is_err(), "{bytes:?}");
+            assert!(by_value(bytes).is_err(), "{bytes:?}");
+        }
+        assert!(read_group_frame(b"*0\r\n:1\r\n").is_err(), "bytes after the reply");
     }
 
     #[test]
