@@ -22,6 +22,9 @@
 //! 3. Each mode runs `--rounds` times, interleaved (raw, sdk-1, sdk-4, raw, ...); the median rate of each mode
 //!    is reported with its min and max, the ratio to the raw loop's median (goal, issue 17: >= 0.90) and the
 //!    medians of client and Redis CPU per record (goal: the SDK's client CPU within 1.15x of the raw loop's).
+//!    The raw loop runs over every connection of `--raw-links` (redis-rs's multiplexed connection and parser;
+//!    `redis_link::PipelinedConnection` with its own parser, about half the client CPU): the rate ratio is to
+//!    the best median rate among them, the CPU ratio to the lowest client CPU among them.
 //!
 //! `--cluster`: the same against a private local 3-master Redis Cluster (`examples::cluster_launcher`); the raw
 //! loop's shard tasks then each use a redis-rs cluster connection (the strongest raw cluster client: it routes
@@ -73,12 +76,36 @@ struct Args {
     /// Skip the raw loop (for profiling the SDK alone; no ratios then).
     #[arg(long)]
     no_raw: bool,
+    /// Connections of the raw loop to try, comma-separated: `multiplexed` (redis-rs's multiplexed connection and
+    /// reply parser) and `pipelined` (`redis_link::PipelinedConnection`, the SDK's own reader connection and
+    /// parser). Every one runs in every round; the best median is the baseline of the ratios. One server only
+    /// (a cluster's raw loop uses redis-rs cluster connections).
+    #[arg(long, value_delimiter = ',', default_value = "multiplexed,pipelined")]
+    raw_links: Vec<RawLink>,
     /// Skip the SDK runs (for profiling the raw loop alone).
     #[arg(long)]
     no_sdk: bool,
     /// Run on a private local 3-master Redis Cluster instead of one redis-server.
     #[arg(long)]
     cluster: bool,
+}
+
+/// The connection a raw shard task reads through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RawLink {
+    /// redis-rs's multiplexed connection (and its reply parser).
+    Multiplexed,
+    /// `redis_link::PipelinedConnection` (the parser the SDK's readers use).
+    Pipelined,
+}
+
+impl RawLink {
+    fn label(self) -> &'static str {
+        match self {
+            RawLink::Multiplexed => "redis-rs multiplexed",
+            RawLink::Pipelined => "redis_link pipelined",
+        }
+    }
 }
 
 /// The private Redis of the run: one server or a local cluster.
@@ -393,16 +420,24 @@ async fn raw_run(
     stream: &StreamName,
     group: &str,
     count: usize,
+    link: RawLink,
 ) -> Result<RunResult> {
     create_redis_groups(con, stream, group, "0").await?;
-    // One server: a plain multiplexed connection per shard task (no manager in the way); a cluster: a cluster
+    // One server: a connection of the chosen kind per shard task (no manager in the way); a cluster: a cluster
     // connection per task.
     let mut single = Vec::new();
+    let mut pipelined = Vec::new();
     let mut cluster = Vec::new();
     for _ in 0..SHARDS {
-        match backend {
-            Backend::Single(r) => single.push(redis::Client::open(r.url())?.get_multiplexed_async_connection().await?),
-            Backend::Cluster(_) => cluster.push(backend.connection().await?),
+        match (backend, link) {
+            (Backend::Single(r), RawLink::Multiplexed) => {
+                single.push(redis::Client::open(r.url())?.get_multiplexed_async_connection().await?)
+            }
+            (Backend::Single(r), RawLink::Pipelined) => {
+                let info = redis::IntoConnectionInfo::into_connection_info(r.url())?;
+                pipelined.push(redis_link::PipelinedConnection::connect(&info, None, None).await?)
+            }
+            (Backend::Cluster(_), _) => cluster.push(backend.connection().await?),
         }
     }
     let before = Cost::now(nodes).await?;
@@ -412,6 +447,12 @@ async fn raw_run(
         .into_iter()
         .enumerate()
         .map(|(s, con)| tokio::spawn(raw_shard(con, key(s), group.to_owned(), count)))
+        .chain(
+            pipelined
+                .into_iter()
+                .enumerate()
+                .map(|(s, con)| tokio::spawn(raw_shard(con, key(s), group.to_owned(), count))),
+        )
         .chain(
             cluster
                 .into_iter()
@@ -668,20 +709,27 @@ async fn main() -> Result<()> {
         count: args.count,
     };
     // Every run of every mode, in round order.
-    let mut raw_runs: Vec<RunResult> = Vec::new();
+    // A cluster's raw loop has one kind of connection.
+    let raw_links: Vec<RawLink> = if args.cluster {
+        vec![RawLink::Multiplexed]
+    } else {
+        args.raw_links.clone()
+    };
+    let mut raw_runs: Vec<Vec<RunResult>> = raw_links.iter().map(|_| Vec::new()).collect();
     let mut sdk_runs: Vec<Vec<RunResult>> = (0..args.members.len()).map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
-        if !args.no_raw {
-            let group = format!("raw-r{round}");
-            let run = raw_run(&backend, &mut con, &mut nodes, &stream, &group, args.count).await?;
+        for (link, runs) in raw_links.iter().zip(&mut raw_runs).filter(|_| !args.no_raw) {
+            let group = format!("raw-{link:?}-r{round}");
+            let run = raw_run(&backend, &mut con, &mut nodes, &stream, &group, args.count, *link).await?;
             println!(
-                "round {round} raw            {:>9.0} records/s ({} in {:.2?}; {})",
+                "round {round} raw {:<21} {:>9.0} records/s ({} in {:.2?}; {})",
+                link.label(),
                 rate(run.records, run.took),
                 run.records,
                 run.took,
                 run.cost.per_record(run.records)
             );
-            raw_runs.push(run);
+            runs.push(run);
         }
         for (i, &members) in args.members.iter().enumerate().filter(|_| !args.no_sdk) {
             let group = format!("sdk{members}-r{round}");
@@ -714,27 +762,53 @@ async fn main() -> Result<()> {
          | redis CPU/record | XREADGROUP + XACK per 1000 records |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let raw = Summary::of(&raw_runs);
-    if let Some(raw) = &raw {
+    let raws: Vec<(RawLink, Summary)> = raw_links
+        .iter()
+        .zip(&raw_runs)
+        .filter_map(|(link, runs)| Some((*link, Summary::of(runs)?)))
+        .collect();
+    // Two baselines, each the strongest raw loop by its own measure: the best median rate for the rate ratio,
+    // the lowest client CPU per record for the CPU ratio (usually the `pipelined` loop for the CPU, either for
+    // the rate: Redis is the limit).
+    let by_rate = raws.iter().max_by(|a, b| a.1.rate.total_cmp(&b.1.rate)).map(|(_, s)| s);
+    let by_cpu = raws
+        .iter()
+        .min_by(|a, b| a.1.client_us.total_cmp(&b.1.client_us))
+        .map(|(_, s)| s);
+    let ratios = |s: &Summary| match (by_rate, by_cpu) {
+        (Some(rate), Some(cpu)) => (
+            format!("{:.3}", s.rate / rate.rate),
+            format!("{:.2}", s.client_us / cpu.client_us),
+        ),
+        _ => ("n/a".to_owned(), "n/a".to_owned()),
+    };
+    for (link, summary) in &raws {
+        let (ratio, cpu) = ratios(summary);
+        let marks: Vec<&str> = [
+            by_rate
+                .is_some_and(|r| std::ptr::eq(r, summary))
+                .then_some("rate baseline"),
+            by_cpu
+                .is_some_and(|r| std::ptr::eq(r, summary))
+                .then_some("CPU baseline"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         println!(
-            "| raw XREADGROUP + pipelined XACK (8 shard tasks{}) | {:.0} | {:.0} - {:.0} | 1.000 | {:.2} us | 1.00 | {} |",
-            if args.cluster { ", cluster connections" } else { "" },
-            raw.rate,
-            raw.min,
-            raw.max,
-            raw.client_us,
-            raw.rest()
+            "| raw XREADGROUP + pipelined XACK (8 shard tasks, {}){} | {:.0} | {:.0} - {:.0} | {ratio} | {:.2} us | {cpu} | {} |",
+            if args.cluster { "cluster connections" } else { link.label() },
+            if marks.is_empty() { String::new() } else { format!(" ({})", marks.join(", ")) },
+            summary.rate,
+            summary.min,
+            summary.max,
+            summary.client_us,
+            summary.rest()
         );
     }
     for (&members, runs) in args.members.iter().zip(&sdk_runs).filter(|_| !args.no_sdk) {
         let Some(sdk) = Summary::of(runs) else { continue };
-        let (ratio, cpu) = match &raw {
-            Some(raw) => (
-                format!("{:.3}", sdk.rate / raw.rate),
-                format!("{:.2}", sdk.client_us / raw.client_us),
-            ),
-            None => ("n/a".to_owned(), "n/a".to_owned()),
-        };
+        let (ratio, cpu) = ratios(&sdk);
         println!(
             "| SDK, {members} member{} (no-op handler, XACK on) | {:.0} | {:.0} - {:.0} | {ratio} | {:.2} us | {cpu} | {} |",
             if members == 1 { "" } else { "s" },

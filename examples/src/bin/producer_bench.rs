@@ -63,7 +63,7 @@ use protocol::messages::CreateGroupRequest;
 use protocol::names::{GroupName, StreamName};
 use protocol::routing::shard_for_key;
 use protocol::{keys, ShardId};
-use stream_producer::{Producer, Record};
+use stream_producer::{BatchingConfig, Producer, Record};
 
 /// One shape of the raw loop: `connections` multiplexed redis-rs connections shared by `tasks` tasks (task `t`
 /// uses connection `t % connections`), each task sending pipelines of `depth` `XADD`s and awaiting every reply
@@ -179,6 +179,9 @@ struct Args {
     /// SDK batching mode: max batch size.
     #[arg(long, default_value_t = 1024)]
     max_batch_size: usize,
+    /// SDK batching mode: batches written at once (default: the SDK's default).
+    #[arg(long)]
+    max_in_flight_batches: Option<usize>,
     /// SDK enqueue: deliveries a caller task keeps outstanding before it awaits the oldest.
     #[arg(long, default_value_t = 4096)]
     delivery_window: usize,
@@ -943,6 +946,10 @@ async fn cluster_main(args: Args) -> Result<()> {
                 .connections(args.sdk_connections)
                 .max_batch_size(args.max_batch_size)
                 .queue_capacity((args.max_batch_size * 16).max(10_000))
+                .max_in_flight_batches(
+                    args.max_in_flight_batches
+                        .unwrap_or(BatchingConfig::default().max_in_flight_batches),
+                )
                 .fencing(fencing)
                 .idempotence(idempotence)
                 .build()?,
@@ -1101,6 +1108,10 @@ async fn main() -> Result<()> {
                 .connections(args.sdk_connections)
                 .max_batch_size(args.max_batch_size)
                 .queue_capacity((args.max_batch_size * 16).max(10_000))
+                .max_in_flight_batches(
+                    args.max_in_flight_batches
+                        .unwrap_or(BatchingConfig::default().max_in_flight_batches),
+                )
                 .fencing(fencing)
                 .idempotence(idempotence)
                 .build()?,
