@@ -139,6 +139,13 @@ async fn stop_loop(env: Arc<Env>, worker: usize, replaced: bool, until: Instant)
         }
         signal(pid, "STOP");
         let stopped_us = wall_us();
+        // The handler seen open may have finished between that look and the signal (a loaded machine widens the
+        // gap): the stopped process writes nothing more, so its records now say whether the stop landed inside
+        // a handler. If not, it is resumed at once and not counted (a stop of a few milliseconds), and tried again.
+        if open_handlers(&read_records(&env.dir), pid, stopped_us) == 0 {
+            signal(pid, "CONT");
+            continue;
+        }
         let mut replacement = None;
         if replaced {
             tokio::time::sleep(Duration::from_millis(300)).await;
