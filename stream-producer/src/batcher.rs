@@ -6,8 +6,9 @@
 //!    record in and returns a [`Delivery`].
 //! 2. The batcher task takes records until it holds `max_batch_size` of them or `linger` has passed since the
 //!    first one, then hands the batch to the publisher (one pipeline per shard) and starts the next batch. At most
-//!    `max_in_flight_batches` batches are written at once; while that many are in flight and the current batch is
-//!    full, the batcher stops taking records, the queue fills, and `enqueue` waits.
+//!    `max_in_flight_batches` batches, and `max_in_flight_bytes` of records, are written at once (one batch may
+//!    always go); while the budget is spent and the current batch is full, the batcher stops taking records, the
+//!    queue fills, and `enqueue` waits.
 //! 3. When the batch's pipelines answer, every record's [`Delivery`] resolves with its own outcome.
 //!
 //! A flush marker travels through the same queue, so [`Producer::flush`](crate::Producer::flush) resolves once
@@ -16,7 +17,7 @@
 //! without `close`) abandons records: queued ones fail as [`PublishError::Closed`] (not written), in-flight ones
 //! as [`PublishError::Abandoned`] (unknown).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -78,11 +79,16 @@ struct Batcher {
     config: BatchingConfig,
     /// The batch being filled.
     batch: Vec<(Record, Reply)>,
+    /// Bytes of the batch being filled ([`Record::payload_len`]).
+    batch_bytes: usize,
     /// When the batch being filled must go, whatever its size.
     deadline: Option<Instant>,
     /// Batches being written; each resolves to its sequence number.
     in_flight: FuturesUnordered<InFlight>,
-    in_flight_seqs: BTreeSet<u64>,
+    /// The sequence numbers of the batches in flight, with their bytes.
+    in_flight_seqs: BTreeMap<u64, usize>,
+    /// The sum of those bytes.
+    in_flight_bytes: usize,
     /// Sequence number of the next dispatched batch.
     next_seq: u64,
     /// Flush waiters, each with the sequence number of the last batch it waits for.
@@ -100,9 +106,11 @@ pub(crate) async fn run(
         shared,
         config,
         batch: Vec::with_capacity(config.max_batch_size),
+        batch_bytes: 0,
         deadline: None,
         in_flight: FuturesUnordered::new(),
-        in_flight_seqs: BTreeSet::new(),
+        in_flight_seqs: BTreeMap::new(),
+        in_flight_bytes: 0,
         next_seq: 0,
         flushes: Vec::new(),
     };
@@ -114,7 +122,7 @@ pub(crate) async fn run(
             break;
         }
         let can_take = open && b.batch.len() < b.config.max_batch_size;
-        let lingering = !b.batch.is_empty() && b.in_flight.len() < b.config.max_in_flight_batches;
+        let lingering = !b.batch.is_empty() && b.may_send();
         let deadline = b.deadline.unwrap_or_else(Instant::now);
         tokio::select! {
             biased;
@@ -123,7 +131,7 @@ pub(crate) async fn run(
                 return;
             }
             Some(seq) = b.in_flight.next(), if !b.in_flight.is_empty() => {
-                b.in_flight_seqs.remove(&seq);
+                b.in_flight_bytes -= b.in_flight_seqs.remove(&seq).unwrap_or(0);
                 b.resolve_flushes();
             }
             // Takes whatever is queued already, up to a full batch, in one call.
@@ -144,12 +152,20 @@ pub(crate) async fn run(
 }
 
 impl Batcher {
+    /// Whether the in-flight budget lets another batch go: fewer than `max_in_flight_batches` in flight, and
+    /// fewer than `max_in_flight_bytes` (or nothing in flight: a batch larger than the budget still goes alone).
+    fn may_send(&self) -> bool {
+        self.in_flight.len() < self.config.max_in_flight_batches
+            && (self.in_flight.is_empty() || self.in_flight_bytes < self.config.max_in_flight_bytes)
+    }
+
     fn take(&mut self, msg: Msg) {
         match msg {
             Msg::Record(record, reply) => {
                 if self.batch.is_empty() {
                     self.deadline = Some(Instant::now() + self.config.linger);
                 }
+                self.batch_bytes += record.payload_len();
                 self.batch.push((record, reply));
             }
             Msg::Flush(done) => {
@@ -173,7 +189,7 @@ impl Batcher {
 
     /// Sends the batch if it is full, its linger passed, or the queue is closed, and a slot is free.
     fn maybe_dispatch(&mut self, closing: bool) {
-        if self.batch.is_empty() || self.in_flight.len() >= self.config.max_in_flight_batches {
+        if self.batch.is_empty() || !self.may_send() {
             return;
         }
         let due = self.deadline.is_some_and(|d| Instant::now() >= d);
@@ -184,8 +200,10 @@ impl Batcher {
         self.next_seq += 1;
         self.deadline = None;
         let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.config.max_batch_size));
+        let bytes = std::mem::take(&mut self.batch_bytes);
         let shared = self.shared.clone();
-        self.in_flight_seqs.insert(seq);
+        self.in_flight_seqs.insert(seq, bytes);
+        self.in_flight_bytes += bytes;
         shared.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.in_flight.push(Box::pin(async move {
             let (records, replies): (Vec<Record>, Vec<Reply>) = batch.into_iter().unzip();
@@ -203,7 +221,7 @@ impl Batcher {
     }
 
     fn resolve_flushes(&mut self) {
-        let lowest_in_flight = self.in_flight_seqs.first().copied();
+        let lowest_in_flight = self.in_flight_seqs.keys().next().copied();
         let next_seq = self.next_seq;
         let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.flushes)
             .into_iter()
@@ -224,6 +242,7 @@ impl Batcher {
         for (_, reply) in self.batch.drain(..) {
             fail(reply);
         }
+        self.batch_bytes = 0;
         while let Ok(msg) = rx.try_recv() {
             if let Msg::Record(_, reply) = msg {
                 fail(reply);

@@ -154,12 +154,20 @@ impl ProducerBuilder {
         self
     }
 
-    /// Batches written concurrently by the batching mode (default 8). Records of one key enqueued one after another
+    /// Batches written concurrently by the batching mode (default 8; see [`BatchingConfig::max_in_flight_batches`]
+    /// for the fenced producer). Records of one key enqueued one after another
     /// are written in that order whatever this is; only a re-send on a failure path (a fence re-route, see
     /// [`reroute_fenced`](Self::reroute_fenced), or a script reload after a Redis restart) can let a later batch
     /// pass an earlier one.
     pub fn max_in_flight_batches(mut self, n: usize) -> Self {
         self.config.batching.max_in_flight_batches = n;
+        self
+    }
+
+    /// Bytes of records (keys, field names and values) the batching mode writes concurrently (default 64 MiB): a
+    /// batch waits while this many are in flight; one batch may always go, whatever its size.
+    pub fn max_in_flight_bytes(mut self, n: usize) -> Self {
+        self.config.batching.max_in_flight_bytes = n;
         self
     }
 
@@ -357,6 +365,10 @@ mod tests {
         ));
         assert!(matches!(
             check(ok().max_in_flight_batches(0)),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            check(ok().max_in_flight_bytes(0)),
             Err(ConfigError::OutOfRange { .. })
         ));
         assert!(matches!(

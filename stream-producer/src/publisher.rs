@@ -151,6 +151,11 @@ impl Record {
         &self.fields
     }
 
+    /// Bytes of the key, field names and values (what the batching mode's in-flight budget counts).
+    pub(crate) fn payload_len(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.fields.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+    }
+
     pub(crate) fn check(&self) -> Result<(), PublishError> {
         if self.fields.is_empty() {
             return Err(PublishError::InvalidRecord("a stream entry needs at least one field"));

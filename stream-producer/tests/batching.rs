@@ -142,6 +142,56 @@ async fn full_queue_makes_enqueue_wait_until_there_is_room() {
 }
 
 #[tokio::test]
+async fn the_in_flight_byte_budget_holds_the_next_batch_until_the_first_is_answered() {
+    let env = Env::start(2, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    // Batches of 10 records of 10 bytes (key 1, field name 1, value 8): one batch is above the 50-byte budget,
+    // while the batch count would let 8 go. A long linger: only full batches go.
+    let producer = env
+        .producer()
+        .redis(proxy.url())
+        .queue_capacity(100)
+        .max_batch_size(10)
+        .max_in_flight_batches(8)
+        .max_in_flight_bytes(50)
+        .linger(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    producer.ready().await.unwrap();
+    proxy.set_mode(Mode::Stall);
+
+    let mut deliveries = Vec::new();
+    for i in 0..30 {
+        deliveries.push(
+            producer
+                .enqueue(Record::with_key((i % 10).to_string()).field("n", "12345678"))
+                .await
+                .unwrap(),
+        );
+    }
+    // The first batch went out alone (nothing was in flight) and hangs; the second is full and waits for the
+    // budget, so the batcher takes nothing more and the third stays queued.
+    wait_until(DEADLINE, "the third batch left in the queue", || {
+        let queued = producer.stats().queued;
+        async move { queued == 10 }
+    })
+    .await;
+    assert_eq!(producer.stats().batches, 1, "{:?}", producer.stats());
+
+    proxy.set_mode(Mode::Pass);
+    for d in deliveries {
+        tokio::time::timeout(DEADLINE, d)
+            .await
+            .expect("written once Redis answers")
+            .unwrap();
+    }
+    let stats = producer.close().await.unwrap();
+    assert_eq!(stats.batches, 3);
+    assert_eq!(total_len(&env.redis, 2).await, 30);
+}
+
+#[tokio::test]
 async fn dropping_the_producer_fails_queued_records_as_not_written() {
     let env = Env::start(2, LEASE).await;
     let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
