@@ -18,6 +18,7 @@ pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
 };
 
 pub mod cluster_launcher;
+pub mod cpu;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;

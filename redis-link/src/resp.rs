@@ -135,20 +135,29 @@ fn line(buf: &[u8], from: usize) -> Result<Option<(usize, usize)>, ProtocolError
 }
 
 fn integer(digits: &[u8]) -> Result<i64, ProtocolError> {
-    let (negative, digits) = match digits {
+    let (negative, magnitude_digits) = match digits {
         [b'-', rest @ ..] => (true, rest),
         _ => (false, digits),
     };
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return Err(malformed(format!(
+    let not_integer = || {
+        malformed(format!(
             "not an integer: {:?}",
             String::from_utf8_lossy(&digits[..digits.len().min(24)])
-        )));
+        ))
+    };
+    // One pass, every length header of every reply goes through here. At most 19 digits: below 2^64, no overflow.
+    if magnitude_digits.is_empty() || magnitude_digits.len() > 19 {
+        return Err(not_integer());
     }
-    let magnitude = digits
-        .iter()
-        .try_fold(0i64, |n, d| n.checked_mul(10)?.checked_add(i64::from(d - b'0')))
-        .ok_or_else(|| malformed("an integer out of range"))?;
+    let mut n: u64 = 0;
+    for &d in magnitude_digits {
+        let digit = d.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(not_integer());
+        }
+        n = n * 10 + u64::from(digit);
+    }
+    let magnitude = i64::try_from(n).map_err(|_| malformed("an integer out of range"))?;
     Ok(if negative { -magnitude } else { magnitude })
 }
 
@@ -220,11 +229,12 @@ fn unknown_type(kind: u8) -> ProtocolError {
 /// The end of a bulk string of `len` bytes starting at `at`: `None` while incomplete, an error when its CRLF is
 /// missing.
 fn bulk_end(buf: &[u8], at: usize, len: usize) -> Result<Option<usize>, ProtocolError> {
-    match buf.get(at + len..at + len + 2) {
-        None => Ok(None),
-        // Compared byte by byte: a slice comparison is a `memcmp` call, measurable per field.
-        Some(&[b'\r', b'\n']) => Ok(Some(at + len + 2)),
-        Some(_) => Err(malformed("a bulk string not ended by CRLF")),
+    let end = at + len;
+    // Byte by byte: a slice or array comparison compiles to a `memcmp` call, measurable per field.
+    match (buf.get(end), buf.get(end + 1)) {
+        (Some(&b'\r'), Some(&b'\n')) => Ok(Some(end + 2)),
+        (Some(_), Some(_)) => Err(malformed("a bulk string not ended by CRLF")),
+        _ => Ok(None),
     }
 }
 

@@ -21,7 +21,8 @@
 //!      entry is pending (`XPENDING`), i.e. when the last `XACK` is in.
 //! 3. Each mode runs `--rounds` times, interleaved (raw, sdk-1, sdk-4, raw, ...); the median rate of each mode
 //!    is reported with its min and max, the ratio to the raw loop's median (goal, issue 17: >= 0.90) and the
-//!    medians of client and Redis CPU per record (goal: the SDK's client CPU within 1.15x of the raw loop's).
+//!    medians of client and Redis CPU per record (goal: the SDK's client CPU within 1.15x of the raw loop's;
+//!    client CPU is this process's threads' time on a CPU in nanoseconds, `examples::cpu`, Redis's from `INFO`).
 //!    The raw loop runs over every connection of `--raw-links` (redis-rs's multiplexed connection and parser;
 //!    `redis_link::PipelinedConnection` with its own parser, about half the client CPU): the rate ratio is to
 //!    the best median rate among them, the CPU ratio to the lowest client CPU among them.
@@ -179,7 +180,7 @@ impl Cost {
     /// The cost so far, Redis's summed over every server.
     async fn now(nodes: &mut Nodes) -> Result<Cost> {
         let mut total = Cost {
-            client_cpu_s: process_cpu_s(),
+            client_cpu_s: examples::cpu::process_cpu_seconds(),
             ..Cost::default()
         };
         for con in &mut nodes.0 {
@@ -211,7 +212,7 @@ impl Cost {
                 .unwrap_or(0)
         };
         Ok(Cost {
-            client_cpu_s: process_cpu_s(),
+            client_cpu_s: examples::cpu::process_cpu_seconds(),
             redis_cpu_s: field("used_cpu_sys") + field("used_cpu_user"),
             xreadgroup_calls: calls("xreadgroup"),
             xack_calls: calls("xack"),
@@ -238,20 +239,6 @@ impl Cost {
             self.xack_calls as f64 * 1000.0 / n
         )
     }
-}
-
-/// User + system CPU time of this process (`/proc/self/stat`, clock ticks of 10 ms); 0 where unavailable.
-fn process_cpu_s() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let Some((_, after)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the command name.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// One measured run.

@@ -30,9 +30,9 @@
 //! one payload, the shard stream names); the raw loop computes each record's shard inside the clock too. Every
 //! reply and every delivery is awaited, and the entries written are counted after each round. Each mode runs
 //! `--rounds` times, interleaved (round 1 of every mode, then round 2, ...); the summary gives the median rate,
-//! its spread (min and max), and per record the median client CPU (this process's user + system time from
-//! `/proc/self/stat`, which covers the in-process coordinator as well, idle during a round; for redis-benchmark
-//! the CPU of the child process) and Redis CPU (`INFO cpu` of the private server), and the process's resident
+//! its spread (min and max), and per record the median client CPU (this process's threads' time on a CPU, in
+//! nanoseconds from the scheduler, `examples::cpu`, which covers the in-process coordinator as well, idle during
+//! a round; for redis-benchmark the CPU of the child process, in 10 ms ticks) and Redis CPU (`INFO cpu` of the private server), and the process's resident
 //! memory (`VmRSS` before the mode, and its peak during the mode from `VmHWM`, reset before the mode through
 //! `/proc/self/clear_refs` where the kernel allows it). The load average is printed with every round.
 //!
@@ -637,26 +637,21 @@ async fn command_usec(con: &mut redis::aio::MultiplexedConnection) -> Result<Str
     Ok(out.join("; "))
 }
 
-/// CPU seconds (user + system) of this process (all its threads) and of its waited-for children, from
-/// `/proc/self/stat` (clock ticks of 1/100 s, Linux's fixed `USER_HZ`); zeros where there is no such file.
+/// CPU seconds of this process (all its threads, at the scheduler's precision: `examples::cpu`) and of its
+/// waited-for children (redis-benchmark; `/proc/self/stat`, clock ticks of 1/100 s, Linux's fixed `USER_HZ`).
 fn process_cpu() -> (f64, f64) {
     const TICKS_PER_SECOND: f64 = 100.0;
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return (0.0, 0.0);
-    };
-    // Fields after the command name's closing parenthesis start at field 3 (state); utime, stime, cutime and
-    // cstime are fields 14 to 17.
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name's closing parenthesis start at field 3 (state); cutime and cstime are fields
+    // 16 and 17.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let f: Vec<f64> = rest
+    let children: f64 = rest
         .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|w| w.parse().unwrap_or(0.0))
-        .collect();
-    if f.len() < 4 {
-        return (0.0, 0.0);
-    }
-    ((f[0] + f[1]) / TICKS_PER_SECOND, (f[2] + f[3]) / TICKS_PER_SECOND)
+        .skip(13)
+        .take(2)
+        .map(|w| w.parse::<f64>().unwrap_or(0.0))
+        .sum();
+    (examples::cpu::process_cpu_seconds(), children / TICKS_PER_SECOND)
 }
 
 /// A `kB` line (`VmRSS`, `VmHWM`) of `/proc/self/status`, in MiB.
