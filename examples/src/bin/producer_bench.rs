@@ -153,8 +153,8 @@ struct Args {
     pipeline: usize,
     /// Raw loop shapes to try, comma-separated `CONNECTIONSxTASKSxDEPTH`, a trailing `g` groups each pipeline by
     /// shard (e.g. `1x4x256g`), a trailing `r` is the hand-written RESP loop on plain sockets (`2x2x256r`).
-    /// Default: the redis-benchmark-like shape, every combination of 1, 2, 4 connections x 4, 8, 16 tasks x depth
-    /// 64, 256, 512 grouped, and RESP loops of 1x1x256, 2x2x256, 2x2x512, 4x4x256, 4x4x512, 8x8x256.
+    /// Default: the redis-benchmark-like shape, every combination of 1, 2, 4 connections x 4, 8, 16, 32 tasks x
+    /// depth 64, 256, 512 grouped, and RESP loops of 1x1x256, 2x2x256, 2x2x512, 4x4x256, 4x4x512, 8x8x256.
     #[arg(long, value_delimiter = ',')]
     raw_shapes: Option<Vec<RawShape>>,
     /// Records of one calibration round of a raw shape (0: no calibration, every shape runs in the main rounds).
@@ -170,8 +170,11 @@ struct Args {
     /// SDK: publishing connections (the SDK's default).
     #[arg(long, default_value_t = 8)]
     sdk_connections: usize,
-    /// SDK: concurrent caller tasks.
-    #[arg(long, default_value_t = 16)]
+    /// SDK: concurrent caller tasks. 32: the fenced path holds a turn for two round trips (the fence check, then
+    /// the writes), so it needs about twice the records in flight of a plain pipeline for the same rate (16 tasks
+    /// measured 0.75 to 0.78 of the raw loop, 32 tasks 0.84 to 0.91, BENCHMARKS.md); the raw shapes go to 32
+    /// tasks as well.
+    #[arg(long, default_value_t = 32)]
     sdk_tasks: usize,
     /// SDK send_batch: records per call.
     #[arg(long, default_value_t = 1024)]
@@ -225,7 +228,7 @@ impl Args {
             resp: false,
         }];
         for connections in [1, 2, 4] {
-            for tasks in [4, 8, 16] {
+            for tasks in [4, 8, 16, 32] {
                 for depth in [64, 256, 512] {
                     shapes.push(RawShape {
                         connections,
