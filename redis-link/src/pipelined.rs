@@ -409,11 +409,61 @@ async fn write_loop(
     }
 }
 
+/// Reads the reply at the start of `rest` into `collected`: how many bytes it took, or `None` while it is not all
+/// here. A reply found incomplete is measured from then on by a [`resp::FrameScanner`] kept in `incomplete`,
+/// which resumes where it stopped as more bytes arrive, and is parsed (or copied) once, when complete: a large
+/// reply that arrives in many reads costs linear work, not a parse from its start after every read.
+fn read_reply(
+    rest: &[u8],
+    collected: &mut Collected,
+    incomplete: &mut Option<resp::FrameScanner>,
+) -> Result<Option<usize>, resp::ProtocolError> {
+    if let Some(scanner) = incomplete.as_mut() {
+        if scanner.scan(rest)?.is_none() {
+            return Ok(None);
+        }
+        *incomplete = None;
+    }
+    match collected {
+        Collected::Values(values) => match resp::parse(rest)? {
+            Some((value, used)) => {
+                values.push(value);
+                Ok(Some(used))
+            }
+            None => {
+                let mut scanner = resp::FrameScanner::default();
+                if scanner.scan(rest)?.is_some() {
+                    return Err(resp::ProtocolError(
+                        "the parser and the scanner disagree on a reply".into(),
+                    ));
+                }
+                *incomplete = Some(scanner);
+                Ok(None)
+            }
+        },
+        Collected::Frames(frames) => {
+            let mut scanner = resp::FrameScanner::default();
+            match scanner.scan(rest)? {
+                Some(used) => {
+                    frames.push(rest[..used].to_vec());
+                    Ok(Some(used))
+                }
+                None => {
+                    *incomplete = Some(scanner);
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
 async fn read_loop(mut reader: Reader, waiting: Arc<Mutex<VecDeque<Waiting>>>) -> Closed {
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut start = 0;
     // The request being answered, taken off the queue while its replies arrive.
     let mut current: Option<(Waiting, Collected)> = None;
+    // The scan of a reply that is not all here yet (it starts at `start`).
+    let mut incomplete: Option<resp::FrameScanner> = None;
     loop {
         while start < buf.len() {
             let (request, collected) = match current.as_mut() {
@@ -430,18 +480,7 @@ async fn read_loop(mut reader: Reader, waiting: Arc<Mutex<VecDeque<Waiting>>>) -
                 }
             };
             let rest = &buf[start..];
-            let parsed = match collected {
-                Collected::Values(values) => resp::parse(rest).map(|r| {
-                    r.map(|(value, used)| {
-                        values.push(value);
-                        used
-                    })
-                }),
-                Collected::Frames(frames) => {
-                    resp::frame_len(rest).map(|r| r.inspect(|&used| frames.push(rest[..used].to_vec())))
-                }
-            };
-            let used = match parsed {
+            let used = match read_reply(rest, collected, &mut incomplete) {
                 Ok(Some(used)) => used,
                 Ok(None) => break,
                 Err(e) => {

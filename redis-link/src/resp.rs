@@ -245,44 +245,80 @@ fn bulk_end(buf: &[u8], at: usize, len: usize) -> Result<Option<usize>, Protocol
 /// # Errors
 /// As [`parse`].
 pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
-    frame_end(buf, 0, 0)
+    FrameScanner::default().scan(buf)
 }
 
-fn frame_end(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, ProtocolError> {
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some((end, next)) = line(buf, at + 1)? else {
-        return Ok(None);
-    };
-    let body = &buf[at + 1..end];
-    match kind {
-        b'+' => std::str::from_utf8(body)
-            .map(|_| Some(next))
-            .map_err(|_| malformed("a status that is not UTF-8")),
-        b'-' => Ok(Some(next)),
-        b':' => integer(body).map(|_| Some(next)),
-        b'$' => match length(body, MAX_BULK_LEN)? {
-            None => Ok(Some(next)),
-            Some(len) => bulk_end(buf, next, len),
-        },
-        b'*' => match length(body, MAX_ARRAY_LEN)? {
-            None => Ok(Some(next)),
-            Some(len) => {
-                if depth >= MAX_DEPTH {
-                    return Err(malformed("arrays nested too deep"));
+/// Measures one reply as its bytes arrive, resuming where the last call stopped: a reply that comes in many
+/// reads (large entries) is scanned once in all, not once per read (which is quadratic in the reply's size).
+///
+/// Give it the same buffer each time, only ever longer (bytes appended); start a new one for the next reply.
+#[derive(Debug, Clone, Default)]
+pub struct FrameScanner {
+    /// Where the next value starts.
+    pos: usize,
+    /// Elements still to come of every array entered and not finished, innermost last.
+    open: Vec<usize>,
+}
+
+impl FrameScanner {
+    /// The reply's length once `buf` holds all of it; `Ok(None)` until then.
+    ///
+    /// # Errors
+    /// As [`parse`].
+    pub fn scan(&mut self, buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
+        loop {
+            let Some(&kind) = buf.get(self.pos) else {
+                return Ok(None);
+            };
+            let Some((end, next)) = line(buf, self.pos + 1)? else {
+                return Ok(None);
+            };
+            let body = &buf[self.pos + 1..end];
+            let after = match kind {
+                b'+' => {
+                    std::str::from_utf8(body).map_err(|_| malformed("a status that is not UTF-8"))?;
+                    next
                 }
-                let mut pos = next;
-                for _ in 0..len {
-                    match frame_end(buf, pos, depth + 1)? {
-                        Some(after) => pos = after,
+                b'-' => next,
+                b':' => {
+                    integer(body)?;
+                    next
+                }
+                b'$' => match length(body, MAX_BULK_LEN)? {
+                    None => next,
+                    Some(len) => match bulk_end(buf, next, len)? {
+                        Some(after) => after,
                         None => return Ok(None),
+                    },
+                },
+                b'*' => match length(body, MAX_ARRAY_LEN)? {
+                    None | Some(0) => next,
+                    Some(len) => {
+                        if self.open.len() >= MAX_DEPTH {
+                            return Err(malformed("arrays nested too deep"));
+                        }
+                        self.open.push(len);
+                        self.pos = next;
+                        continue;
+                    }
+                },
+                other => return Err(unknown_type(other)),
+            };
+            self.pos = after;
+            // A value is complete: it counts for the array around it, which may be complete in turn.
+            loop {
+                match self.open.last_mut() {
+                    None => return Ok(Some(self.pos)),
+                    Some(left) => {
+                        *left -= 1;
+                        if *left > 0 {
+                            break;
+                        }
+                        self.open.pop();
                     }
                 }
-                Ok(Some(pos))
             }
-        },
-        other => Err(unknown_type(other)),
+        }
     }
 }
 
@@ -359,7 +395,8 @@ impl<'a> Cursor<'a> {
     /// # Errors
     /// The next value is malformed or incomplete.
     pub fn skip(&mut self) -> Result<(), ProtocolError> {
-        self.pos = frame_end(self.buf, self.pos, 0)?.ok_or_else(truncated)?;
+        let len = frame_len(&self.buf[self.pos..])?.ok_or_else(truncated)?;
+        self.pos += len;
         Ok(())
     }
 }
@@ -484,6 +521,30 @@ mod tests {
         }
         let deep = "*1\r\n".repeat(MAX_DEPTH + 1) + ":1\r\n";
         assert!(frame_len(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_scanner_fed_piece_by_piece_measures_what_frame_len_measures() {
+        for bytes in SAMPLES {
+            let whole = frame_len(bytes).unwrap();
+            for step in [1, 2, 3, 7] {
+                let mut scanner = FrameScanner::default();
+                let mut got = None;
+                let mut have = 0;
+                while got.is_none() && have < bytes.len() {
+                    have = (have + step).min(bytes.len());
+                    got = scanner.scan(&bytes[..have]).unwrap();
+                }
+                assert_eq!(got, whole, "{bytes:?} in pieces of {step}");
+            }
+        }
+        // A large bulk string arriving in pieces: the scanner waits at its header, not rescanning what it passed.
+        let big = [&b"*2\r\n:1\r\n$100000\r\n"[..], &vec![b'x'; 100_000], b"\r\n"].concat();
+        let mut scanner = FrameScanner::default();
+        for have in (0..big.len()).step_by(4096) {
+            assert_eq!(scanner.scan(&big[..have]).unwrap(), None);
+        }
+        assert_eq!(scanner.scan(&big).unwrap(), Some(big.len()));
     }
 
     #[test]

@@ -226,3 +226,41 @@ async fn frames_and_values_interleave_each_request_in_its_own_form() {
     };
     assert_eq!(redis::RedisError::from(e).code(), Some("WRONGTYPE"));
 }
+
+#[tokio::test]
+async fn a_large_reply_arriving_in_many_reads_is_read_whole_in_both_forms() {
+    let redis = RedisServer::start().await;
+    let con = connect(&redis.url(), Some(Duration::from_secs(30))).await.unwrap();
+    // 64 elements of 128 KiB (8 MiB in all, in many reads), then a small reply behind it.
+    let items: Vec<Vec<u8>> = (0..64u8)
+        .map(|i| (0..128 << 10).map(|j: u32| (j % 251) as u8 ^ i).collect())
+        .collect();
+    let mut push = Vec::new();
+    resp::write_command(&mut push, 2 + items.len());
+    resp::write_arg(&mut push, b"RPUSH");
+    resp::write_arg(&mut push, b"big");
+    for item in &items {
+        resp::write_arg(&mut push, item);
+    }
+    con.send(push, 1).await.unwrap();
+    let mut get = Vec::new();
+    resp::write_command(&mut get, 4);
+    for arg in [&b"LRANGE"[..], b"big", b"0", b"-1"] {
+        resp::write_arg(&mut get, arg);
+    }
+    resp::write_command(&mut get, 2);
+    resp::write_arg(&mut get, b"LLEN");
+    resp::write_arg(&mut get, b"big");
+    let values = con.send(get.clone(), 2).await.unwrap();
+    let expected = Value::Array(items.iter().cloned().map(Value::BulkString).collect());
+    assert_eq!(values, vec![expected, Value::Int(64)]);
+    let frames = con.submit_frames(vec![get.into()], 2).await.unwrap();
+    assert_eq!(frames.len(), 2);
+    let mut c = resp::Cursor::new(&frames[0]);
+    assert_eq!(c.array().unwrap(), Some(64));
+    for item in &items {
+        assert_eq!(c.bulk().unwrap(), Some(&item[..]));
+    }
+    assert!(c.is_done());
+    assert_eq!(&frames[1][..], b":64\r\n");
+}
