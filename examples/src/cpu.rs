@@ -74,21 +74,39 @@ fn ticks_seconds() -> f64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn busy_work_shows_up_in_microseconds_and_the_total_never_goes_back() {
-        let before = process_cpu_seconds();
-        let started = std::time::Instant::now();
+    /// Spins until this process's CPU total has grown by `seconds` since `from` (fails after 10 s of wall time).
+    fn spin_until(from: f64, seconds: f64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut x = 0u64;
-        while started.elapsed() < std::time::Duration::from_millis(30) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        while process_cpu_seconds() - from < seconds {
+            assert!(std::time::Instant::now() < deadline, "the CPU total did not grow");
+            for _ in 0..10_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
         }
         std::hint::black_box(x);
-        // A thread that runs and exits: its time stays counted.
-        std::thread::spawn(|| std::hint::black_box((0..1_000_000u64).sum::<u64>()))
-            .join()
-            .unwrap();
-        let after = process_cpu_seconds();
-        assert!(after - before >= 0.02, "{before} -> {after}");
-        assert!(process_cpu_seconds() >= after);
+    }
+
+    #[test]
+    fn work_shows_up_and_a_thread_that_exits_stays_counted() {
+        let before = process_cpu_seconds();
+        spin_until(before, 0.005);
+        // A thread that works, stops, and exits once told: the total read while it was alive must still be there
+        // after it is gone.
+        let (go, exit) = std::sync::mpsc::channel::<()>();
+        let (worked, done) = std::sync::mpsc::channel::<()>();
+        let start = process_cpu_seconds();
+        let thread = std::thread::spawn(move || {
+            spin_until(start, 0.02);
+            worked.send(()).unwrap();
+            exit.recv().unwrap();
+        });
+        done.recv().unwrap();
+        let alive = process_cpu_seconds();
+        assert!(alive - start >= 0.02, "{start} -> {alive}");
+        go.send(()).unwrap();
+        thread.join().unwrap();
+        let gone = process_cpu_seconds();
+        assert!(gone >= alive, "the exited thread's time was lost: {alive} -> {gone}");
     }
 }
