@@ -18,7 +18,8 @@
 //!   ([`redis_link::PipelinedConnection`]; the `XADD`s written as RESP by the producer).
 //! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch
 //!   (idempotent producer, Redis Cluster); `publisher::transaction`: the checked transaction (one server).
-//! * `batcher`: the background batching mode (bounded queue, linger, batch size, backpressure, flush).
+//! * `batcher`: the background batching mode (the accumulator callers append to, linger, batch size, backpressure, flush,
+//!   the outcome a batch shares with its deliveries).
 //! * `shared`: what the handle and the batcher share, and the one publish path both take.
 //! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker) and starts
 //!   them on first use.

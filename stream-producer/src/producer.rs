@@ -22,12 +22,11 @@ use std::time::Duration;
 use client_core::{CoordClient, SharedVersionStore};
 use protocol::names::StreamName;
 use protocol::RoutingVersion;
-use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batcher::{self, Delivery, Msg};
+use crate::batcher::{self, Accumulator, Delivery};
 use crate::config::ProducerConfig;
 use crate::error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome};
 use crate::publisher::{Published, Publisher, Record};
@@ -36,11 +35,10 @@ use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
 use crate::shared::Shared;
 use crate::stats::{ProducerStats, Stats};
 
-/// Where the producer's tasks are: not spawned yet (holding the queue's receiver for the batcher), running, or
-/// taken by `close`.
+/// Where the producer's tasks are: not spawned yet, running, or taken by `close`.
 #[derive(Debug)]
 enum Tasks {
-    Idle(mpsc::Receiver<Msg>),
+    Idle,
     Running(JoinHandle<()>),
     Closed,
 }
@@ -91,8 +89,8 @@ enum Tasks {
 pub struct Producer {
     config: ProducerConfig,
     shared: Arc<Shared>,
-    /// The batching queue's sender; dropping it (in `close`) lets the batcher drain and exit.
-    queue: mpsc::Sender<Msg>,
+    /// The batching mode's accumulator; closing it (in `close`) lets the batcher drain it and exit.
+    accumulator: Arc<Accumulator>,
     /// Cancels the refresher, and the batcher when the producer is dropped without `close`.
     cancel: CancellationToken,
     /// Every task the producer spawned.
@@ -100,7 +98,7 @@ pub struct Producer {
     /// Set once the tasks are spawned: the publish path checks it with one load instead of taking `batcher`'s
     /// lock.
     started: AtomicBool,
-    /// The batcher: its receiver until the first use, then its handle, awaited first by `close` (it still needs
+    /// The batcher: nothing until the first use, then its handle, awaited first by `close` (it still needs
     /// the refresher to publish what is queued).
     batcher: Mutex<Tasks>,
 }
@@ -169,15 +167,15 @@ impl Producer {
             stats,
             reroute_fenced: config.reroute_fenced,
         });
-        let (queue, rx) = mpsc::channel(config.batching.queue_capacity);
+        let accumulator = Arc::new(Accumulator::new(config.batching));
         Ok(Producer {
             config,
             shared,
-            queue,
+            accumulator,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
             started: AtomicBool::new(false),
-            batcher: Mutex::new(Tasks::Idle(rx)),
+            batcher: Mutex::new(Tasks::Idle),
         })
     }
 
@@ -192,10 +190,10 @@ impl Producer {
             .lock()
             .expect("the task slot lock is never held across a panic");
         match std::mem::replace(&mut *slot, Tasks::Closed) {
-            Tasks::Idle(rx) => {
+            Tasks::Idle => {
                 self.tasks
                     .spawn(self.shared.refresher.clone().run(self.cancel.child_token()));
-                let batcher = batcher::run(self.shared.clone(), self.config.batching, rx, self.cancel.child_token());
+                let batcher = batcher::run(self.shared.clone(), self.accumulator.clone(), self.cancel.child_token());
                 *slot = Tasks::Running(self.tasks.spawn(batcher));
                 self.started.store(true, Ordering::Release);
             }
@@ -340,7 +338,8 @@ impl Producer {
     /// Hands a record to the background batching mode and returns once it is *accepted* (queued); the returned
     /// [`Delivery`] resolves to its outcome once its batch was written.
     ///
-    /// When the queue is full this waits for room (backpressure).
+    /// The calling task appends the record to the open batch itself (no message to another task). When
+    /// `queue_capacity` records are accepted and not sent yet, this waits for room (backpressure).
     ///
     /// ```no_run
     /// # async fn example(producer: &stream_producer::Producer) -> Result<(), Box<dyn std::error::Error>> {
@@ -364,10 +363,7 @@ impl Producer {
     pub async fn enqueue(&self, record: Record) -> Result<Delivery, PublishError> {
         record.check()?;
         self.start_tasks();
-        let permit = self.queue.reserve().await.map_err(|_| PublishError::Closed)?;
-        let (msg, delivery) = Msg::record(record);
-        permit.send(msg);
-        Ok(delivery)
+        self.accumulator.append(record).await
     }
 
     /// Waits until every record accepted by [`enqueue`](Self::enqueue) before this call has its outcome (written
@@ -380,12 +376,8 @@ impl Producer {
     /// Cancel safe: dropping the future only stops waiting.
     pub async fn flush(&self) -> Result<(), ProducerError> {
         self.start_tasks();
-        let (tx, rx) = oneshot::channel();
-        self.queue
-            .send(Msg::Flush(tx))
-            .await
-            .map_err(|_| ProducerError::Closed)?;
-        rx.await.map_err(|_| ProducerError::Closed)
+        let done = self.accumulator.flush().ok_or(ProducerError::Closed)?;
+        done.await.map_err(|_| ProducerError::Closed)
     }
 
     /// The routing usable now, if the lease holds.
@@ -410,7 +402,7 @@ impl Producer {
             s.routing_age = Some(r.age);
         }
         s.max_observed_version = self.shared.refresher.max_observed();
-        s.queued = self.queue.max_capacity() - self.queue.capacity();
+        s.queued = self.accumulator.queued();
         s
     }
 
@@ -432,9 +424,8 @@ impl Producer {
     /// # Cancel safety
     /// Not cancel safe: dropping the future cancels the tasks like dropping the producer does.
     pub async fn close(mut self) -> Result<ProducerStats, ProducerError> {
-        // Only this handle holds the queue's sender: dropping it lets the batcher drain the queue and exit.
-        let (closed_tx, _) = mpsc::channel(1);
-        drop(std::mem::replace(&mut self.queue, closed_tx));
+        // The batcher sends what was accepted, then exits.
+        self.accumulator.close();
         let mut failure = None;
         let batcher = std::mem::replace(
             self.batcher

@@ -127,6 +127,7 @@ pub struct ProducerStats {
     pub redirects_ask: u64,
     /// On a Redis Cluster: commands sent again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node.
     pub cluster_retries: u64,
-    /// Records waiting in the batching queue now.
+    /// Records accepted by `enqueue` and not sent yet (the open batch and the sealed ones waiting for the in-flight
+    /// budget): at most `queue_capacity`.
     pub queued: usize,
 }

@@ -95,7 +95,7 @@ async fn full_queue_makes_enqueue_wait_until_there_is_room() {
     producer.ready().await.unwrap();
     proxy.set_mode(Mode::Stall);
 
-    // One batch goes out and hangs; the next one fills the batcher; then the queue fills.
+    // One batch goes out and hangs (its records leave the queue); the next one fills the queue.
     let mut deliveries = Vec::new();
     let mut accepted = 0;
     while producer.stats().queued < 10 {
@@ -170,11 +170,11 @@ async fn the_in_flight_byte_budget_holds_the_next_batch_until_the_first_is_answe
                 .unwrap(),
         );
     }
-    // The first batch went out alone (nothing was in flight) and hangs; the second is full and waits for the
-    // budget, so the batcher takes nothing more and the third stays queued.
-    wait_until(DEADLINE, "the third batch left in the queue", || {
+    // The first batch went out alone (nothing was in flight) and hangs; the second and the third are full and
+    // wait for the budget: 20 records accepted and not sent.
+    wait_until(DEADLINE, "the second and third batches held back", || {
         let queued = producer.stats().queued;
-        async move { queued == 10 }
+        async move { queued == 20 }
     })
     .await;
     assert_eq!(producer.stats().batches, 1, "{:?}", producer.stats());
@@ -233,7 +233,7 @@ async fn dropping_the_producer_fails_queued_records_as_not_written() {
 }
 
 /// Records of one key enqueued one after another by one caller are written in that order, with several batches
-/// in flight (the default 8): `enqueue` order is the key's order. (It was not: a pipeline issued after a lane's
+/// in flight (8): `enqueue` order is the key's order. (It was not: a pipeline issued after a lane's
 /// connection opened overtook those waiting for it, and tokio's cooperative budget let a later batch reach the
 /// connection first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
