@@ -154,7 +154,7 @@ impl ProducerBuilder {
         self
     }
 
-    /// Batches written concurrently by the batching mode (default 8; see [`BatchingConfig::max_in_flight_batches`]
+    /// Batches written concurrently by the batching mode (default 32; see [`BatchingConfig::max_in_flight_batches`]
     /// for the fenced producer). Records of one key enqueued one after another
     /// are written in that order whatever this is; only a re-send on a failure path (a fence re-route, see
     /// [`reroute_fenced`](Self::reroute_fenced), or a script reload after a Redis restart) can let a later batch
