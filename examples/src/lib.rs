@@ -22,6 +22,7 @@ pub mod cpu;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
+pub mod mem;
 pub mod redis_launcher;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a

@@ -25,7 +25,9 @@
 //!    client CPU is this process's threads' time on a CPU in nanoseconds, `examples::cpu`, Redis's from `INFO`).
 //!    The raw loop runs over every connection of `--raw-links` (redis-rs's multiplexed connection and parser;
 //!    `redis_link::PipelinedConnection` with its own parser, about half the client CPU): the rate ratio is to
-//!    the best median rate among them, the CPU ratio to the lowest client CPU among them.
+//!    the best median rate among them, the CPU ratio to the lowest client CPU among them. Memory: this
+//!    process's `VmRSS` before each run and its peak during it (`VmHWM`, reset through `/proc/self/clear_refs`),
+//!    of round 1 (the process also holds the coordinator and the members of the other modes' groups).
 //!
 //! `--cluster`: the same against a private local 3-master Redis Cluster (`examples::cluster_launcher`); the raw
 //! loop's shard tasks then each use a redis-rs cluster connection (the strongest raw cluster client: it routes
@@ -246,6 +248,35 @@ struct RunResult {
     records: u64,
     took: Duration,
     cost: Cost,
+    /// This process's resident set before the run and its peak during it (`VmHWM`, reset before the run), in
+    /// MiB; set by [`measured`].
+    rss_before_mib: f64,
+    peak_rss_mib: Option<f64>,
+}
+
+/// Runs one mode with this process's memory measured around it (the peak only where the kernel lets
+/// `/proc/self/clear_refs` reset it).
+async fn measured(run: impl std::future::Future<Output = Result<RunResult>>) -> Result<RunResult> {
+    let rss_before = examples::mem::status_mib("VmRSS").unwrap_or(0.0);
+    let resettable = examples::mem::reset_peak_rss();
+    let mut result = run.await?;
+    result.rss_before_mib = rss_before;
+    result.peak_rss_mib = if resettable {
+        examples::mem::status_mib("VmHWM")
+    } else {
+        None
+    };
+    Ok(result)
+}
+
+impl RunResult {
+    /// `rss <before> -> peak <peak> MiB`.
+    fn memory(&self) -> String {
+        match self.peak_rss_mib {
+            Some(peak) => format!("rss {:.0} -> peak {peak:.0} MiB", self.rss_before_mib),
+            None => format!("rss {:.0} MiB before", self.rss_before_mib),
+        }
+    }
 }
 
 fn shard_key(stream: &StreamName, shard: u32) -> String {
@@ -459,6 +490,8 @@ async fn raw_run(
         records: read,
         took,
         cost,
+        rss_before_mib: 0.0,
+        peak_rss_mib: None,
     })
 }
 
@@ -593,6 +626,8 @@ async fn sdk_run(
         records: seen,
         took,
         cost,
+        rss_before_mib: 0.0,
+        peak_rss_mib: None,
     })
 }
 
@@ -605,6 +640,8 @@ struct Summary {
     redis_us: f64,
     xreadgroup_per_1000: f64,
     xack_per_1000: f64,
+    /// Round 1's memory (`rss <before> -> peak <peak> MiB`).
+    memory: String,
 }
 
 impl Summary {
@@ -622,14 +659,15 @@ impl Summary {
             redis_us: per_record(&|r| r.cost.redis_cpu_s * 1e6),
             xreadgroup_per_1000: per_record(&|r| r.cost.xreadgroup_calls as f64 * 1000.0),
             xack_per_1000: per_record(&|r| r.cost.xack_calls as f64 * 1000.0),
+            memory: runs[0].memory(),
         })
     }
 
     /// The table's columns after the client CPU.
     fn rest(&self) -> String {
         format!(
-            "{:.2} us | {:.1} + {:.1}",
-            self.redis_us, self.xreadgroup_per_1000, self.xack_per_1000
+            "{:.2} us | {:.1} + {:.1} | {}",
+            self.redis_us, self.xreadgroup_per_1000, self.xack_per_1000, self.memory
         )
     }
 }
@@ -707,27 +745,32 @@ async fn main() -> Result<()> {
     for round in 1..=args.rounds {
         for (link, runs) in raw_links.iter().zip(&mut raw_runs).filter(|_| !args.no_raw) {
             let group = format!("raw-{link:?}-r{round}");
-            let run = raw_run(&backend, &mut con, &mut nodes, &stream, &group, args.count, *link).await?;
+            let run = measured(raw_run(
+                &backend, &mut con, &mut nodes, &stream, &group, args.count, *link,
+            ))
+            .await?;
             println!(
-                "round {round} raw {:<21} {:>9.0} records/s ({} in {:.2?}; {})",
+                "round {round} raw {:<21} {:>9.0} records/s ({} in {:.2?}; {}; {})",
                 link.label(),
                 rate(run.records, run.took),
                 run.records,
                 run.took,
-                run.cost.per_record(run.records)
+                run.cost.per_record(run.records),
+                run.memory()
             );
             runs.push(run);
         }
         for (i, &members) in args.members.iter().enumerate().filter(|_| !args.no_sdk) {
             let group = format!("sdk{members}-r{round}");
-            let run = sdk_run(&env, &mut con, &mut nodes, &group, members).await?;
+            let run = measured(sdk_run(&env, &mut con, &mut nodes, &group, members)).await?;
             println!(
-                "round {round} sdk {members} member{} {:>9.0} records/s ({} in {:.2?}; {})",
+                "round {round} sdk {members} member{} {:>9.0} records/s ({} in {:.2?}; {}; {})",
                 if members == 1 { " " } else { "s" },
                 rate(run.records, run.took),
                 run.records,
                 run.took,
-                run.cost.per_record(run.records)
+                run.cost.per_record(run.records),
+                run.memory()
             );
             sdk_runs[i].push(run);
         }
@@ -746,9 +789,9 @@ async fn main() -> Result<()> {
     );
     println!(
         "| run | median records/s | min - max | SDK / raw (goal >= 0.90) | client CPU/record | vs raw (goal <= 1.15) \
-         | redis CPU/record | XREADGROUP + XACK per 1000 records |"
+         | redis CPU/record | XREADGROUP + XACK per 1000 records | memory of this process, round 1 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let raws: Vec<(RawLink, Summary)> = raw_links
         .iter()
         .zip(&raw_runs)

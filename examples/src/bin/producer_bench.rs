@@ -663,24 +663,6 @@ fn process_cpu() -> (f64, f64) {
     (examples::cpu::process_cpu_seconds(), children / TICKS_PER_SECOND)
 }
 
-/// A `kB` line (`VmRSS`, `VmHWM`) of `/proc/self/status`, in MiB.
-fn status_mib(field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kb: f64 = line[field.len()..]
-        .trim_start_matches(':')
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
-}
-
-/// Resets the peak resident set size (`VmHWM`) to the current one; false where the kernel does not allow it.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
 /// What one round of one mode measured.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -1174,7 +1156,7 @@ async fn main() -> Result<()> {
             println!("redis-benchmark is not on PATH: no physical reference in this run");
         }
     }
-    let peak_resettable = reset_peak_rss();
+    let peak_resettable = examples::mem::reset_peak_rss();
     if !peak_resettable {
         println!("/proc/self/clear_refs not writable: peak RSS is the process's peak so far");
     }
@@ -1186,8 +1168,8 @@ async fn main() -> Result<()> {
             if args.commandstats {
                 let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut con).await?;
             }
-            let rss_before = status_mib("VmRSS").unwrap_or(0.0);
-            reset_peak_rss();
+            let rss_before = examples::mem::status_mib("VmRSS").unwrap_or(0.0);
+            examples::mem::reset_peak_rss();
             let redis_before = redis_cpu(&mut con).await?;
             let (cpu_before, children_before) = process_cpu();
             let took = match mode {
@@ -1226,7 +1208,11 @@ async fn main() -> Result<()> {
                 client_cpu_us: client_cpu * per_record,
                 redis_cpu_us: (redis_after - redis_before) * per_record,
                 rss_before_mib: rss_before,
-                peak_rss_mib: if peak_resettable { status_mib("VmHWM") } else { None },
+                peak_rss_mib: if peak_resettable {
+                    examples::mem::status_mib("VmHWM")
+                } else {
+                    None
+                },
             };
             println!(
                 "round {round} {label:<40} {:>8.0} records/s ({took:.2?})  client {:.2} us/rec  redis {:.2} us/rec  \
