@@ -178,8 +178,8 @@ struct Args {
     sdk_tasks: usize,
     /// SDK enqueue: concurrent caller tasks, each keeping `--delivery-window` deliveries outstanding (4, the
     /// issue's setup: every caller here is a hot loop, and with 16 or 32 of them the producer's one sending task
-    /// waits behind them in tokio's run queue, measured 0.66 to 0.71 of the raw loop fenced against 0.76 to 0.89
-    /// with 4, BENCHMARKS.md).
+    /// waits behind them in tokio's run queue: fenced, 0.71 to 0.77 of the raw loop with 32 callers against 0.79 to
+    /// 0.88 with 4, BENCHMARKS.md).
     #[arg(long, default_value_t = 4)]
     enqueue_tasks: usize,
     /// SDK send_batch: records per call.
