@@ -274,3 +274,57 @@ async fn one_callers_records_of_a_key_keep_their_order_with_batches_in_flight() 
     }
     assert_eq!(out_of_order, 0, "records written after a later record of their key");
 }
+
+/// Many callers append while each of them flushes from time to time: every flush returns only once every record
+/// its caller had accepted before it has its outcome, and every record is written once. (Batches are sealed by
+/// the caller that fills them, by the sending task when their linger passes, and by flushes, concurrently.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_racing_with_appends_wait_for_every_record_accepted_before_them() {
+    const SHARDS: u32 = 3;
+    const CALLERS: usize = 8;
+    const PER_CALLER: usize = 1_500;
+    let env = Env::start(SHARDS, LEASE).await;
+    let producer = Arc::new(
+        env.producer()
+            .queue_capacity(500)
+            .max_batch_size(37)
+            .max_in_flight_batches(4)
+            .linger(Duration::from_millis(2))
+            .build()
+            .unwrap(),
+    );
+    let mut callers = Vec::new();
+    for c in 0..CALLERS {
+        let producer = producer.clone();
+        callers.push(tokio::spawn(async move {
+            let mut pending = Vec::new();
+            let mut ids = Vec::new();
+            for i in 0..PER_CALLER {
+                let record = Record::with_key(format!("{c}-{}", i % 50)).field("n", i.to_string());
+                pending.push(producer.enqueue(record).await.expect("accepted"));
+                if i % 97 == 96 {
+                    producer.flush().await.expect("flushed");
+                    for delivery in pending.drain(..) {
+                        let outcome = delivery
+                            .now_or_never()
+                            .expect("a record accepted before the flush has its outcome when the flush returns");
+                        ids.push(outcome.expect("written").id);
+                    }
+                }
+            }
+            for delivery in pending {
+                ids.push(delivery.await.expect("written").id);
+            }
+            ids
+        }));
+    }
+    let mut written = 0;
+    for c in callers {
+        written += c.await.unwrap().len();
+    }
+    assert_eq!(written, CALLERS * PER_CALLER);
+    let producer = Arc::into_inner(producer).expect("callers are done");
+    let stats = producer.close().await.unwrap();
+    assert_eq!(stats.records_written, (CALLERS * PER_CALLER) as u64, "{stats:?}");
+    assert_eq!(total_len(&env.redis, SHARDS).await, (CALLERS * PER_CALLER) as u64);
+}
