@@ -444,22 +444,7 @@ mod tests {
 
     #[test]
     fn replies_read_like_redis_rs_reads_them() {
-        for bytes in [
-            &b"+OK\r\n"[..],
-            b"+QUEUED\r\n",
-            b":-42\r\n",
-            b":0\r\n",
-            b"$-1\r\n",
-            b"$0\r\n\r\n",
-            b"$15\r\n1700000000000-0\r\n",
-            b"*-1\r\n",
-            b"*0\r\n",
-            b"*3\r\n$2\r\nab\r\n:7\r\n-ERR nope\r\n",
-            b"*2\r\n*1\r\n+x\r\n$-1\r\n",
-            b"-NOSCRIPT No matching script\r\n",
-            b"-EXECABORT Transaction discarded\r\n",
-            b"-MOVED 3999 127.0.0.1:6381\r\n",
-        ] {
+        for bytes in SAMPLES {
             assert_eq!(one(bytes), redis::parse_redis_value(bytes).unwrap(), "{bytes:?}");
         }
     }
@@ -482,11 +467,12 @@ mod tests {
         assert!(parse(bytes).unwrap().is_some());
     }
 
-    /// Every reply of the tests above, and some nested ones.
+    /// Replies of every kind Redis sends the SDK, some nested.
     const SAMPLES: &[&[u8]] = &[
         b"+OK\r\n",
         b"+QUEUED\r\n",
         b":-42\r\n",
+        b":0\r\n",
         b"$-1\r\n",
         b"$0\r\n\r\n",
         b"$15\r\n1700000000000-0\r\n",
@@ -494,6 +480,8 @@ mod tests {
         b"*0\r\n",
         b"*3\r\n$2\r\nab\r\n:7\r\n-ERR nope\r\n",
         b"*2\r\n*1\r\n+x\r\n$-1\r\n",
+        b"-NOSCRIPT No matching script\r\n",
+        b"-EXECABORT Transaction discarded\r\n",
         b"-MOVED 3999 127.0.0.1:6381\r\n",
         b"*1\r\n*2\r\n$1\r\nk\r\n*2\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n*2\r\n$3\r\n1-1\r\n*-1\r\n",
     ];
