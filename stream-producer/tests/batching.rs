@@ -13,6 +13,14 @@ use test_support::{wait_until, FaultProxy, Mode};
 
 const LEASE: Duration = Duration::from_secs(30);
 
+/// A stream of 2 shards and a proxy in front of its redis-server, for the producer to write through.
+async fn behind_proxy() -> (Env, FaultProxy) {
+    let env = Env::start(2, LEASE).await;
+    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    (env, proxy)
+}
+
 #[tokio::test]
 async fn close_loses_nothing_accepted() {
     let env = Env::start(4, LEASE).await;
@@ -80,9 +88,7 @@ async fn flush_waits_for_every_accepted_record() {
 
 #[tokio::test]
 async fn full_queue_makes_enqueue_wait_until_there_is_room() {
-    let env = Env::start(2, LEASE).await;
-    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
-    let proxy = FaultProxy::start(target).await;
+    let (env, proxy) = behind_proxy().await;
     let producer = env
         .producer()
         .redis(proxy.url())
@@ -143,9 +149,7 @@ async fn full_queue_makes_enqueue_wait_until_there_is_room() {
 
 #[tokio::test]
 async fn the_in_flight_byte_budget_holds_the_next_batch_until_the_first_is_answered() {
-    let env = Env::start(2, LEASE).await;
-    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
-    let proxy = FaultProxy::start(target).await;
+    let (env, proxy) = behind_proxy().await;
     // Batches of 10 records of 10 bytes (key 1, field name 1, value 8): one batch is above the 50-byte budget,
     // while the batch count would let 8 go. A long linger: only full batches go.
     let producer = env
@@ -193,9 +197,7 @@ async fn the_in_flight_byte_budget_holds_the_next_batch_until_the_first_is_answe
 
 #[tokio::test]
 async fn dropping_the_producer_fails_queued_records_as_not_written() {
-    let env = Env::start(2, LEASE).await;
-    let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
-    let proxy = FaultProxy::start(target).await;
+    let (env, proxy) = behind_proxy().await;
     let producer = env
         .producer()
         .redis(proxy.url())
