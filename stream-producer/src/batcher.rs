@@ -338,11 +338,11 @@ impl Accumulator {
         if state.flushes.is_empty() {
             return;
         }
-        let lowest_sealed = state.sealed.front().map(|b| b.seq);
-        let lowest = match (lowest_in_flight, lowest_sealed) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        // The oldest batch without its outcome yet: in flight, or sealed and waiting.
+        let lowest = lowest_in_flight
+            .into_iter()
+            .chain(state.sealed.front().map(|b| b.seq))
+            .min();
         let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.flushes)
             .into_iter()
             .partition(|(target, _)| lowest.is_none_or(|low| low > *target));
@@ -384,14 +384,12 @@ pub(crate) async fn run(shared: Arc<Shared>, acc: Arc<Accumulator>, cancel: Canc
     // The sequence numbers of the batches in flight, with their bytes, and the sum of those bytes.
     let mut in_flight_seqs: BTreeMap<u64, usize> = BTreeMap::new();
     let mut in_flight_bytes = 0usize;
+    // Whether the in-flight budget lets another batch go: fewer than `max_in_flight_batches` in flight, and fewer
+    // than `max_in_flight_bytes` (or nothing in flight: a batch larger than the budget still goes alone).
+    let may_send = |in_flight: &FuturesUnordered<InFlight>, bytes: usize| {
+        in_flight.len() < config.max_in_flight_batches && (in_flight.is_empty() || bytes < config.max_in_flight_bytes)
+    };
     loop {
-        // Whether the in-flight budget lets another batch go: fewer than `max_in_flight_batches` in flight, and
-        // fewer than `max_in_flight_bytes` (or nothing in flight: a batch larger than the budget still goes
-        // alone).
-        let may_send = |in_flight: &FuturesUnordered<InFlight>, bytes: usize| {
-            in_flight.len() < config.max_in_flight_batches
-                && (in_flight.is_empty() || bytes < config.max_in_flight_bytes)
-        };
         while may_send(&in_flight, in_flight_bytes) {
             let Some(Sealed {
                 seq,
