@@ -25,7 +25,7 @@ use protocol::keys;
 use protocol::names::StreamName;
 use protocol::routing::shard_for_key;
 use protocol::ShardId;
-use redis::Value;
+use redis::{RedisResult, Value};
 use stream_producer::{ConfigError, Producer, ProducerBuilder, Published, Record, RecordOutcome};
 use test_support::cluster::{key_slot, RedisCluster};
 
@@ -192,7 +192,17 @@ fn check(
     for (n, p) in &outcomes.written {
         match seen.get(n).map(Vec::as_slice) {
             None | Some([]) if may_lose => c.lost.push(*n),
-            None | Some([]) => panic!("written record {n} ({p:?}) is in no stream"),
+            None | Some([]) => {
+                let rows = env_stream.get(&p.shard.0).map_or(&[][..], Vec::as_slice);
+                let at_its_id = rows.iter().find(|(id, _, _)| *id == p.id.to_string());
+                panic!(
+                    "written record {n} ({p:?}) is in no stream; its shard holds {} entries ({:?} .. {:?}), at its \
+                     id: {at_its_id:?}",
+                    rows.len(),
+                    rows.first(),
+                    rows.last()
+                )
+            }
             Some([(shard, id)]) => {
                 assert_eq!((ShardId(*shard), id.clone()), (p.shard, p.id.to_string()), "record {n}");
             }
@@ -441,6 +451,19 @@ async fn migration_during_publishing(name: &str, mode: Mode, enqueue: bool) {
     let outcomes = publisher.await.expect("publisher");
     assert_eq!(env.cluster.owner_of_slot(slot).await, to, "the slot moved");
 
+    // Printed before the check, so that a failure shows it: where the slot's keys are (a key left on a node that
+    // no longer serves the slot is unreachable), and how long the nodes took to agree.
+    let mut keys_per_node = Vec::new();
+    for node in env.cluster.nodes() {
+        let mut con = node.server().connection().await;
+        let n: RedisResult<i64> = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query_async(&mut con)
+            .await;
+        keys_per_node.push(n.map_or_else(|e| e.to_string(), |n| n.to_string()));
+    }
+    println!("slot {slot} moved from node {from} to {to} in {migrated_in:?}; its keys per node: {keys_per_node:?}");
     let c = check(&env.read_back().await, &outcomes, false, !enqueue);
     let stats = producer.stats();
     println!(

@@ -519,6 +519,72 @@ impl RedisCluster {
         moved
     }
 
+    /// The config epoch of node `index`, as the node itself holds it (`cluster_my_epoch`).
+    ///
+    /// # Panics
+    ///
+    /// Panics (with every node's log) if the node does not answer `CLUSTER INFO` with it.
+    pub async fn config_epoch(&self, index: usize) -> u64 {
+        let mut con = self.node(index).server.connection().await;
+        let info: String = self
+            .query(index, &mut con, redis::cmd("CLUSTER").arg("INFO"), "CLUSTER INFO")
+            .await;
+        info_field(&info, "cluster_my_epoch")
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| self.fail(format_args!("node {index}: no cluster_my_epoch in {info:?}")))
+    }
+
+    /// Waits until node `winner`'s config epoch is greater than node `loser`'s, bumping epochs as needed.
+    ///
+    /// A master that takes over a slot claims it with its config epoch; when that epoch does not order it above the
+    /// slot's previous master, a claim of the previous master still in gossip can win, and a master that loses a
+    /// slot it holds keys of deletes those keys (Redis's rule for "dirty" slots): a migrated slot's data is gone.
+    /// `CLUSTER BUMPEPOCH` only raises a node whose epoch is not already the greatest it knows of, so a tie at the
+    /// top is broken by raising a third master first.
+    async fn outrank(&self, winner: usize, loser: usize) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        let mut third_bumped_at: Option<Instant> = None;
+        loop {
+            if self.config_epoch(winner).await > self.config_epoch(loser).await {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.fail(format_args!(
+                    "node {winner}'s config epoch is still not above node {loser}'s after {CLUSTER_TIMEOUT:?}"
+                ));
+            }
+            let mut con = self.node(winner).server.connection().await;
+            let reply: String = self
+                .query(
+                    winner,
+                    &mut con,
+                    redis::cmd("CLUSTER").arg("BUMPEPOCH"),
+                    "CLUSTER BUMPEPOCH",
+                )
+                .await;
+            let stale = third_bumped_at.is_none_or(|at| at.elapsed() >= EPOCH_BUMP_AFTER);
+            if reply.starts_with("STILL") && stale {
+                let masters = self.masters().await;
+                let third = masters
+                    .iter()
+                    .copied()
+                    .find(|&m| m != winner && m != loser)
+                    .unwrap_or(loser);
+                let mut con = self.node(third).server.connection().await;
+                let _: String = self
+                    .query(
+                        third,
+                        &mut con,
+                        redis::cmd("CLUSTER").arg("BUMPEPOCH"),
+                        "CLUSTER BUMPEPOCH",
+                    )
+                    .await;
+                third_bumped_at = Some(Instant::now());
+            }
+            sleep(POLL_INTERVAL).await;
+        }
+    }
+
     /// Starts moving `slot` to master `to`: `CLUSTER SETSLOT slot IMPORTING <source>` on `to`, then
     /// `CLUSTER SETSLOT slot MIGRATING <to>` on the source. From then on the source answers `ASK` for keys of the
     /// slot it no longer has, until [`SlotMigration::finish`].
@@ -862,8 +928,8 @@ impl SlotMigration<'_> {
         keys.len()
     }
 
-    /// Ends the migration: `CLUSTER SETSLOT slot NODE <target>` on the target, the source, then every other
-    /// running master; waits until every running node agrees the target serves the slot (every 5 s without
+    /// Ends the migration: makes the target's config epoch greater than the source's, then `CLUSTER SETSLOT slot
+    /// NODE <target>` on the target, the source, then every other running master; waits until every running node agrees the target serves the slot (every 5 s without
     /// agreement, the target takes a fresh config epoch and claims the slot again).
     ///
     /// # Panics
@@ -887,6 +953,7 @@ impl SlotMigration<'_> {
                 self.slot
             ));
         }
+        cluster.outrank(self.to, self.from).await;
         let target_id = cluster.node(self.to).id.clone();
         let masters = cluster.masters().await;
         let mut order = vec![self.to, self.from];
@@ -931,9 +998,10 @@ impl SlotMigration<'_> {
                 ));
             }
             if Instant::now() >= claim_at {
-                // Seen once in a full suite run: the target's own claim lost to the source's in gossip (their
-                // config epochs did not order them), and the nodes never agreed. A fresh, highest epoch on the
-                // target and its claim again settle it, as a failover that does not converge is settled above.
+                // Seen in full suite runs before `outrank`: the target's own claim lost to the source's in gossip
+                // (their config epochs did not order them), and the nodes never agreed; the target had deleted
+                // the migrated keys on losing the slot. `outrank` now orders them before the claim; this stays
+                // as the last resort: a fresh, highest epoch on the target and its claim again.
                 claim_at = Instant::now() + EPOCH_BUMP_AFTER;
                 let mut con = cluster.node(to).server.connection().await;
                 let _: Result<String, _> = redis::cmd("CLUSTER").arg("BUMPEPOCH").query_async(&mut con).await;

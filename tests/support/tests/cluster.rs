@@ -143,6 +143,8 @@ async fn a_slot_migrating_in_steps_keeps_serving_writes() {
     }
     while migration.move_keys(30).await > 0 {}
     migration.finish().await;
+    // The target took the slot with a config epoch above the source's: no claim of the source can win it back.
+    assert!(cluster.config_epoch(to).await > cluster.config_epoch(from).await);
     assert_eq!(cluster.owner_of_slot(slot).await, to);
     for n in 0..200 {
         let want = if n < 150 { "before" } else { "during" };
