@@ -46,6 +46,15 @@ pub enum CoordError {
         /// What was wrong.
         detail: String,
     },
+    /// The coordinator refused a field this SDK sends: it is older than the SDK (for example, one from before
+    /// member incarnations). Upgrade the coordinators before the SDKs; retrying does not help.
+    #[error("the coordinator at {url} does not speak this SDK's protocol (upgrade the coordinators first): {message}")]
+    Incompatible {
+        /// The URL.
+        url: String,
+        /// The coordinator's refusal.
+        message: String,
+    },
     /// No coordinator URL was given.
     #[error("at least one coordinator URL is required")]
     NoUrl,
@@ -71,7 +80,10 @@ impl CoordError {
         match self {
             CoordError::Status { status, .. } => status.is_retryable(),
             CoordError::Unreachable { .. } | CoordError::Decode { .. } => true,
-            CoordError::NoUrl | CoordError::InvalidUrl(_) | CoordError::HttpClient(_) => false,
+            CoordError::Incompatible { .. }
+            | CoordError::NoUrl
+            | CoordError::InvalidUrl(_)
+            | CoordError::HttpClient(_) => false,
         }
     }
 
@@ -241,6 +253,13 @@ impl CoordClient {
                         });
                     }
                     let err = match serde_json::from_slice::<ErrorResponse>(&body) {
+                        // What a coordinator older than this SDK answers to a field it does not know.
+                        Ok(e) if e.status == Status::InvalidRequest && e.message.contains("unknown field `") => {
+                            CoordError::Incompatible {
+                                url: redact_url(base),
+                                message: e.message,
+                            }
+                        }
                         Ok(e) => CoordError::Status {
                             status: e.status,
                             message: e.message,

@@ -38,7 +38,7 @@
 
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::names::MemberId;
-use protocol::{AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -70,8 +70,12 @@ pub struct Actions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
     member_id: MemberId,
-    /// Random per process: lets the coordinator tell a retried join from a new incarnation.
+    /// Random per process: lets the coordinator tell another process's join from this one's.
     instance_id: String,
+    /// The incarnation every request names: the one the last answer gave, or, while joining, the last one this
+    /// process held ([`Incarnation::NONE`] before its first). Kept by [`Membership::lose_all`], so the join that
+    /// follows names the incarnation it gives up, and a retry of that join names the same one.
+    incarnation: Incarnation,
     /// `0` until the first answer of this incarnation, then the epoch of the last answer.
     epoch: MemberEpoch,
     /// Version of the last applied answer (sent back so the coordinator can spot a stale view).
@@ -100,6 +104,7 @@ impl Membership {
         Membership {
             member_id,
             instance_id,
+            incarnation: Incarnation::NONE,
             epoch: MemberEpoch::JOIN,
             metadata_version: MetadataVersion::default(),
             max_observed,
@@ -119,12 +124,14 @@ impl Membership {
     pub fn resume(
         member_id: MemberId,
         instance_id: String,
+        incarnation: Incarnation,
         epoch: MemberEpoch,
         metadata_version: MetadataVersion,
         max_observed: MetadataVersion,
         shards: [&[ShardId]; 3],
     ) -> Self {
         let mut m = Membership::new(member_id, instance_id, max_observed);
+        m.incarnation = incarnation;
         m.epoch = epoch;
         m.metadata_version = metadata_version;
         m.joined = !epoch.is_join();
@@ -146,6 +153,7 @@ impl Membership {
         HeartbeatRequest {
             member_id: self.member_id.clone(),
             instance_id: self.instance_id.clone(),
+            incarnation: self.incarnation,
             member_epoch: self.epoch,
             metadata_version: self.metadata_version,
             max_observed_version: self.max_observed.max(self.metadata_version),
@@ -180,6 +188,7 @@ impl Membership {
     /// by this answer is still valid (an answer that arrives after its own lease ran out starts nothing).
     pub fn apply(&mut self, resp: &HeartbeatResponse, can_start: bool) -> Actions {
         let mut actions = Actions::default();
+        self.incarnation = resp.incarnation;
         self.epoch = resp.member_epoch;
         self.assignment_epoch = resp.assignment_epoch;
         // Adopted even when lower: after a rollback the coordinator's answer is the truth (SYNC_METADATA).
@@ -264,9 +273,10 @@ impl Membership {
         with_reader
     }
 
-    /// The member was fenced or forgotten: every shard is lost and the next heartbeat joins again (epoch 0, same
-    /// instance id, same versions). Returns the shards that had a reader. The caller must stop those readers
-    /// before it sends the join.
+    /// The member was fenced or forgotten, or gives its shards back: every shard is lost and the next heartbeat
+    /// joins again (epoch 0, same instance id, same versions), naming the incarnation it gives up, so the
+    /// coordinator makes a new one (a late request of the old one then changes nothing). Returns the shards that
+    /// had a reader. The caller must stop those readers before it sends the join.
     pub fn lose_all(&mut self) -> Vec<ShardId> {
         let lost = self
             .shards
@@ -349,6 +359,11 @@ impl Membership {
         &self.instance_id
     }
 
+    /// The incarnation the next request names (see [`Incarnation`]).
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
+    }
+
     /// The epoch the next heartbeat carries.
     pub fn epoch(&self) -> MemberEpoch {
         self.epoch
@@ -397,6 +412,7 @@ mod tests {
         HeartbeatResponse {
             status,
             member_id: MemberId::new("m1").unwrap(),
+            incarnation: Incarnation(7),
             member_epoch: MemberEpoch(3),
             metadata_version: MetadataVersion(version),
             assignment_epoch: AssignmentEpoch(3),
@@ -626,9 +642,29 @@ mod tests {
         let req = m.request();
         assert_eq!(req.member_epoch, MemberEpoch::JOIN);
         assert_eq!(req.instance_id, "inst-1", "same process, same instance id");
+        assert_eq!(
+            req.incarnation,
+            Incarnation(7),
+            "the join names the incarnation it gives up, so the coordinator makes a new one"
+        );
         assert_eq!(req.metadata_version, MetadataVersion(6));
         assert!(req.owned.is_empty() && req.revoking.is_empty());
         assert!(!m.is_joined());
+    }
+
+    #[test]
+    fn every_request_names_the_incarnation_its_join_was_given() {
+        let mut m = member();
+        let join = m.request();
+        assert_eq!(
+            (join.member_epoch, join.incarnation),
+            (MemberEpoch::JOIN, Incarnation::NONE)
+        );
+        // The join's answer was lost: the retry is the same join.
+        assert_eq!(m.request(), join);
+        m.apply(&resp(Status::Ok, 5, &[0], &[], &[]), true);
+        assert_eq!(m.request().incarnation, Incarnation(7));
+        assert_eq!(m.leave_request().incarnation, Incarnation(7));
     }
 
     #[test]
@@ -636,6 +672,7 @@ mod tests {
         let m = Membership::resume(
             MemberId::new("m1").unwrap(),
             "inst-1".into(),
+            Incarnation(7),
             MemberEpoch(4),
             MetadataVersion(7),
             MetadataVersion(9),

@@ -19,6 +19,7 @@ fn request() -> HeartbeatRequest {
     HeartbeatRequest {
         member_id: MemberId::new("m1").unwrap(),
         instance_id: "inst-1".into(),
+        incarnation: protocol::Incarnation::NONE,
         member_epoch: MemberEpoch::JOIN,
         metadata_version: MetadataVersion(0),
         max_observed_version: MetadataVersion(0),
@@ -31,6 +32,7 @@ fn answer() -> HeartbeatResponse {
     HeartbeatResponse {
         status: Status::Ok,
         member_id: MemberId::new("m1").unwrap(),
+        incarnation: protocol::Incarnation(1),
         member_epoch: MemberEpoch(1),
         metadata_version: MetadataVersion(2),
         assignment_epoch: AssignmentEpoch(1),

@@ -53,6 +53,7 @@ async fn send(http: &reqwest::Client, url: &str, req: &HeartbeatRequest) -> Hear
 
 /// Applies an answer the way the SDK would (read assigned, ack revokes at once).
 fn apply(m: &mut Member, r: &HeartbeatResponse) {
+    m.req.incarnation = r.incarnation;
     m.req.member_epoch = r.member_epoch;
     m.req.metadata_version = r.metadata_version;
     m.req.max_observed_version = m.req.max_observed_version.max(r.metadata_version);
@@ -133,6 +134,7 @@ async fn main() {
             req: HeartbeatRequest {
                 member_id: MemberId::new(format!("m{i:04}")).expect("name"),
                 instance_id: format!("i{i}"),
+                incarnation: protocol::Incarnation::NONE,
                 member_epoch: MemberEpoch::JOIN,
                 metadata_version: Default::default(),
                 max_observed_version: Default::default(),

@@ -12,7 +12,8 @@
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
 //! * [`tick`]: the loop that ticks every group.
-//! * [`shutdown`]: the terminating gate.
+//! * [`shutdown`]: the terminating gate; [`deadline`]: request and mutex-wait deadlines that forgive a stop of this
+//!   process (SIGSTOP, a paused VM) once.
 //! * [`startup`]: Redis version and command checks; [`memory_policy`]: the `maxmemory-policy` precondition.
 //! * [`traces`]: "never created" or "lost" for a group or stream without metadata.
 //! * [`log_limit`]: rate limiting of repeated log lines; [`recent`]: the last rebalance events, for the status page.
@@ -27,6 +28,7 @@ mod absent;
 pub mod auth;
 pub mod config;
 pub mod coordinator;
+pub mod deadline;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

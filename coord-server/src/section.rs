@@ -169,7 +169,8 @@ async fn acquire(
     scope: LivenessScope<'_>,
 ) -> Result<Loaded, Error> {
     let started = Instant::now();
-    let deadline = started + env.deadline;
+    // A stop of this process while it waits is forgiven once (`deadline`): the mutex was not busy for that long.
+    let mut deadline = crate::deadline::Deadline::after(env.deadline);
     let mut backoff = Duration::from_millis(1);
     loop {
         let loaded = env
@@ -182,7 +183,7 @@ async fn acquire(
             return Ok(loaded);
         }
         env.stats.mutex_busy.fetch_add(1, Ordering::Relaxed);
-        if Instant::now() + backoff > deadline {
+        if deadline.passed() || tokio::time::Instant::now() + backoff > deadline.at() {
             env.stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
             let waited_ms = started.elapsed().as_millis() as u64;
             return Err(StoreError::MutexBusy {

@@ -41,16 +41,16 @@ async fn integers_written_with_a_zero_fraction_are_accepted_and_other_fractions_
     let joined = post_raw(
         &api,
         HB,
-        r#"{"memberId": "a", "instanceId": "i-1", "memberEpoch": 0.0, "metadataVersion": 0.0, "maxObservedVersion": 0, "owned": [1.0]}"#,
+        r#"{"memberId": "a", "instanceId": "i-1", "incarnation": 0.0, "memberEpoch": 0.0, "metadataVersion": 0.0, "maxObservedVersion": 0, "owned": [1.0]}"#,
     )
     .await;
     let answer: HeartbeatResponse = ok_json(joined, StatusCode::OK).await;
     assert_eq!(answer.member_id.as_str(), "a");
 
     for bad in [
-        r#"{"memberId": "b", "instanceId": "i-2", "memberEpoch": 0.5, "metadataVersion": 0, "maxObservedVersion": 0}"#,
+        r#"{"memberId": "b", "instanceId": "i-2", "incarnation": 0, "memberEpoch": 0.5, "metadataVersion": 0, "maxObservedVersion": 0}"#,
         // Beyond 2^53 a float is not an exact integer in every JSON implementation.
-        r#"{"memberId": "b", "instanceId": "i-2", "memberEpoch": 0, "metadataVersion": 9007199254740994.0, "maxObservedVersion": 0}"#,
+        r#"{"memberId": "b", "instanceId": "i-2", "incarnation": 0, "memberEpoch": 0, "metadataVersion": 9007199254740994.0, "maxObservedVersion": 0}"#,
     ] {
         let refused = post_raw(&api, HB, bad).await;
         let body = error_json(refused, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
@@ -64,6 +64,25 @@ async fn integers_written_with_a_zero_fraction_are_accepted_and_other_fractions_
         1,
         "nothing joined from a refused request"
     );
+}
+
+#[tokio::test]
+async fn a_client_of_the_protocol_before_incarnations_is_told_to_upgrade_and_changes_nothing() {
+    let (_redis, coord) = start().await;
+    let api = Api::new(coord.url());
+    api.create_group(S, G, 2).await;
+    let refused = post_raw(
+        &api,
+        HB,
+        r#"{"memberId": "a", "instanceId": "i-1", "memberEpoch": 0, "metadataVersion": 0, "maxObservedVersion": 0}"#,
+    )
+    .await;
+    let body = error_json(refused, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
+    assert!(
+        body.message.contains("missing field `incarnation`") && body.message.contains("upgrade the consumer SDK"),
+        "{body:?}"
+    );
+    assert!(api.describe(S, G).await.members.is_empty(), "nothing joined");
 }
 
 #[tokio::test]

@@ -45,6 +45,7 @@ async fn no_change_heartbeat_is_two_round_trips_and_writes_no_aggregate() {
     let mut req = HeartbeatRequest {
         member_id: MemberId::new("m1").unwrap(),
         instance_id: "i1".into(),
+        incarnation: protocol::Incarnation::NONE,
         member_epoch: MemberEpoch::JOIN,
         metadata_version: MetadataVersion(0),
         max_observed_version: MetadataVersion(0),
@@ -54,6 +55,7 @@ async fn no_change_heartbeat_is_two_round_trips_and_writes_no_aggregate() {
     let joined = coordinator.heartbeat(&stream, &group, &req).await.unwrap();
     assert_eq!(joined.status, Status::Ok);
     assert_eq!(joined.assigned.len(), 64);
+    req.incarnation = joined.incarnation;
     req.member_epoch = joined.member_epoch;
     req.metadata_version = joined.metadata_version;
     req.max_observed_version = joined.metadata_version;
@@ -119,6 +121,7 @@ async fn concurrent_heartbeats_share_critical_sections() {
             let req = HeartbeatRequest {
                 member_id: MemberId::new(format!("m{i}")).unwrap(),
                 instance_id: format!("i{i}"),
+                incarnation: protocol::Incarnation::NONE,
                 member_epoch: MemberEpoch::JOIN,
                 metadata_version: MetadataVersion(0),
                 max_observed_version: MetadataVersion(0),

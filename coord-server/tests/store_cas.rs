@@ -14,6 +14,7 @@ fn join(member: &str) -> HeartbeatRequest {
     HeartbeatRequest {
         member_id: MemberId::new(member).unwrap(),
         instance_id: format!("{member}-i"),
+        incarnation: protocol::Incarnation::NONE,
         member_epoch: MemberEpoch::JOIN,
         metadata_version: MetadataVersion(0),
         max_observed_version: MetadataVersion(0),

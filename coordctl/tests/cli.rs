@@ -108,6 +108,7 @@ async fn join(url: &str, member: &str) -> HeartbeatResponse {
     let req = HeartbeatRequest {
         member_id: MemberId::new(member).expect("member id"),
         instance_id: format!("{member}-i"),
+        incarnation: protocol::Incarnation::NONE,
         member_epoch: MemberEpoch::JOIN,
         metadata_version: MetadataVersion(0),
         max_observed_version: MetadataVersion(0),

@@ -48,5 +48,5 @@ pub mod version;
 pub use error::{DecodeError, NameError};
 pub use status::Status;
 pub use version::{
-    AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
+    AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
 };

@@ -9,7 +9,7 @@ use crate::metadata::GroupTimings;
 use crate::names::{GroupName, MemberId, StreamName};
 use crate::status::Status;
 use crate::version::{
-    AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
+    AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, StoreRevision,
 };
 
 /// Longest accepted `instanceId`, in bytes (the id is visible ASCII, so also in characters).
@@ -31,9 +31,16 @@ pub fn is_valid_instance_id(id: &str) -> bool {
 pub struct HeartbeatRequest {
     /// The member's id in the group.
     pub member_id: MemberId,
-    /// Random id of this process (one per consumer instance). A join from the same instance is a retry; a join
-    /// from another instance is a new incarnation whose predecessor may still read until its lease ends.
+    /// Random id of this process (one per consumer instance). A join from another instance than the one the
+    /// group records is a new incarnation whose predecessor may still read until its lease ends.
     pub instance_id: String,
+    /// The incarnation this request speaks for. A heartbeat or a leave names the incarnation its join was given
+    /// (the `incarnation` of the answers), and the coordinator applies it only to that incarnation: a request of
+    /// an incarnation the group no longer records changes nothing and gets `UNKNOWN_MEMBER`. A join names the
+    /// last incarnation this process held ([`Incarnation::NONE`] for its first): the same join retried after a
+    /// lost answer names the same one and is answered as a retry; a join naming the recorded incarnation
+    /// replaces it with a new one.
+    pub incarnation: Incarnation,
     /// `0` to join, `-1` to leave, else the epoch of the last response.
     pub member_epoch: MemberEpoch,
     /// The metadata version of the last response the client applied.
@@ -77,6 +84,8 @@ pub struct HeartbeatResponse {
     pub status: Status,
     /// The member.
     pub member_id: MemberId,
+    /// The member's incarnation: every later request of this process names it, until it joins again.
+    pub incarnation: Incarnation,
     /// The epoch to send next (`-1` after a leave).
     pub member_epoch: MemberEpoch,
     /// The group's metadata version in Redis.
@@ -263,6 +272,8 @@ pub struct MemberDescription {
     pub epoch: MemberEpoch,
     /// Its instance id.
     pub instance_id: String,
+    /// Its incarnation (0 for a member recorded before incarnations existed).
+    pub incarnation: Incarnation,
     /// Redis time (ms) its lease ends.
     pub lease_until_ms: u64,
     /// Whether it is fenced (no renewals; removed when its lease ends).

@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::error::DecodeError;
 use crate::names::{GroupName, MemberId, StreamName};
 use crate::reshard::{GroupReshard, Growth, MAX_RECORDED_GROWTHS};
-use crate::version::{AssignmentEpoch, FencingToken, MemberEpoch, MetadataVersion, RoutingVersion, ShardId};
+use crate::version::{
+    AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardId,
+};
 
 /// Schema version of [`GroupMetadata`] written by this build.
 pub const GROUP_SCHEMA_VERSION: u32 = 1;
@@ -119,14 +121,40 @@ pub struct GroupMetadata {
     /// Absent when none is open, so a group that never grew writes exactly what older builds wrote.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reshards: Vec<GroupReshard>,
+    /// The highest incarnation minted for this group (0 before the first join under a build with incarnations).
+    /// A new one is above it, so no incarnation is minted twice in one history.
+    #[serde(default, skip_serializing_if = "is_no_incarnation")]
+    pub last_incarnation: Incarnation,
+    /// A correction round has closed since the coordinator last saw a loss itself (a new Redis run id, a version
+    /// below one it saw, a missing liveness hash). Until it sees one again, a version a client reports above the
+    /// stored one opens no further round: the closed round already retired every version of that history, so a
+    /// higher report is a version no coordinator issued (a damaged version store, a hostile client).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reports_settled: bool,
+}
+
+fn is_no_incarnation(i: &Incarnation) -> bool {
+    *i == Incarnation::NONE
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What Redis records about one member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemberRecord {
-    /// Id of the process incarnation that joined.
+    /// Id of the process that joined.
     pub instance_id: String,
+    /// The incarnation its join created; requests that name another change nothing. 0 for a member recorded by
+    /// a build without incarnations (its process cannot name it: it rejoins once).
+    #[serde(default)]
+    pub incarnation: Incarnation,
+    /// The incarnation the creating join named (the one its process held before): a join from the same process
+    /// naming it again is a retry of that join, one naming an older one a late copy of an earlier join.
+    #[serde(default, skip_serializing_if = "is_no_incarnation")]
+    pub joined_after: Incarnation,
     /// Current epoch.
     pub epoch: MemberEpoch,
     /// The epoch before the last bump; a heartbeat carrying it is a retry after a lost response.
@@ -213,6 +241,8 @@ impl GroupMetadata {
             shards: vec![ShardRecord::default(); shard_count as usize],
             correction: None,
             reshards: Vec::new(),
+            last_incarnation: Incarnation::NONE,
+            reports_settled: false,
         }
     }
 
@@ -257,6 +287,17 @@ impl GroupMetadata {
                 if !self.members.contains_key(m) {
                     return Err(DecodeError::Inconsistent(format!("shard {i} names unknown member {m}")));
                 }
+            }
+        }
+        if self.last_incarnation > Incarnation::MAX {
+            return Err(DecodeError::Inconsistent("lastIncarnation is above 2^53 - 1".into()));
+        }
+        for (id, m) in &self.members {
+            if m.incarnation > self.last_incarnation || m.joined_after >= m.incarnation.max(Incarnation(1)) {
+                return Err(DecodeError::Inconsistent(format!(
+                    "member {id} has incarnation {} (joined after {}) beyond the group's last incarnation {}",
+                    m.incarnation, m.joined_after, self.last_incarnation
+                )));
             }
         }
         if let Some(i) = self.shards.iter().position(|s| s.fencing_token > FencingToken::MAX) {

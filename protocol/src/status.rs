@@ -23,9 +23,14 @@ pub enum Status {
     /// The request's member epoch is stale: this incarnation was replaced or fenced. Stop every reader and rejoin
     /// with epoch 0.
     FencedMemberEpoch,
-    /// The member is not in the group (expired, removed, or lost with a metadata rollback). Stop every reader and
-    /// rejoin with epoch 0.
+    /// The member incarnation the request names is not in the group (it expired, was removed, left, or was lost
+    /// with a metadata rollback). Stop every reader and rejoin with epoch 0.
     UnknownMember,
+    /// Another process joined under this member id and holds it now: this process's incarnation was replaced.
+    /// Stop every reader and do not rejoin (two processes under one name would replace each other in turn); it is
+    /// the answer to a process that was stalled or partitioned while its replacement started, or to two
+    /// processes configured with the same member id.
+    MemberReplaced,
     /// The group's metadata is missing or unreadable (unknown schema or layout version, corrupt JSON). The
     /// coordinator fails closed and never rebuilds it from client reports; an operator recreates the group.
     MetadataUnavailable,
@@ -54,7 +59,7 @@ impl Status {
             Status::Ok | Status::SyncMetadata | Status::RevokePending => 200,
             Status::InvalidRequest => 400,
             Status::Unauthorized => 401,
-            Status::FencedMemberEpoch | Status::UnknownMember | Status::AlreadyExists => 409,
+            Status::FencedMemberEpoch | Status::UnknownMember | Status::MemberReplaced | Status::AlreadyExists => 409,
             Status::NotFound => 404,
             Status::RevisionConflict => 412,
             Status::MetadataUnavailable | Status::CoordinatorTerminating | Status::StoreUnavailable => 503,
@@ -79,6 +84,11 @@ impl Status {
         matches!(self, Status::FencedMemberEpoch | Status::UnknownMember)
     }
 
+    /// Whether the client must drop its assignment and stop for good: another process holds its member id.
+    pub fn is_replaced(self) -> bool {
+        self == Status::MemberReplaced
+    }
+
     /// The wire string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -87,6 +97,7 @@ impl Status {
             Status::RevokePending => "REVOKE_PENDING",
             Status::FencedMemberEpoch => "FENCED_MEMBER_EPOCH",
             Status::UnknownMember => "UNKNOWN_MEMBER",
+            Status::MemberReplaced => "MEMBER_REPLACED",
             Status::MetadataUnavailable => "METADATA_UNAVAILABLE",
             Status::NotFound => "NOT_FOUND",
             Status::CoordinatorTerminating => "COORDINATOR_TERMINATING",
@@ -99,12 +110,13 @@ impl Status {
     }
 
     /// Every status, for documentation and exhaustive tests.
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::SyncMetadata,
         Status::RevokePending,
         Status::FencedMemberEpoch,
         Status::UnknownMember,
+        Status::MemberReplaced,
         Status::MetadataUnavailable,
         Status::NotFound,
         Status::CoordinatorTerminating,
@@ -140,6 +152,13 @@ mod tests {
         assert!(Status::NotFound.is_error());
         assert!(!Status::NotFound.is_retryable(), "retrying a typo only adds load");
         assert!(!Status::NotFound.requires_rejoin());
+    }
+
+    #[test]
+    fn a_replaced_member_stops_instead_of_rejoining() {
+        let s = Status::MemberReplaced;
+        assert_eq!((s.http_status(), s.as_str()), (409, "MEMBER_REPLACED"));
+        assert!(s.is_replaced() && !s.requires_rejoin() && !s.is_retryable());
     }
 
     #[test]

@@ -69,6 +69,24 @@ impl FencingToken {
     pub const MAX: FencingToken = FencingToken((1 << 53) - 1);
 }
 
+counter!(
+    /// One incarnation of a member: what a join creates, minted by the coordinator and never reused within a
+    /// group (like a fencing token, it stays above every incarnation of a lost history: see `docs/protocol.md`,
+    /// "Incarnations"). A member id is a name that a new process, or the same process after it gave its shards
+    /// back, may take again; an incarnation names one join of one process. Every heartbeat, acknowledgement and
+    /// leave names the incarnation it speaks for, and the coordinator applies it only to that incarnation.
+    ///
+    /// `0` names no incarnation: a process's first join.
+    Incarnation(u64)
+);
+
+impl Incarnation {
+    /// The largest incarnation: 2^53 - 1, exact in every JSON implementation.
+    pub const MAX: Incarnation = Incarnation((1 << 53) - 1);
+    /// "None yet": what a process's first join names.
+    pub const NONE: Incarnation = Incarnation(0);
+}
+
 /// Epoch of one member incarnation's assignment. `0` asks to join, `-1` asks to leave; a live member holds the
 /// assignment epoch at which its target last changed, so a new incarnation always gets a higher one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -40,6 +40,7 @@ fn heartbeat_messages() {
         &HeartbeatRequest {
             member_id: member("worker-1"),
             instance_id: "7f3a9c".into(),
+            incarnation: Incarnation(1_700_000_000_321),
             member_epoch: MemberEpoch(4),
             metadata_version: MetadataVersion(12),
             max_observed_version: MetadataVersion(12),
@@ -61,6 +62,7 @@ fn heartbeat_messages() {
         &HeartbeatResponse {
             status: Status::Ok,
             member_id: member("worker-1"),
+            incarnation: Incarnation(1_700_000_000_321),
             member_epoch: MemberEpoch(5),
             metadata_version: MetadataVersion(13),
             assignment_epoch: AssignmentEpoch(5),
@@ -159,6 +161,7 @@ fn admin_messages() {
                 member_id: member("a"),
                 epoch: MemberEpoch(6),
                 instance_id: "i-1".into(),
+                incarnation: Incarnation(1_700_000_000_007),
                 lease_until_ms: 1_700_000_010_000,
                 fenced: false,
                 assigned: vec![ShardId(0)],
@@ -205,6 +208,8 @@ fn stored_documents() {
         member("a"),
         MemberRecord {
             instance_id: "i-1".into(),
+            incarnation: Incarnation(1_000),
+            joined_after: Incarnation(900),
             epoch: MemberEpoch(3),
             previous_epoch: Some(MemberEpoch(2)),
             joined_at_ms: 1000,
@@ -246,6 +251,8 @@ fn stored_documents() {
             claims: BTreeMap::new(),
         }),
         reshards: Vec::new(),
+        last_incarnation: Incarnation(1_000),
+        reports_settled: false,
     };
     golden("group-metadata", &meta);
     golden(

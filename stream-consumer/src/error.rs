@@ -126,6 +126,18 @@ pub enum ConsumerError {
         #[source]
         reason: RedisUnusableReason,
     },
+    /// Another process joined the group under this consumer's member id and holds it now (`MEMBER_REPLACED`):
+    /// this consumer stopped every reader and does not rejoin, since two processes under one name would replace
+    /// each other in turn. It is what a process sees after it was stalled or partitioned while its replacement
+    /// started, or when two processes are configured with the same member id.
+    #[error("another process holds member id {member_id} now; this consumer stopped: {source}")]
+    Replaced {
+        /// The member id.
+        member_id: String,
+        /// The coordinator's refusal.
+        #[source]
+        source: CoordError,
+    },
     /// A background task of the consumer panicked or was aborted.
     #[error("consumer task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -159,7 +171,7 @@ impl ConsumerError {
     /// The coordinator's status, when the coordinator refused the consumer.
     pub fn coordinator_status(&self) -> Option<Status> {
         match self {
-            ConsumerError::Coordinator(e) => e.status(),
+            ConsumerError::Coordinator(e) | ConsumerError::Replaced { source: e, .. } => e.status(),
             _ => None,
         }
     }
@@ -173,6 +185,8 @@ impl ConsumerError {
             ConsumerError::VersionStore(e) => !matches!(e, VersionStoreError::Corrupt(_)),
             ConsumerError::Coordinator(e) => e.is_retryable(),
             ConsumerError::RedisUnusable { reason, .. } => !reason.is_unsupported(),
+            // Starting it again would take the member id back from the process that holds it now.
+            ConsumerError::Replaced { .. } => false,
             ConsumerError::CoordinatorClient(_) | ConsumerError::Redis(_) | ConsumerError::Task(_) => false,
         }
     }

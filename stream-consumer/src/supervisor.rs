@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
@@ -253,6 +253,22 @@ impl State {
         self.d.shared.lease.publish(&self.lease);
         self.counters.rejoins += 1;
         self.d.shared.metrics.rejoined();
+        self.call_on_lost(lost).await;
+        self.publish();
+    }
+
+    /// Another process holds the member id: stop every reader and report the shards lost; the caller ends the
+    /// consumer (no rejoin: the two processes would replace each other in turn).
+    async fn replaced(&mut self, e: &client_core::CoordError) {
+        self.count(Status::MemberReplaced);
+        self.d.membership.record_status(Status::MemberReplaced);
+        error!(group = %self.d.config.group, member_id = %self.d.config.member_id, error = %e,
+            "another process joined under this member id and holds it now: stopping every reader and the consumer");
+        let lost = self.d.membership.lose_all();
+        let all: Vec<ShardId> = self.readers.keys().copied().collect();
+        self.kill_readers(&all).await;
+        self.lease.revoke();
+        self.d.shared.lease.publish(&self.lease);
         self.call_on_lost(lost).await;
         self.publish();
     }

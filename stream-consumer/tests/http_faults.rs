@@ -21,6 +21,7 @@ fn answer(assigned: &[u32], lease_ms: u64) -> HeartbeatResponse {
     HeartbeatResponse {
         status: Status::Ok,
         member_id: MemberId::new("m1").unwrap(),
+        incarnation: protocol::Incarnation(1),
         member_epoch: MemberEpoch(1),
         metadata_version: MetadataVersion(3),
         assignment_epoch: AssignmentEpoch(1),

@@ -27,9 +27,24 @@ where
         // Content type, body limit and syntax are checked by axum's extractor, as before.
         let Json(mut value) = Json::<serde_json::Value>::from_request(req, state).await?;
         integral_floats_to_integers(&mut value);
-        serde_path_to_error::deserialize(value)
-            .map(JsonBody)
-            .map_err(|e| ApiError::invalid(format!("Failed to deserialize the JSON body into the target type: {e}")))
+        serde_path_to_error::deserialize(value).map(JsonBody).map_err(|e| {
+            let text = e.to_string();
+            ApiError::invalid(format!(
+                "Failed to deserialize the JSON body into the target type: {text}{}",
+                upgrade_hint(&text)
+            ))
+        })
+    }
+}
+
+/// A client built for the protocol before incarnations sends no `incarnation`: say what to do instead of only
+/// naming the field (see `docs/protocol.md`, "Incarnations").
+fn upgrade_hint(serde_error: &str) -> &'static str {
+    if serde_error.contains("missing field `incarnation`") {
+        " (heartbeats name their member incarnation since protocol 0.2: upgrade the consumer SDK; this coordinator \
+         does not serve older clients)"
+    } else {
+        ""
     }
 }
 

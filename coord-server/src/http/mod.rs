@@ -30,13 +30,13 @@ mod metrics;
 mod routing;
 mod status;
 
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, MethodRouter};
-use axum::{BoxError, Router};
+use axum::Router;
 use std::future::Future;
 use std::time::Duration;
-use tower::ServiceBuilder;
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 
@@ -126,11 +126,9 @@ pub fn router(coordinator: Coordinator) -> Router {
         // axum enforces this while an extractor buffers the body, so an oversized body is refused by
         // `JsonBody` as a typed 413 instead of a plain-text one.
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(move |e: BoxError| timed_out(e, timeout)))
-                .timeout(timeout),
-        )
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            request_deadline(req, next, timeout)
+        }))
         .layer(TraceLayer::new_for_http().on_failure(log_failure))
         .with_state(AppState { coordinator })
 }
@@ -143,11 +141,13 @@ fn log_failure(class: ServerErrorsFailureClass, latency: Duration, _span: &traci
     }
 }
 
-async fn timed_out(err: BoxError, timeout: Duration) -> ApiError {
-    if err.is::<tower::timeout::error::Elapsed>() {
-        ApiError::timed_out(timeout)
-    } else {
-        ApiError::internal(format!("request failed: {err}"))
+/// The request timeout, forgiving one expiry that a stop of this process caused (SIGSTOP, a paused VM): a request
+/// that arrived just before the stop is served when the process runs again, instead of failing with a timeout
+/// that says nothing about Redis or the work ([`crate::deadline`]).
+async fn request_deadline(req: Request, next: Next, timeout: Duration) -> Response {
+    match crate::deadline::within(timeout, next.run(req)).await {
+        Ok(response) => response,
+        Err(crate::deadline::Elapsed) => ApiError::timed_out(timeout).into_response(),
     }
 }
 

@@ -197,6 +197,9 @@ pub fn try_close(tx: &mut Tx<'_>, now_ms: u64) -> bool {
         let next = tx.get_mut();
         next.metadata_version = retired;
         next.correction = None;
+        // Every version of this history is retired now: a higher report, until the coordinator sees a new loss
+        // itself, is one no coordinator issued (see `reportsSettled`).
+        next.reports_settled = true;
         // The lost history may have minted tokens above the stored ones; one TTL after the loss the clock is above
         // them (see `fencing`), so every owner gets a fresh token now.
         fencing::mint_where(tx, now_ms, |s| s.owner.is_some());

@@ -146,6 +146,7 @@ fn a_new_incarnation_gets_higher_tokens_than_its_predecessor_and_a_join_retry_no
         "nothing readable while the predecessor is held"
     );
     let mut hb = other.clone();
+    hb.incarnation = r.incarnation;
     hb.member_epoch = r.member_epoch;
     hb.metadata_version = r.metadata_version;
     h.now = old_lease - 1;

@@ -232,6 +232,8 @@ mod tests {
         assert_eq!(a.clock.expiry_allowed_from_ms, 5);
         let record = MemberRecord {
             instance_id: "i".into(),
+            incarnation: protocol::Incarnation::NONE,
+            joined_after: protocol::Incarnation::NONE,
             epoch: MemberEpoch::JOIN,
             previous_epoch: None,
             joined_at_ms: 0,

@@ -5,7 +5,7 @@ use client_core::membership::Membership;
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{FencingToken, MemberEpoch, MetadataVersion, ShardId};
+use protocol::{FencingToken, Incarnation, MemberEpoch, MetadataVersion, ShardId};
 
 use super::{apply, create_group, Clock, Input, Liveness, Outcome, Rejection, Transition};
 
@@ -13,6 +13,11 @@ pub const TTL: u64 = 10_000;
 pub const INTERVAL: u64 = 1_000;
 pub const REBALANCE: u64 = 5_000;
 pub const LEASE: u64 = 8_000;
+
+/// In a request built by [`req`]: "the incarnation the group records for this member now", filled in by
+/// [`Harness::apply`] when the request is applied (`NONE` when the member is absent). Scripts about one process
+/// per member use it; tests about incarnations name them explicitly.
+pub const RECORDED: Incarnation = Incarnation(u64::MAX);
 
 pub fn member(name: &str) -> MemberId {
     MemberId::new(name).unwrap()
@@ -64,6 +69,20 @@ impl Harness {
 
     /// Applies an input and records its writes, as the store's compare-and-set would.
     pub fn apply(&mut self, input: Input<'_>) -> Transition {
+        let resolved;
+        let input = match input {
+            Input::Heartbeat(r) if r.incarnation == RECORDED => {
+                let mut r = r.clone();
+                r.incarnation = self
+                    .meta
+                    .members
+                    .get(&r.member_id)
+                    .map_or(Incarnation::NONE, |m| m.incarnation);
+                resolved = r;
+                Input::Heartbeat(&resolved)
+            }
+            other => other,
+        };
         let t = apply(&self.meta, &self.liveness, input, self.clock());
         self.record(&t);
         t
@@ -139,6 +158,9 @@ pub fn req(name: &str, epoch: i64, version: MetadataVersion, owned: &[u32], revo
     HeartbeatRequest {
         member_id: member(name),
         instance_id: format!("{name}-i"),
+        // A join of this script's process names none (its first join, or a retry of it); anything else speaks for
+        // the recorded incarnation.
+        incarnation: if epoch == 0 { Incarnation::NONE } else { RECORDED },
         member_epoch: MemberEpoch(epoch),
         metadata_version: version,
         max_observed_version: version,
@@ -160,6 +182,7 @@ pub fn follow_up(last: &HeartbeatResponse, revoked: &[u32]) -> HeartbeatRequest 
     Membership::resume(
         last.member_id.clone(),
         format!("{}-i", last.member_id),
+        last.incarnation,
         last.member_epoch,
         last.metadata_version,
         last.metadata_version,

@@ -3,8 +3,10 @@
 //! Order of the checks, each explained where it is made:
 //! 1. reject malformed input before anything else;
 //! 2. a reported version above the stored one, within what a lost history can produce (`bounds`), opens (or
-//!    feeds) the correction round, whatever follows;
-//! 3. identify the incarnation: join, retry of a join, current epoch, previous epoch after a lost response;
+//!    feeds) the correction round, whatever follows, unless a round already settled this history's reports
+//!    (`reportsSettled`: then it is a version no coordinator issued);
+//! 3. identify the incarnation (`incarnation`): a new join, a retried join, or the recorded incarnation; a
+//!    request naming any other changes nothing; then the epoch: current, or previous after a lost response;
 //! 4. apply REVOKED acks that match the recorded ownership (others change nothing);
 //! 5. advance the member's epoch once it has nothing left to drain;
 //! 6. inside a round: SYNC_METADATA until the member carries the stored version, then REVOKE_PENDING until the
@@ -17,6 +19,7 @@ use protocol::names::MemberId;
 use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
 use std::collections::BTreeSet;
 
+use super::incarnation::{self, Identity, Stale};
 use super::lease::{is_held, lease_end};
 use super::reconcile::{accept_revoked, has_revokes, settle, view};
 use super::{bounds, correction, fencing, target, Answer, Clock, Event, Liveness, Transition, Tx};
@@ -32,6 +35,14 @@ pub(super) fn heartbeat(
     if let Err(message) = validate(req) {
         return tx.finish(None, Answer::reject(Status::InvalidRequest, message, None), now);
     }
+    let ceiling = incarnation::ceiling(meta, now);
+    if req.incarnation > ceiling {
+        let msg = format!(
+            "incarnation {} is beyond any this group can have minted (at most {ceiling} now)",
+            req.incarnation
+        );
+        return tx.finish(None, Answer::reject(Status::InvalidRequest, msg, None), now);
+    }
     tx.open_round_if_suspected(clock);
     let stored = meta.metadata_version;
     let reported = req.max_observed_version.max(req.metadata_version);
@@ -40,6 +51,11 @@ pub(super) fn heartbeat(
         if reported > ceiling {
             // No lost history reaches it: a buggy or hostile client. Served as if it carried the stored version.
             tx.events.push(Event::ImplausibleVersionIgnored { reported, ceiling });
+        } else if !correction::is_open(&tx) && tx.get().reports_settled {
+            // A closed round retired every version this Redis history issued, and no new loss was seen since:
+            // no coordinator issued this one. Opening a round for it would let one damaged version store (or a
+            // hostile client reporting ever higher versions) hold the group in rounds.
+            tx.events.push(Event::UnissuedVersionIgnored { reported, stored });
         } else {
             // Whoever sends it, even a leave or a member Redis does not know: a loss is what makes Redis forget
             // members, and others may hold leases from the lost history.
@@ -52,37 +68,39 @@ pub(super) fn heartbeat(
     }
 
     let id = &req.member_id;
-    let existing = meta.members.get(id);
-    let joining = req.member_epoch.is_join()
-        && !existing.is_some_and(|m| m.instance_id == req.instance_id && m.fenced_at_ms.is_none());
+    let joining = match incarnation::identify(meta, req) {
+        Identity::NewJoin => true,
+        // The same join again (its answer was lost): answer the recorded state.
+        Identity::RetriedJoin => false,
+        Identity::NotRecorded(why) => {
+            let msg = not_recorded(req, why);
+            return tx.finish(None, Answer::reject(refusal(meta, req), msg, None), now);
+        }
+        Identity::Current(member) => {
+            if member.fenced_at_ms.is_some() {
+                let msg = format!("member {id} was fenced; stop reading and rejoin with epoch 0");
+                return tx.finish(
+                    None,
+                    Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
+                    now,
+                );
+            }
+            if !epoch_accepted(&tx, member, req, now) {
+                let msg = format!(
+                    "member epoch {} of {id} is stale; the group records {}",
+                    req.member_epoch, member.epoch
+                );
+                return tx.finish(
+                    None,
+                    Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
+                    now,
+                );
+            }
+            false
+        }
+    };
     if joining {
         join(&mut tx, req, now);
-    } else if req.member_epoch.is_join() {
-        // Same instance, not fenced: a retry of a join whose answer was lost. Answer the recorded state.
-    } else {
-        let Some(member) = existing else {
-            let msg = format!("member {id} is not in the group (expired, removed, or lost with a Redis rollback)");
-            return tx.finish(None, Answer::reject(Status::UnknownMember, msg, None), now);
-        };
-        if member.fenced_at_ms.is_some() {
-            let msg = format!("member {id} was fenced; stop reading and rejoin with epoch 0");
-            return tx.finish(
-                None,
-                Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
-                now,
-            );
-        }
-        if !epoch_accepted(&tx, member, req, now) {
-            let msg = format!(
-                "member epoch {} of {id} is stale; the group records {}",
-                req.member_epoch, member.epoch
-            );
-            return tx.finish(
-                None,
-                Answer::reject(Status::FencedMemberEpoch, msg, Some(member.epoch)),
-                now,
-            );
-        }
     }
 
     for r in req.revoking.iter().filter(|r| r.state == RevokeState::Revoked) {
@@ -178,9 +196,41 @@ fn validate(req: &HeartbeatRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// The typed refusal of a request whose incarnation is not the recorded one: `MEMBER_REPLACED` when another
+/// process joined after it and holds the member id now (the sender must stop: rejoining would replace that
+/// process in turn), `UNKNOWN_MEMBER` otherwise (its own incarnation is gone, or Redis lost it and records an
+/// older join: rejoin).
+fn refusal(meta: &protocol::metadata::GroupMetadata, req: &HeartbeatRequest) -> Status {
+    match meta.members.get(&req.member_id) {
+        Some(m) if m.instance_id != req.instance_id && m.incarnation > req.incarnation => Status::MemberReplaced,
+        _ => Status::UnknownMember,
+    }
+}
+
+/// Why a request's incarnation is refused, for people.
+fn not_recorded(req: &HeartbeatRequest, why: Stale) -> String {
+    let id = &req.member_id;
+    match why {
+        Stale::NoMember => {
+            format!("member {id} is not in the group (expired, removed, or lost with a Redis rollback)")
+        }
+        Stale::Replaced { recorded } => format!(
+            "incarnation {} of member {id} (instance {}) is not the group's: it records incarnation {recorded} (this \
+             one left, was replaced by a later join, or was lost with a Redis rollback)",
+            req.incarnation, req.instance_id
+        ),
+        Stale::EarlierJoin { recorded } => format!(
+            "a late copy of an earlier join of member {id} (naming incarnation {}): the group records incarnation \
+             {recorded}",
+            req.incarnation
+        ),
+    }
+}
+
 /// Current epoch; or the previous one with nothing owned beyond what is assigned now (the answer that bumped
 /// the epoch was lost); or, inside a correction round, an epoch from the lost history (the answer will carry the
-/// recorded one).
+/// recorded one). The request already named the recorded incarnation, so a higher epoch is this incarnation's
+/// own, never another process's.
 fn epoch_accepted(tx: &Tx<'_>, member: &MemberRecord, req: &HeartbeatRequest, now: u64) -> bool {
     if req.member_epoch == member.epoch {
         return true;
@@ -192,17 +242,27 @@ fn epoch_accepted(tx: &Tx<'_>, member: &MemberRecord, req: &HeartbeatRequest, no
     req.member_epoch > member.epoch && correction::is_open(tx)
 }
 
-/// A new incarnation: a first join, a rejoin after fencing or expiry, or another process with the same member id.
+/// A new incarnation: a first join, a rejoin after fencing, expiry or a give-back, or another process with the
+/// same member id.
 fn join(tx: &mut Tx<'_>, req: &HeartbeatRequest, now: u64) {
     let id = &req.member_id;
-    // The predecessor may read the shards the member owns until its lease (or its own hold) ends.
+    // The predecessor may read the shards the member owns until its lease (or its own hold) ends. Not when it is
+    // this process's own live incarnation, named by the join: the process stopped its readers before it sent
+    // the join (the SDK's order, as for a leave whose every shard is REVOKED), so the new incarnation inherits
+    // only a hold the old one was under. A fenced record keeps the lease hold: its process was not keeping up.
     let hold = tx.get().members.get(id).map(|old| {
-        let lease = lease_end(id, old, tx.liveness());
+        let own =
+            old.instance_id == req.instance_id && old.incarnation == req.incarnation && old.fenced_at_ms.is_none();
+        let lease = if own { 0 } else { lease_end(id, old, tx.liveness()) };
         lease.max(old.hold_until_ms.unwrap_or(0))
     });
     let ttl = tx.get().timings.member_ttl_ms;
+    let minted = incarnation::mint(tx.get(), req.incarnation, now);
+    tx.get_mut().last_incarnation = minted;
     let record = MemberRecord {
         instance_id: req.instance_id.clone(),
+        incarnation: minted,
+        joined_after: req.incarnation,
         epoch: MemberEpoch::JOIN,
         previous_epoch: None,
         joined_at_ms: now,
@@ -256,19 +316,27 @@ fn foreign_claims(tx: &Tx<'_>, req: &HeartbeatRequest) -> Vec<ShardId> {
         .collect()
 }
 
-/// Leave: only the current incarnation may leave. The SDK sends it after stopping every reader, so its shards are
-/// released at once; if a predecessor may still be reading, the member is fenced instead and removed when the
-/// hold ends.
+/// Leave: only the incarnation it names may leave, so a late leave never removes a later join of the same name
+/// (a process that gave its shards back and rejoined, or its replacement). The SDK sends it after stopping every
+/// reader, so its shards are released at once; if a predecessor may still be reading, the member is fenced
+/// instead and removed when the hold ends.
 fn leave(mut tx: Tx<'_>, req: &HeartbeatRequest, now: u64) -> Transition {
     let id = &req.member_id;
+    let left = Answer::Left {
+        id: id.clone(),
+        incarnation: req.incarnation,
+    };
     let Some(member) = tx.get().members.get(id) else {
         // Already gone: leaving is idempotent.
-        return tx.finish(None, Answer::Left { id: id.clone() }, now);
+        return tx.finish(None, left, now);
     };
-    if member.instance_id != req.instance_id {
-        let msg = format!("instance {} is not the current incarnation of {id}", req.instance_id);
-        let epoch = Some(member.epoch);
-        return tx.finish(None, Answer::reject(Status::FencedMemberEpoch, msg, epoch), now);
+    if member.instance_id != req.instance_id || member.incarnation != req.incarnation {
+        let why = Stale::Replaced {
+            recorded: member.incarnation,
+        };
+        let msg = format!("{}; the leave changes nothing", not_recorded(req, why));
+        let status = refusal(tx.get(), req);
+        return tx.finish(None, Answer::reject(status, msg, None), now);
     }
     if let Some(hold) = member.hold_until_ms.filter(|h| *h > now) {
         let m = tx.get_mut().members.get_mut(id).expect("checked above");
@@ -284,5 +352,5 @@ fn leave(mut tx: Tx<'_>, req: &HeartbeatRequest, now: u64) -> Transition {
     }
     target::recompute(&mut tx, true);
     settle(&mut tx, now);
-    tx.finish(None, Answer::Left { id: id.clone() }, now)
+    tx.finish(None, left, now)
 }

@@ -13,11 +13,12 @@
 //! * [`assignor`]: uniform sticky target assignment.
 //! * `target`: records new targets and assignment epochs.
 //! * `reconcile`: one member's view (assigned / pending / revoke) and ownership moves.
+//! * [`incarnation`]: which join of which process a request speaks for; minting incarnations.
 //! * `lease`: lease ends, expiry, holds for a predecessor incarnation, rebalance timeout.
 //! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * [`reshard`]: growths: parents' seals, children held until the group drained their parents.
-//! * `heartbeat`, `tick`, `admin`: the inputs.
+//! * `heartbeat`, `tick`: the inputs (the tick module also holds admin fencing).
 //! * [`grace`]: the expiry grace and suspected loss of a load; [`recreate`]: what recreating a lost group
 //!   writes; [`routing`]: a producer's routing answer (`SYNC_METADATA`).
 
@@ -27,6 +28,7 @@ mod correction;
 mod fencing;
 pub mod grace;
 mod heartbeat;
+pub mod incarnation;
 mod lease;
 mod reconcile;
 pub mod recreate;
@@ -58,7 +60,7 @@ use protocol::messages::{
 };
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{MemberEpoch, MetadataVersion, RoutingVersion, ShardId, Status, StoreRevision};
+use protocol::{Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, Status, StoreRevision};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
@@ -166,6 +168,14 @@ pub enum Event {
     },
     /// A client reported a higher version than stored.
     RegressionReported {
+        /// The client's version.
+        reported: MetadataVersion,
+        /// The stored version.
+        stored: MetadataVersion,
+    },
+    /// A client reported a version above the stored one after a closed round retired this history's versions,
+    /// and the coordinator has seen no new loss since: no coordinator issued it. It was ignored.
+    UnissuedVersionIgnored {
         /// The client's version.
         reported: MetadataVersion,
         /// The stored version.
@@ -318,6 +328,10 @@ impl<'a> Tx<'a> {
         if let Some(known) = clock.suspected_loss {
             let stored = self.get().metadata_version;
             self.events.push(Event::LossSuspected { known, stored });
+            // A new loss: what clients saw of it is evidence again (see `reportsSettled`).
+            if self.get().reports_settled {
+                self.get_mut().reports_settled = false;
+            }
             correction::open(self, known.max(stored), clock.now_ms, true);
         }
     }
@@ -361,7 +375,7 @@ impl<'a> Tx<'a> {
 /// What to answer, derived from the recorded metadata by [`Tx::finish`].
 enum Answer {
     Member { id: MemberId, status: Status },
-    Left { id: MemberId },
+    Left { id: MemberId, incarnation: Incarnation },
     Rejected(Rejection),
     Done,
 }
@@ -370,9 +384,10 @@ impl Answer {
     fn outcome(self, recorded: &GroupMetadata, now_ms: u64) -> Outcome {
         match self {
             Answer::Member { id, status } => Outcome::Heartbeat(response(recorded, &id, status, now_ms)),
-            Answer::Left { id } => {
+            Answer::Left { id, incarnation } => {
                 let mut r = response(recorded, &id, Status::Ok, now_ms);
                 r.member_epoch = MemberEpoch::LEAVE;
+                r.incarnation = incarnation;
                 Outcome::Heartbeat(r)
             }
             Answer::Rejected(r) => Outcome::Rejected(r),
@@ -485,6 +500,7 @@ pub fn describe(meta: &GroupMetadata, liveness: &Liveness, revision: StoreRevisi
                 member_id: id.clone(),
                 epoch: m.epoch,
                 instance_id: m.instance_id.clone(),
+                incarnation: m.incarnation,
                 lease_until_ms: lease::lease_end(id, m, liveness),
                 fenced: m.fenced_at_ms.is_some(),
                 assigned: v.assigned,
@@ -543,6 +559,7 @@ fn response(meta: &GroupMetadata, id: &MemberId, status: Status, now_ms: u64) ->
     HeartbeatResponse {
         status,
         member_id: id.clone(),
+        incarnation: meta.members.get(id).map_or(Incarnation::NONE, |m| m.incarnation),
         member_epoch: meta.members.get(id).map_or(MemberEpoch::LEAVE, |m| m.epoch),
         metadata_version: meta.metadata_version,
         assignment_epoch: meta.assignment_epoch,

@@ -80,6 +80,7 @@ mod tests {
         let join = HeartbeatRequest {
             member_id: MemberId::new("m").unwrap(),
             instance_id: "i".into(),
+            incarnation: protocol::Incarnation::NONE,
             member_epoch: MemberEpoch::JOIN,
             metadata_version: MetadataVersion(0),
             max_observed_version: MetadataVersion(0),

@@ -268,7 +268,7 @@ fn leave_from_another_instance_is_refused() {
     h.join("a");
     let mut leave = req("a", -1, MetadataVersion(0), &[], &[]);
     leave.instance_id = "impostor".into();
-    assert_eq!(h.send(&leave).unwrap_err().status, Status::FencedMemberEpoch);
+    assert_eq!(h.send(&leave).unwrap_err().status, Status::UnknownMember);
     assert!(h.meta.members.contains_key(&member("a")));
 }
 
@@ -287,14 +287,12 @@ fn a_new_incarnation_waits_for_its_predecessors_lease() {
     assert!(r.member_epoch > a.member_epoch);
     assert!(r.assigned.is_empty(), "the predecessor may still be reading");
     assert_eq!(ids(&r.pending), vec![0, 1]);
-    // The old incarnation is fenced by epoch.
-    assert_eq!(
-        h.send(&follow_up(&a, &[])).unwrap_err().status,
-        Status::FencedMemberEpoch
-    );
+    // The old process was replaced: its requests change nothing, and it is told to stop.
+    assert_eq!(h.send(&follow_up(&a, &[])).unwrap_err().status, Status::MemberReplaced);
     // Acks for held shards do nothing.
     h.now = old_lease - 1;
     let mut ack = other.clone();
+    ack.incarnation = r.incarnation;
     ack.member_epoch = r.member_epoch;
     ack.revoking = vec![RevokingShard {
         shard: ShardId(0),
@@ -538,6 +536,7 @@ mod correction {
         let mut b_after = follow_up(&rp, &[]);
         b_after.member_id = member("b");
         b_after.instance_id = "b-i".into();
+        b_after.incarnation = sync_b.incarnation;
         b_after.member_epoch = sync_b.member_epoch;
         b_after.metadata_version = rp.metadata_version;
         b_after.max_observed_version = b2.metadata_version;

@@ -175,6 +175,7 @@ pub fn join(member: &str) -> HeartbeatRequest {
     HeartbeatRequest {
         member_id: MemberId::new(member).expect("valid member id"),
         instance_id: format!("{member}-i"),
+        incarnation: protocol::Incarnation::NONE,
         member_epoch: MemberEpoch::JOIN,
         metadata_version: MetadataVersion(0),
         max_observed_version: MetadataVersion(0),
@@ -190,6 +191,7 @@ pub fn follow_up(last: &HeartbeatResponse, reading: &[ShardId]) -> HeartbeatRequ
     client_core::membership::Membership::resume(
         last.member_id.clone(),
         format!("{}-i", last.member_id),
+        last.incarnation,
         last.member_epoch,
         last.metadata_version,
         last.metadata_version,

@@ -57,6 +57,11 @@ impl State {
                 Flow::Next(prompt())
             }
             Ok(resp) => self.on_answer(resp, sent_at).await,
+            Err(e) if e.status().is_some_and(Status::is_replaced) => {
+                self.replaced(&e).await;
+                let member_id = self.d.config.member_id.to_string();
+                Flow::Fatal(ConsumerError::Replaced { member_id, source: e })
+            }
             Err(e) if e.requires_rejoin() => {
                 let status = e.status().unwrap_or(Status::UnknownMember);
                 self.lost(status, &e.to_string()).await;

@@ -19,6 +19,7 @@ fn ok(epoch: i64, assigned: &[u32], lease_ms: u64, interval_ms: u64) -> Heartbea
     HeartbeatResponse {
         status: Status::Ok,
         member_id: MemberId::new("m1").unwrap(),
+        incarnation: protocol::Incarnation(1),
         member_epoch: MemberEpoch(epoch),
         metadata_version: MetadataVersion(3),
         assignment_epoch: AssignmentEpoch(1),

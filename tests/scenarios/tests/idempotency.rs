@@ -124,7 +124,8 @@ async fn heartbeats_arriving_out_of_order_are_answered_from_the_record_without_u
     );
     assert!(owners(&after).iter().all(|o| o.as_deref() == Some("a")));
 
-    // A leave from a's previous incarnation, after a restarted as a new one: refused, nothing changes.
+    // A leave from a's previous process, after a restarted as a new one: refused (the new process holds the
+    // member id now), nothing changes.
     let mut old_leave = a.request(RevokeState::Revoked);
     old_leave.member_epoch = MemberEpoch::LEAVE;
     let mut new_a = WireMember::new("a");
@@ -132,7 +133,7 @@ async fn heartbeats_arriving_out_of_order_are_answered_from_the_record_without_u
     new_a.ok(&api).await;
     let before = s.describe().await;
     let (status, e) = api.heartbeat(&old_leave).await.unwrap_err();
-    assert_eq!((status, e.status), (StatusCode::CONFLICT, Status::FencedMemberEpoch));
+    assert_eq!((status, e.status), (StatusCode::CONFLICT, Status::MemberReplaced));
     assert_eq!(s.describe().await.revision, before.revision);
     assert_no_split(&s.describe().await);
 }

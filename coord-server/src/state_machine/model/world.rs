@@ -50,14 +50,20 @@ pub enum Answer {
     Rejected(Status),
 }
 
-/// One consumer process slot (a member id); the process may be down.
+/// One consumer process slot; the process may be down. Slots start one per member id; a replacement adds a slot
+/// that runs under the member id of the process it replaces, while that one keeps running.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Client {
+    /// The member id the slot's processes run as (`m<member>`).
+    pub member: u8,
     /// The real client rules; `None` while no process runs.
     pub membership: Option<Membership>,
-    /// Bumped by a crash: the next process has a new instance id. A graceful leave keeps it (rejoin with the
-    /// same instance id).
-    pub incarnation: u32,
+    /// Which process of the slot runs (its instance id is `m<member>-<process>`): bumped by a crash, and by a
+    /// start after a graceful leave. A give-back keeps the process (and so its instance id).
+    pub process: u32,
+    /// Its version store is damaged (or its owner hostile): every request reports a version one above the one
+    /// it applied last, a version no coordinator issued.
+    pub creeping: bool,
     /// The version store, kept across processes.
     pub stored_max: MetadataVersion,
     pub lease: Lease<Millis>,
@@ -88,6 +94,27 @@ pub struct Budget {
     pub failovers: u8,
     pub dups: u8,
     pub leaves: u8,
+    /// Give-backs: the SDK leaves (Redis unreadable) and rejoins in the same process.
+    pub give_backs: u8,
+    /// A second process starts under a running process's member id; the first keeps running (stalled, then
+    /// resumed: a stall is any stretch of steps it takes no part in).
+    pub replacements: u8,
+    /// A process's version store is damaged: it reports versions no coordinator issued from then on.
+    pub creeps: u8,
+}
+
+impl Budget {
+    /// No faults at all.
+    pub const NONE: Budget = Budget {
+        crashes: 0,
+        coord_crashes: 0,
+        failovers: 0,
+        dups: 0,
+        leaves: 0,
+        give_backs: 0,
+        replacements: 0,
+        creeps: 0,
+    };
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,10 +130,10 @@ pub struct World {
     /// Kept sorted (see [`World::normalize`]): the order in which requests arrive is chosen by the actions.
     pub net: Vec<InFlight>,
     pub budget: Budget,
-    /// A process started after a graceful leave keeps the instance id (not what the SDK does).
-    pub same_instance_after_leave: bool,
-    /// Per shard, in every history: the last reader (client, incarnation) and the highest token a reader held.
+    /// Per shard, in every history: the last reader (slot, process) and the highest token a reader held.
     pub readers: BTreeMap<ShardId, ((u8, u32), FencingToken)>,
+    /// Correction rounds opened so far (the fair suffix may open at most one: see [`World::settle`]).
+    pub rounds_opened: u32,
 }
 
 /// One atomic step.
@@ -131,7 +158,15 @@ pub enum Action {
     Drain(u8),
     /// Graceful close: stop every reader, send the leave, exit.
     Leave(u8),
-    /// A process starts for the member id (same instance id after a leave, a new one after a crash).
+    /// The SDK's give-back (Redis unreadable for too long): stop every reader, send the leave without waiting
+    /// for it, forget the assignment; the next request joins again from the same process.
+    GiveBack(u8),
+    /// A new process starts under the member id of slot `i`'s running process, in a slot of its own; the old one
+    /// keeps running.
+    Replace(u8),
+    /// Slot `i`'s version store is damaged: from now on it reports versions no coordinator issued.
+    Corrupt(u8),
+    /// A process starts in the slot (a new instance id after a crash or a leave).
     Start(u8),
     /// The process dies: its readers stop, its requests may still arrive.
     Crash(u8),
@@ -154,8 +189,8 @@ pub fn member(m: u8) -> MemberId {
     MemberId::new(format!("m{m}")).expect("valid member id")
 }
 
-fn instance(m: u8, incarnation: u32) -> String {
-    format!("m{m}-{incarnation}")
+fn instance(m: u8, process: u32) -> String {
+    format!("m{m}-{process}")
 }
 
 fn ids(v: &[ShardId]) -> String {
@@ -220,8 +255,10 @@ impl World {
         );
         let clients = (0..config.members)
             .map(|m| Client {
+                member: m,
                 membership: (m < started).then(|| Membership::new(member(m), instance(m, 0), MetadataVersion(0))),
-                incarnation: 0,
+                process: 0,
+                creeping: false,
                 stored_max: MetadataVersion(0),
                 lease: Lease::default(),
                 outstanding: None,
@@ -248,8 +285,8 @@ impl World {
             clients,
             net: Vec::new(),
             budget: config.budget,
-            same_instance_after_leave: config.same_instance_after_leave,
             readers: BTreeMap::new(),
+            rounds_opened: 0,
         };
         // Warm up with fault-free rounds until the assignment is settled.
         for _ in 0..12 {
@@ -287,6 +324,15 @@ impl World {
                     if self.budget.crashes > 0 {
                         out.push(Action::Crash(m));
                     }
+                    if self.budget.give_backs > 0 && self.net.len() < config.net_capacity {
+                        out.push(Action::GiveBack(m));
+                    }
+                    if self.budget.replacements > 0 {
+                        out.push(Action::Replace(m));
+                    }
+                    if self.budget.creeps > 0 && !c.creeping {
+                        out.push(Action::Corrupt(m));
+                    }
                 }
                 None => out.push(Action::Start(m)),
             }
@@ -317,7 +363,6 @@ impl World {
 
     /// Applies `action`; returns a line for the trace, or the violated property.
     pub fn step(&mut self, action: Action) -> Result<String, Violation> {
-        let same_instance_after_leave = self.same_instance_after_leave;
         let line = match action {
             Action::Send(m) => {
                 let req = self.send(m);
@@ -384,25 +429,87 @@ impl World {
                 self.budget.leaves -= 1;
                 format!("m{m} closes and sends {}", describe_request(&req))
             }
+            Action::GiveBack(m) => {
+                self.give_up(m);
+                let c = &mut self.clients[m as usize];
+                let membership = c.membership.as_mut().expect("running");
+                for s in membership.revoke_all() {
+                    membership.reader_stopped(s);
+                }
+                let leave = membership.is_joined().then(|| membership.leave_request());
+                membership.lose_all();
+                c.lease.revoke();
+                self.budget.give_backs -= 1;
+                match leave {
+                    Some(req) => {
+                        // The SDK waits for the leave with a timeout and rejoins whatever happened to it.
+                        self.net.push(InFlight {
+                            from: m,
+                            current: false,
+                            sent_at: self.now,
+                            req: req.clone(),
+                        });
+                        format!(
+                            "m{m} gives every shard back: sends {} and will rejoin",
+                            describe_request(&req)
+                        )
+                    }
+                    None => format!("m{m} gives every shard back (not joined) and will rejoin"),
+                }
+            }
+            Action::Replace(m) => {
+                let id = self.clients[m as usize].member;
+                let process = self
+                    .clients
+                    .iter()
+                    .filter(|c| c.member == id)
+                    .map(|c| c.process + 1)
+                    .max()
+                    .unwrap_or(0);
+                let stored_max = self.clients[m as usize].stored_max;
+                self.clients.push(Client {
+                    member: id,
+                    membership: Some(Membership::new(member(id), instance(id, process), stored_max)),
+                    process,
+                    creeping: false,
+                    stored_max,
+                    lease: Lease::default(),
+                    outstanding: None,
+                    answer: None,
+                    left: false,
+                });
+                self.budget.replacements -= 1;
+                format!(
+                    "a new process {} starts as m{id} in slot {} while slot {m} keeps running",
+                    instance(id, process),
+                    self.clients.len() - 1
+                )
+            }
+            Action::Corrupt(m) => {
+                self.clients[m as usize].creeping = true;
+                self.budget.creeps -= 1;
+                format!("slot {m}'s version store is damaged: it reports versions no coordinator issued")
+            }
             Action::Start(m) => {
                 let c = &mut self.clients[m as usize];
-                if c.left && !same_instance_after_leave {
+                if c.left {
                     // The SDK: a closed consumer is gone; a new one has a new random instance id.
-                    c.incarnation += 1;
+                    c.process += 1;
                 }
                 c.left = false;
-                c.membership = Some(Membership::new(member(m), instance(m, c.incarnation), c.stored_max));
+                let id = c.member;
+                c.membership = Some(Membership::new(member(id), instance(id, c.process), c.stored_max));
                 c.lease = Lease::default();
-                format!("m{m} starts as {}", instance(m, c.incarnation))
+                format!("slot {m} starts as {}", instance(id, c.process))
             }
             Action::Crash(m) => {
                 self.give_up(m);
                 let c = &mut self.clients[m as usize];
                 c.membership = None;
                 c.lease.revoke();
-                c.incarnation += 1;
+                c.process += 1;
                 self.budget.crashes -= 1;
-                format!("m{m} crashes")
+                format!("slot {m} crashes")
             }
             Action::Tick => {
                 let (t, clock) = self.run(|meta, live, clock| apply(meta, live, Input::Tick { routing: None }, clock));
@@ -446,7 +553,10 @@ impl World {
 
     fn send(&mut self, m: u8) -> HeartbeatRequest {
         let c = &mut self.clients[m as usize];
-        let req = c.membership.as_ref().expect("running").request();
+        let mut req = c.membership.as_ref().expect("running").request();
+        if c.creeping {
+            req.max_observed_version = req.max_observed_version.max(req.metadata_version.next());
+        }
         c.outstanding = Some(self.now);
         self.net.push(InFlight {
             from: m,
@@ -584,6 +694,12 @@ impl World {
         if t.writes() {
             self.redis.written_by_run = self.run_id;
         }
+        let opened = t
+            .events
+            .iter()
+            .filter(|e| matches!(e, super::super::Event::CorrectionOpened { .. }))
+            .count();
+        self.rounds_opened += opened as u32;
         Ok(())
     }
 
@@ -594,7 +710,7 @@ impl World {
         let answer = c.answer.take().expect("an answer to receive");
         let sent_at = c.outstanding.take().expect("a request it waits for");
         let membership = c.membership.as_mut().expect("running");
-        let reader = (m, c.incarnation);
+        let reader = (m, c.process);
         match &answer {
             Answer::Heartbeat(r) if !r.member_epoch.is_leave() => {
                 let lease = effective_lease(
@@ -621,6 +737,13 @@ impl World {
                 membership.lose_all();
                 c.lease.revoke();
                 Ok(format!("m{m} receives a leave answer: rejoins"))
+            }
+            Answer::Rejected(status) if status.is_replaced() => {
+                // The SDK stops for good: another process holds the member id.
+                let lost = membership.lose_all();
+                c.membership = None;
+                c.lease.revoke();
+                Ok(format!("m{m} receives {status}: loses {} and stops", ids(&lost)))
             }
             Answer::Rejected(status) if status.requires_rejoin() => {
                 let lost = membership.lose_all();
@@ -684,7 +807,17 @@ impl World {
             if who.len() > 1 {
                 return Err(format!(
                     "shard {s} held under valid leases by {:?} at time {}",
-                    who.iter().map(|&m| member(m)).collect::<Vec<_>>(),
+                    who.iter()
+                        .map(|&i| {
+                            let c = &self.clients[i as usize];
+                            let name = format!("{}", member(c.member));
+                            if self.clients.iter().filter(|o| o.member == c.member).count() > 1 {
+                                MemberId::new(format!("{name}-slot{i}")).expect("valid")
+                            } else {
+                                member(c.member)
+                            }
+                        })
+                        .collect::<Vec<_>>(),
                     self.now
                 ));
             }
@@ -719,6 +852,7 @@ impl World {
     /// running client under a valid lease, and stays so.
     pub fn settle(&self) -> Result<(), Violation> {
         let mut w = self.clone();
+        let rounds_before = w.rounds_opened;
         while !w.net.is_empty() {
             w.deliver(0, false)?;
             w.check()?;
@@ -734,6 +868,14 @@ impl World {
         let mut last = None;
         for round in 0..ROUNDS + STABLE {
             w.fair_round()?;
+            // No fault happens in the suffix: the only evidence of a loss it can bring is what happened before it
+            // (one round corrects that) or a version no coordinator issued, which must not hold the group.
+            if w.rounds_opened > rounds_before + 1 {
+                return Err(format!(
+                    "liveness: {} correction rounds opened in the fault-free suffix (at most one may)",
+                    w.rounds_opened - rounds_before
+                ));
+            }
             if round < ROUNDS {
                 continue;
             }

@@ -36,7 +36,7 @@ use protocol::messages::{
 };
 use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{Incarnation, MemberEpoch, MetadataVersion, ShardId, Status};
 use reqwest::StatusCode;
 use scenario_tests::History;
 use std::collections::{BTreeMap, BTreeSet};

@@ -9,6 +9,8 @@ use client_core::membership::{Membership, ShardState};
 pub struct WireMember {
     pub id: MemberId,
     pub instance: String,
+    /// The incarnation its requests name (the last answer's; while joining, the one it held before).
+    pub incarnation: Incarnation,
     pub epoch: MemberEpoch,
     pub version: MetadataVersion,
     pub max_observed: MetadataVersion,
@@ -24,6 +26,7 @@ impl WireMember {
         WireMember {
             id: MemberId::new(name).unwrap(),
             instance: format!("{name}-i"),
+            incarnation: Incarnation::NONE,
             epoch: MemberEpoch::JOIN,
             version: MetadataVersion(0),
             max_observed: MetadataVersion(0),
@@ -38,6 +41,7 @@ impl WireMember {
         HeartbeatRequest {
             member_id: self.id.clone(),
             instance_id: self.instance.clone(),
+            incarnation: self.incarnation,
             member_epoch: self.epoch,
             metadata_version: self.version,
             max_observed_version: self.max_observed.max(self.version),
@@ -64,6 +68,7 @@ impl WireMember {
         let mut m = Membership::resume(
             self.id.clone(),
             self.instance.clone(),
+            self.incarnation,
             self.epoch,
             self.version,
             self.max_observed,
@@ -71,6 +76,7 @@ impl WireMember {
         );
         // No lease here: the test decides when the member stops.
         m.apply(r, true);
+        self.incarnation = m.incarnation();
         self.epoch = m.epoch();
         self.version = m.metadata_version();
         self.max_observed = m.max_observed();
