@@ -38,7 +38,9 @@
 
 use protocol::messages::{HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard};
 use protocol::names::MemberId;
-use protocol::{AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, ShardId, Status};
+use protocol::{
+    AssignmentEpoch, FencingToken, Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardId, Status,
+};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,6 +93,9 @@ pub struct Membership {
     tokens: BTreeMap<ShardId, FencingToken>,
     /// Shards targeted to this member that a previous owner still holds (never read).
     pending: Vec<ShardId>,
+    /// The highest routing version and shard count the answers showed (or the process remembered): reported in
+    /// every request, so a coordinator learns of a growth Redis lost (see `docs/resharding.md`).
+    routing_seen: (RoutingVersion, u32),
     /// Shutting down: nothing new is started.
     closing: bool,
     /// Whether an answer was received since the last (re)join.
@@ -112,6 +117,7 @@ impl Membership {
             shards: BTreeMap::new(),
             tokens: BTreeMap::new(),
             pending: Vec::new(),
+            routing_seen: (RoutingVersion(0), 0),
             closing: false,
             joined: false,
             last_status: None,
@@ -170,6 +176,8 @@ impl Membership {
                     Some(RevokingShard { shard, state })
                 })
                 .collect(),
+            max_routing_version: self.routing_seen.0,
+            max_shard_count: self.routing_seen.1,
         }
     }
 
@@ -188,6 +196,7 @@ impl Membership {
     /// by this answer is still valid (an answer that arrives after its own lease ran out starts nothing).
     pub fn apply(&mut self, resp: &HeartbeatResponse, can_start: bool) -> Actions {
         let mut actions = Actions::default();
+        self.observe_routing(resp.routing_version, resp.shard_count);
         self.incarnation = resp.incarnation;
         self.epoch = resp.member_epoch;
         self.assignment_epoch = resp.assignment_epoch;
@@ -357,6 +366,17 @@ impl Membership {
     /// The instance id (one per process).
     pub fn instance_id(&self) -> &str {
         &self.instance_id
+    }
+
+    /// Raises the highest routing version and shard count this member reports (e.g. from what the process
+    /// remembers). Never lowers them.
+    pub fn observe_routing(&mut self, version: RoutingVersion, shard_count: u32) {
+        self.routing_seen = (self.routing_seen.0.max(version), self.routing_seen.1.max(shard_count));
+    }
+
+    /// The highest routing version and shard count seen.
+    pub fn routing_seen(&self) -> (RoutingVersion, u32) {
+        self.routing_seen
     }
 
     /// The incarnation the next request names (see [`Incarnation`]).

@@ -256,6 +256,7 @@ mod tests {
             shard_count: 4,
             routing_lease_ms: 1000,
             refresh_interval_ms: 300,
+            shard_records: false,
         }
     }
 
@@ -265,6 +266,7 @@ mod tests {
         let q = RoutingQuery {
             routing_version: RoutingVersion(0),
             max_observed_version: RoutingVersion(7),
+            max_shard_count: 0,
         };
         let err = fake.routing(&stream(), q).await.unwrap_err();
         assert!(err.is_retryable(), "unreachable by default: {err}");

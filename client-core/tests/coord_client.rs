@@ -25,6 +25,8 @@ fn request() -> HeartbeatRequest {
         max_observed_version: MetadataVersion(0),
         owned: vec![],
         revoking: vec![],
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     }
 }
 

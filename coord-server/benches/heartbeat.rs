@@ -140,6 +140,8 @@ async fn main() {
                 max_observed_version: Default::default(),
                 owned: vec![],
                 revoking: vec![],
+                max_routing_version: protocol::RoutingVersion(0),
+                max_shard_count: 0,
             },
         })
         .collect();

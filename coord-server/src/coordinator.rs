@@ -31,6 +31,7 @@ use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
 use crate::slots::{GroupSlot, Queued, Slots};
 use crate::spans;
+use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
@@ -76,6 +77,8 @@ struct Inner {
     eviction_policy: PolicyCheck,
     /// The last rebalance events this instance decided, for the status page.
     recent: RecentRebalances,
+    /// Streams whose routing a consumer's report is being checked against (one check per stream at a time).
+    routing_checks: StdMutex<std::collections::HashSet<StreamName>>,
 }
 
 impl Coordinator {
@@ -105,6 +108,7 @@ impl Coordinator {
                 index_rebuilt_at: StdMutex::new(None),
                 recent: RecentRebalances::default(),
                 eviction_policy,
+                routing_checks: StdMutex::new(Default::default()),
             }),
         };
         coordinator.check_eviction_policy().await?;
@@ -184,7 +188,45 @@ impl Coordinator {
             })
             .await;
         self.inner.slots.forget_if_absent(stream, group, slot);
+        if let Ok(resp) = &result {
+            if req.max_routing_version > resp.routing_version || req.max_shard_count > resp.shard_count {
+                self.check_routing_report(stream, req.max_routing_version, req.max_shard_count);
+            }
+        }
         result
+    }
+
+    /// A consumer saw a routing above the one its group adopted: the group may only be behind (its next tick
+    /// adopts), or Redis lost part of the routing. Checked in the background against the stored routing, one
+    /// check per stream at a time, and restored if the report is above it (see `state_machine::routing`).
+    fn check_routing_report(&self, stream: &StreamName, version: protocol::RoutingVersion, shard_count: u32) {
+        {
+            let mut checks = self.inner.routing_checks.lock().expect("routing checks lock");
+            if !checks.insert(stream.clone()) {
+                return;
+            }
+        }
+        let this = self.clone();
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let report = Report { version, shard_count };
+            let result = async {
+                let (_, stored) = this.read_routing(&stream).await?;
+                if report.version > stored.routing_version || report.shard_count > stored.shard_count {
+                    this.restore_routing(&stream, Some(report)).await?;
+                }
+                Ok::<_, Error>(())
+            }
+            .await;
+            if let Err(e) = result {
+                warn!(stream = %stream, error = %e, "checking a consumer's routing report failed");
+            }
+            this.inner
+                .routing_checks
+                .lock()
+                .expect("routing checks lock")
+                .remove(&stream);
+        });
     }
 
     /// Runs queued heartbeats as one critical section and answers each.
@@ -399,17 +441,15 @@ impl Coordinator {
         }
         let stats = &self.inner.stats;
         let (routing, rev) = self
-            .routing_section(stream, |loaded| {
-                routing_section::grow(stats, loaded, stream, count, if_match)
+            .probing_routing_section(stream, |loaded, probed| {
+                routing_section::grow(stats, loaded, probed, stream, count, if_match)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await?;
+        // The parents were sealed and the children recorded before the routing was committed (see
+        // `routing_section`); a growth recorded unsealed by an older coordinator is finished by the tick.
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
-        // Seal the parents now; what fails here the tick finishes (the growth is recorded as unsealed).
-        if let Err(e) = self.seal_growths(stream, &routing).await {
-            warn!(stream = %stream, error = %e, "sealing parents failed; the tick retries");
-        }
-        Ok(routing_description(&routing, rev))
+        Ok(routing_description(&routing, rev, None))
     }
 
     /// The routing a producer should use. `SYNC_METADATA` when the producer has seen a newer routing than Redis
@@ -418,7 +458,16 @@ impl Coordinator {
     /// # Errors
     /// [`Error::MetadataUnavailable`] when the stream has no routing or it is unreadable.
     pub async fn routing(&self, stream: &StreamName, query: RoutingQuery) -> Result<RoutingResponse, Error> {
-        let (_, r) = self.read_routing(stream).await?;
+        let (_, mut r) = self.read_routing(stream).await?;
+        let report = Report {
+            version: query.max_observed_version.max(query.routing_version),
+            shard_count: query.max_shard_count,
+        };
+        if report.version > r.routing_version || report.shard_count > r.shard_count {
+            // The producer saw more than Redis stores: restore before answering, so it never adopts a routing
+            // that lost a growth it wrote by (see `state_machine::routing`).
+            r = self.restore_routing(stream, Some(report)).await?;
+        }
         let answer = state_machine::routing::answer(&r, &query);
         if answer.status == Status::SyncMetadata {
             self.inner.stats.routing_regressions.fetch_add(1, Ordering::Relaxed);
@@ -434,7 +483,8 @@ impl Coordinator {
     /// [`Error::MetadataUnavailable`] when the stream has no routing.
     pub async fn describe_routing(&self, stream: &StreamName) -> Result<RoutingDescription, Error> {
         let (rev, r) = self.read_routing(stream).await?;
-        Ok(routing_description(&r, rev))
+        let probed = routing_section::probe(&self.inner.store, stream, r.shard_count).await?;
+        Ok(routing_description(&r, rev, Some(&probed)))
     }
 
     /// Lists groups from the rebuildable index, rebuilding it by `SCAN` first when asked.
@@ -594,11 +644,26 @@ impl Coordinator {
     }
 
     /// A critical section over a stream's routing, deciding with `f`.
-    async fn routing_section<F>(&self, stream: &StreamName, f: F) -> Result<(StreamRouting, StoreRevision), Error>
+    async fn routing_section<F>(&self, stream: &StreamName, mut f: F) -> Result<(StreamRouting, StoreRevision), Error>
     where
         F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
     {
-        section::run(self.env(), &SectionKeys::routing(stream), &mut RoutingSection::new(f)).await
+        let mut section = RoutingSection::new(|loaded: &Loaded, _: &routing_section::Probed| f(loaded));
+        section::run(self.env(), &SectionKeys::routing(stream), &mut section).await
+    }
+
+    /// A critical section over a stream's routing that reads the shards' evidence first (their records beyond the
+    /// routing, shard 0's fence), deciding with `f`.
+    pub(crate) async fn probing_routing_section<F>(
+        &self,
+        stream: &StreamName,
+        f: F,
+    ) -> Result<(StreamRouting, StoreRevision), Error>
+    where
+        F: FnMut(&Loaded, &routing_section::Probed) -> Result<RoutingStep, Error>,
+    {
+        let mut section = RoutingSection::new(f).probing(stream);
+        section::run(self.env(), &SectionKeys::routing(stream), &mut section).await
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {
@@ -699,12 +764,19 @@ impl crate::fault::Target for Coordinator {
     }
 }
 
-fn routing_description(r: &StreamRouting, revision: StoreRevision) -> RoutingDescription {
+fn routing_description(
+    r: &StreamRouting,
+    revision: StoreRevision,
+    probed: Option<&routing_section::Probed>,
+) -> RoutingDescription {
     RoutingDescription {
         stream: r.stream.clone(),
         revision,
         routing_version: r.routing_version,
         shard_count: r.shard_count,
         routing_lease_ms: r.routing_lease_ms,
+        shard_records: r.shard_records,
+        shards_beyond_routing: probed.map_or(0, |p| p.beyond.len() as u32),
+        fence_above_routing: probed.map(|p| p.fence).filter(|f| *f > r.routing_version),
     }
 }

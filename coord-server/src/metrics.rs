@@ -106,6 +106,12 @@ pub mod names {
     pub const CLIENT_VERSION_AHEAD: &str = "redis_stream_coord_client_version_ahead_total";
     /// Counter: producer routing fetches that reported a higher routing version than Redis stores.
     pub const ROUTING_VERSION_AHEAD: &str = "redis_stream_coord_routing_version_ahead_total";
+    /// Counter, label `why` (`records_beyond`, `fence_above`, `reported`): stream routings restored because Redis
+    /// had lost part of them (see `docs/resharding.md`, "When Redis forgets a growth").
+    pub const ROUTING_RESTORED: &str = "redis_stream_coord_routing_restored_total";
+    /// Gauge per stream: shards whose record exists beyond the stored shard count (their entries are unread until
+    /// the routing is restored, at the next tick); 0 normally.
+    pub const SHARDS_BEYOND_ROUTING: &str = "redis_stream_coord_stream_shards_beyond_routing";
     /// Counter per group: correction rounds opened.
     pub const CORRECTIONS_OPENED: &str = "redis_stream_coord_correction_rounds_opened_total";
     /// Counter: requests answered `METADATA_UNAVAILABLE` (metadata key missing or unreadable).
@@ -168,6 +174,8 @@ pub mod names {
         METADATA_REGRESSIONS,
         CLIENT_VERSION_AHEAD,
         ROUTING_VERSION_AHEAD,
+        ROUTING_RESTORED,
+        SHARDS_BEYOND_ROUTING,
         CORRECTIONS_OPENED,
         METADATA_UNAVAILABLE,
         METADATA_SCHEMA_ERRORS,
@@ -394,6 +402,14 @@ impl Metrics {
                 names::ROUTING_VERSION_AHEAD,
                 "Routing fetches reporting a version above the stored one"
             );
+            describe_counter!(
+                names::ROUTING_RESTORED,
+                "Stream routings restored after Redis lost part of them, by evidence"
+            );
+            describe_gauge!(
+                names::SHARDS_BEYOND_ROUTING,
+                "Shards recorded beyond the stored shard count (unread until restored)"
+            );
             describe_counter!(names::CORRECTIONS_OPENED, "Metadata correction rounds opened");
             describe_counter!(names::METADATA_UNAVAILABLE, "Requests answered METADATA_UNAVAILABLE");
             describe_counter!(
@@ -441,6 +457,21 @@ impl Metrics {
     /// Records the wait for a mutex.
     pub(crate) fn mutex_wait(&self, waited: Duration) {
         self.record(|| histogram!(names::MUTEX_WAIT).record(waited.as_secs_f64()));
+    }
+
+    /// Records a restoration of a stream's routing, once per reason.
+    pub(crate) fn routing_restored(&self, why: &[crate::state_machine::routing::Why]) {
+        self.record(|| {
+            for w in why {
+                counter!(names::ROUTING_RESTORED, "why" => w.as_str()).increment(1);
+            }
+        });
+    }
+
+    /// Sets how many shards a stream's records show beyond its routing.
+    pub(crate) fn shards_beyond_routing(&self, stream: &StreamName, n: u32) {
+        let s = stream.to_string();
+        self.record(|| gauge!(names::SHARDS_BEYOND_ROUTING, "stream" => s).set(f64::from(n)));
     }
 
     /// Records a refused admin `If-Match`.

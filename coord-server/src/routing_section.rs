@@ -1,15 +1,29 @@
-//! The critical sections without liveness: a stream's routing (created with a group, grown by add-shards) and
-//! the creation of a group's metadata hash.
+//! The critical sections without liveness: a stream's routing (created with a group, grown by add-shards,
+//! restored when Redis forgot part of it) and the creation of a group's metadata hash.
+//!
+//! # Ordering contract: the shards before the routing
+//! A routing decision that adds shards writes the data plane first, under the routing mutex, and commits the
+//! routing last ([`Prep`], in `before_write`): the parents' seals (fence raised, position recorded in the
+//! parent's own record), then the children's records. A producer learns of a shard only from a committed routing,
+//! so every shard it can write has its record, and a Redis that loses a suffix of these writes loses the routing
+//! before the records and the records before the seals: what survives can always be restored upwards
+//! ([`state_machine::routing`]).
 
+use futures::{StreamExt, TryStreamExt};
 use protocol::metadata::{GroupMetadata, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
-use protocol::StoreRevision;
+use protocol::{RoutingVersion, ShardId, StoreRevision};
 
 use crate::error::Error;
 use crate::section::{unavailable, Section, Verdict};
 use crate::state_machine;
+use crate::state_machine::routing::{Birth, Evidence, Plan, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded, SectionKeys, Store, Write};
+use crate::store_reshard;
+
+/// Data-plane writes sent at once (seals, records): a growth of a large stream touches up to `MAX_SHARDS` keys.
+const DATA_PLANE_IN_FLIGHT: usize = 64;
 
 /// What a routing decision asks for.
 pub(crate) enum RoutingStep {
@@ -17,10 +31,125 @@ pub(crate) enum RoutingStep {
     Keep(StreamRouting),
     /// Write this routing.
     Write(StreamRouting),
+    /// Seal and record what [`Prep`] lists, then write the routing (with the seal positions filled in).
+    Prepare(StreamRouting, Prep),
+}
+
+/// Data-plane writes a routing needs before it is committed (see the module docs).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Prep {
+    /// Seals, oldest growth first.
+    pub seals: Vec<SealTodo>,
+    /// Shard records to write (an existing record is kept).
+    pub records: Vec<Birth>,
+}
+
+/// What the section read of the shards, under the routing mutex, for a decision that asked for it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Probed {
+    /// Records from the stored shard count on, consecutive.
+    pub beyond: Vec<Birth>,
+    /// Shard 0's fence (a parent of every growth).
+    pub fence: RoutingVersion,
+}
+
+impl Probed {
+    /// The evidence these reads and `loaded` give, with a client's `report`.
+    pub fn evidence(&self, loaded: &Loaded, report: Option<Report>) -> Evidence {
+        Evidence {
+            report,
+            beyond: self.beyond.clone(),
+            fence: self.fence,
+            run_id_changed: loaded.run_id_changed(),
+            now_ms: loaded.now_ms,
+        }
+    }
+}
+
+/// Reads the shards' evidence of a routing of `shard_count` shards: shard 0's fence and the records from
+/// `shard_count` on until one is missing.
+///
+/// # Errors
+/// A Redis failure; a record that does not parse.
+pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) -> Result<Probed, Error> {
+    let mut conn = store.connection();
+    let fence = store_reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
+    let mut beyond = Vec::new();
+    let mut next = shard_count;
+    // Usually none: one read says so. A lost growth is read in batches.
+    let mut batch = 1u32;
+    while next < MAX_SHARDS {
+        let end = next.saturating_add(batch).min(MAX_SHARDS);
+        let found: Vec<Option<Birth>> = futures::stream::iter(next..end)
+            .map(|shard| {
+                let mut conn = conn.clone();
+                async move { store_reshard::birth(&mut conn, stream, ShardId(shard)).await }
+            })
+            .buffered(DATA_PLANE_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        let missing = found.iter().position(Option::is_none);
+        beyond.extend(found.into_iter().flatten().take(missing.unwrap_or(usize::MAX)));
+        if missing.is_some() {
+            break;
+        }
+        next = end;
+        batch = (batch * 4).min(DATA_PLANE_IN_FLIGHT as u32 * 4);
+    }
+    Ok(Probed { beyond, fence })
+}
+
+/// The records every shard of `routing` must have, for a routing written before shard records existed: each
+/// shard's birth as the recorded growths tell it (`1` and no parents for the shards a stream started with, or
+/// grew to before the oldest growth it remembers).
+pub(crate) fn migration_records(routing: &StreamRouting) -> Vec<Birth> {
+    (0..routing.shard_count)
+        .map(|shard| {
+            let g = routing
+                .growths
+                .iter()
+                .find(|g| shard >= g.parents && shard < g.shard_count);
+            Birth {
+                shard: ShardId(shard),
+                born: g.map_or(RoutingVersion(1), |g| g.routing_version),
+                parents: g.map_or(0, |g| g.parents),
+            }
+        })
+        .collect()
+}
+
+/// The restoration a probe and a client's report call for (see [`state_machine::routing::plan`]) and why, and
+/// the records a routing written before shard records existed still needs. `Keep` when neither.
+pub(crate) fn restore(
+    stats: &Stats,
+    loaded: &Loaded,
+    probed: &Probed,
+    report: Option<Report>,
+) -> Result<(RoutingStep, Vec<Why>), Error> {
+    if loaded.revision.is_none() {
+        return Err(Error::MetadataUnavailable("the stream has no routing".into()));
+    }
+    let current = decode(stats, loaded)?;
+    let evidence = probed.evidence(loaded, report);
+    let (mut next, mut prep, why) = match state_machine::routing::plan(&current, &evidence) {
+        Some(Plan {
+            next,
+            seals,
+            records,
+            why,
+        }) => (next, Prep { seals, records }, why),
+        None if current.shard_records => return Ok((RoutingStep::Keep(current), Vec::new())),
+        None => (current.clone(), Prep::default(), Vec::new()),
+    };
+    if !current.shard_records {
+        prep.records.splice(0..0, migration_records(&current));
+        next.shard_records = true;
+    }
+    Ok((RoutingStep::Prepare(next, prep), why))
 }
 
 /// The decision that ensures a stream's routing: an existing one must have `shard_count` shards (when given), a
-/// missing one is created with them (and `lease_ms`) at Redis time.
+/// missing one is created with them (and `lease_ms`) at Redis time, after the records of its shards.
 pub(crate) fn ensure(
     stats: &Stats,
     loaded: &Loaded,
@@ -45,13 +174,22 @@ pub(crate) fn ensure(
     };
     let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
     r.routing_lease_ms = lease_ms;
-    Ok(RoutingStep::Write(r))
+    r.shard_records = true;
+    let prep = Prep {
+        seals: Vec::new(),
+        records: migration_records(&r),
+    };
+    Ok(RoutingStep::Prepare(r, prep))
 }
 
-/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given.
+/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given: from the
+/// routing as restored first (a growth Redis lost is restored as it was, never recreated over its records), with
+/// its parents sealed and its children recorded before it is committed. After a loss of the routing hash (a new
+/// run id) the version skips past every number the lost history may have issued.
 pub(crate) fn grow(
     stats: &Stats,
     loaded: &Loaded,
+    probed: &Probed,
     stream: &StreamName,
     count: u32,
     if_match: Option<StoreRevision>,
@@ -60,13 +198,36 @@ pub(crate) fn grow(
         return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
     };
     check_if_match(if_match, rev)?;
-    let current = decode(stats, loaded)?;
-    if current.shard_count.saturating_add(count) > MAX_SHARDS {
+    let (base, mut prep) = match restore(stats, loaded, probed, None)?.0 {
+        RoutingStep::Keep(r) | RoutingStep::Write(r) => (r, Prep::default()),
+        RoutingStep::Prepare(r, prep) => (r, prep),
+    };
+    if base.shard_count.saturating_add(count) > MAX_SHARDS {
         return Err(Error::InvalidRequest(format!(
             "a stream has at most {MAX_SHARDS} shards"
         )));
     }
-    Ok(RoutingStep::Write(state_machine::add_shards(&current, count)))
+    let mut next = state_machine::add_shards(&base, count);
+    if loaded.run_id_changed() && base.routing_version == decode(stats, loaded)?.routing_version {
+        let v = state_machine::routing::retired(base.routing_version, probed.fence, loaded.now_ms);
+        next.routing_version = v;
+        if let Some(g) = next.growths.last_mut() {
+            g.routing_version = v;
+        }
+        next.reports_settled = false;
+    }
+    let g = next.growths.last().expect("add_shards records the growth").clone();
+    prep.seals.extend((0..g.parents).map(|p| SealTodo {
+        version: g.routing_version,
+        shard: ShardId(p),
+        reuse: None,
+    }));
+    prep.records.extend((g.parents..g.shard_count).map(|c| Birth {
+        shard: ShardId(c),
+        born: g.routing_version,
+        parents: g.parents,
+    }));
+    Ok(RoutingStep::Prepare(next, prep))
 }
 
 /// The decision that records the seal positions the seal script returned (see [`state_machine::reshard`]);
@@ -105,37 +266,113 @@ fn decode(stats: &Stats, loaded: &Loaded) -> Result<StreamRouting, Error> {
     store::decode_routing(json).map_err(|e| unavailable(stats, e))
 }
 
-/// A section over a stream's routing hash, deciding with `f` ([`ensure`], [`grow`]); the answer is the routing
-/// kept or written, and the revision.
-pub(crate) struct RoutingSection<F> {
+/// A section over a stream's routing hash, deciding with `f` ([`ensure`], [`grow`], [`restore`]); the answer is
+/// the routing kept or written, and the revision.
+pub(crate) struct RoutingSection<'a, F> {
     f: F,
+    /// Set when the decision needs the shards' evidence (read in `check`, under the mutex).
+    probe: Option<&'a StreamName>,
+    probed: Probed,
+    prep: Prep,
     next: Option<(StreamRouting, String)>,
 }
 
-impl<F> RoutingSection<F>
+impl<'a, F> RoutingSection<'a, F>
 where
-    F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
+    F: FnMut(&Loaded, &Probed) -> Result<RoutingStep, Error>,
 {
     pub fn new(f: F) -> Self {
-        RoutingSection { f, next: None }
+        RoutingSection {
+            f,
+            probe: None,
+            probed: Probed::default(),
+            prep: Prep::default(),
+            next: None,
+        }
+    }
+
+    /// Reads the shards' evidence of `stream` ([`probe`]) before every decision.
+    pub fn probing(mut self, stream: &'a StreamName) -> Self {
+        self.probe = Some(stream);
+        self
     }
 }
 
-impl<F> Section for RoutingSection<F>
+impl<F> Section for RoutingSection<'_, F>
 where
-    F: FnMut(&Loaded) -> Result<RoutingStep, Error>,
+    F: FnMut(&Loaded, &Probed) -> Result<RoutingStep, Error>,
 {
     type Output = (StreamRouting, StoreRevision);
 
+    async fn check(&mut self, store: &Store, _keys: &SectionKeys, loaded: &Loaded) -> Result<(), Error> {
+        self.probed = Probed::default();
+        if let (Some(stream), Some(json)) = (self.probe, loaded.aggregate.as_deref()) {
+            // A routing that does not decode is refused by the decision itself.
+            if let Ok(current) = store::decode_routing(json) {
+                self.probed = probe(store, stream, current.shard_count).await?;
+            }
+        }
+        Ok(())
+    }
+
     fn decide(&mut self, loaded: &Loaded) -> Result<Verdict<Self::Output>, Error> {
-        match (self.f)(loaded)? {
+        match (self.f)(loaded, &self.probed)? {
             RoutingStep::Keep(current) => Ok(Verdict::Answer((current, loaded.revision.unwrap_or_default()))),
             RoutingStep::Write(next) => {
                 let json = next.encode();
+                self.prep = Prep::default();
+                self.next = Some((next, json));
+                Ok(Verdict::Write)
+            }
+            RoutingStep::Prepare(next, prep) => {
+                let json = next.encode();
+                self.prep = prep;
                 self.next = Some((next, json));
                 Ok(Verdict::Write)
             }
         }
+    }
+
+    async fn before_write(&mut self, store: &Store, _keys: &SectionKeys) -> Result<(), Error> {
+        let prep = std::mem::take(&mut self.prep);
+        if prep.seals.is_empty() && prep.records.is_empty() {
+            return Ok(());
+        }
+        let (next, json) = self.next.as_mut().expect("decided before the write");
+        let stream = next.stream.clone();
+        let conn = store.connection();
+        // Seals first: a child's record exists only once every parent refuses the layout without it.
+        let sealed: Vec<(SealTodo, protocol::reshard::EntryId)> = futures::stream::iter(prep.seals)
+            .map(|todo| {
+                let mut conn = conn.clone();
+                let stream = &stream;
+                async move {
+                    let s =
+                        store_reshard::seal_reusing(&mut conn, stream, todo.shard, todo.version, todo.reuse).await?;
+                    Ok::<_, Error>((todo, s.position))
+                }
+            })
+            .buffered(DATA_PLANE_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        for (todo, position) in sealed {
+            if let Some(g) = next.growths.iter_mut().find(|g| g.routing_version == todo.version) {
+                if todo.shard.0 < g.parents {
+                    g.seals.entry(todo.shard).or_insert(position);
+                }
+            }
+        }
+        futures::stream::iter(prep.records)
+            .map(|birth| {
+                let mut conn = conn.clone();
+                let stream = &stream;
+                async move { store_reshard::record(&mut conn, stream, birth).await.map(|_| ()) }
+            })
+            .buffered(DATA_PLANE_IN_FLIGHT)
+            .try_collect::<Vec<()>>()
+            .await?;
+        *json = next.encode();
+        Ok(())
     }
 
     fn write<'a>(&'a self, loaded: &'a Loaded) -> Write<'a> {

@@ -1,6 +1,7 @@
-//! The Redis side of resharding (see `docs/resharding.md`): the seal of a parent shard and the observation of a
-//! group's drain of it. Both are one script on keys of the shard's own hash slot (the shard stream and its fence),
-//! so they are atomic with the producers' writes and run unchanged on a Cluster.
+//! The Redis side of resharding (see `docs/resharding.md`): the seal of a parent shard, the shards' own records,
+//! and the observation of a group's drain of a parent. Each is one script (or read) on keys of the shard's own
+//! hash slot (the shard stream and its record, the fence hash), so it is atomic with the producers' writes and
+//! runs unchanged on a Cluster.
 
 use protocol::keys::{self, shard_fence_fields};
 use protocol::names::{GroupName, StreamName};
@@ -10,30 +11,52 @@ use redis::{Script, Value};
 use std::sync::LazyLock;
 
 use crate::error::StoreError;
+use crate::state_machine::routing::Birth;
 
-/// Sets the fence to the growth's version (never lowers it) and answers the last entry id the stream generated at
-/// that instant (`0-0` for a missing stream). Nothing can be written between the two: every entry after the answer
-/// was written by a producer holding at least that version.
+/// Sets the fence to the growth's version (never lowers it) and records, in the shard's own record, where the
+/// growth sealed it: the last entry id the stream generated at that instant (`0-0` for a missing stream). Nothing
+/// can be written between the two: every entry after the position was written by a producer holding at least
+/// that version. A seal of the same growth again answers the recorded position (the first one stays). With a
+/// fourth argument (the seal field of a lost growth this one restores), that growth's recorded position is
+/// taken when the shard has it: after it the fence already refused every producer of an older layout.
 ///
-/// KEYS: shard stream, shard fence. ARGV: routing version, fence field.
+/// KEYS: shard stream, shard record (fence hash). ARGV: routing version, fence field, seal field of the version,
+/// [seal field to reuse].
 /// Answers `{seal position, fence before (or false)}`.
 const SEAL: &str = r#"
 local v = ARGV[1]
 local cur = redis.call('HGET', KEYS[2], ARGV[2])
-if cur and not (#cur <= 15 and string.find(cur, '^%d+$')) then
+if cur and not (#cur <= 16 and string.find(cur, '^%d+$')) then
   return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds ' .. string.format('%q', string.sub(cur, 1, 40)))
 end
 if not cur or tonumber(cur) < tonumber(v) then
   redis.call('HSET', KEYS[2], ARGV[2], v)
 end
-local last = '0-0'
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local info = redis.call('XINFO', 'STREAM', KEYS[1])
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then last = info[i + 1] end
+local pos = redis.call('HGET', KEYS[2], ARGV[3])
+if not pos and ARGV[4] then pos = redis.call('HGET', KEYS[2], ARGV[4]) end
+if not pos then
+  pos = '0-0'
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    local info = redis.call('XINFO', 'STREAM', KEYS[1])
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then pos = info[i + 1] end
+    end
   end
 end
-return {last, cur or false}
+redis.call('HSET', KEYS[2], ARGV[3], pos)
+return {pos, cur or false}
+"#;
+
+/// Writes a shard's birth into its record unless it has one (a record is never rewritten: the first birth is the
+/// shard's), and answers the record's birth either way.
+///
+/// KEYS: shard record (fence hash). ARGV: born field, parents field, routing version, parents.
+/// Answers `{born, parents}`.
+const RECORD: &str = r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[2], ARGV[4])
+end
+return redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2])
 "#;
 
 /// Reads, in one instant, what decides whether a group drained a parent up to its seal: the fence, the group's
@@ -60,12 +83,13 @@ return {fence, last, #pending > 0 and 1 or 0}
 /// The sources of the `SEAL` and `DRAIN` scripts. Not part of the API: for the Redis Cluster slot test (issue 15),
 /// which runs them through a cluster connection.
 #[doc(hidden)]
-pub fn script_sources() -> [(&'static str, &'static str); 2] {
-    [("SEAL", SEAL), ("DRAIN", DRAIN)]
+pub fn script_sources() -> [(&'static str, &'static str); 3] {
+    [("SEAL", SEAL), ("DRAIN", DRAIN), ("RECORD", RECORD)]
 }
 
 static SEAL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SEAL));
 static DRAIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DRAIN));
+static RECORD_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RECORD));
 
 /// What the seal script did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,13 +111,30 @@ pub async fn seal(
     shard: ShardId,
     version: RoutingVersion,
 ) -> Result<Sealed, StoreError> {
-    let reply: Vec<Value> = SEAL_SCRIPT
-        .key(keys::shard_stream(stream, shard))
-        .key(keys::shard_fence(stream, shard))
+    seal_reusing(conn, stream, shard, version, None).await
+}
+
+/// Seals one parent for growth `version`, taking the position the lost growth `reuse` recorded when the parent
+/// has it: see [`SEAL`].
+///
+/// # Errors
+/// As [`seal`].
+pub async fn seal_reusing(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+    version: RoutingVersion,
+    reuse: Option<RoutingVersion>,
+) -> Result<Sealed, StoreError> {
+    let mut call = SEAL_SCRIPT.key(keys::shard_stream(stream, shard));
+    call.key(keys::shard_fence(stream, shard))
         .arg(version.0)
         .arg(shard_fence_fields::ROUTING_VERSION)
-        .invoke_async(conn)
-        .await?;
+        .arg(shard_fence_fields::seal(version));
+    if let Some(lost) = reuse {
+        call.arg(shard_fence_fields::seal(lost));
+    }
+    let reply: Vec<Value> = call.invoke_async(conn).await?;
     let position = entry_id(reply.first())?.unwrap_or(EntryId::ZERO);
     let fence_before = fence(reply.get(1))?;
     Ok(Sealed { position, fence_before })
@@ -145,6 +186,83 @@ pub async fn drain_state(
         last_delivered,
         pending_to_seal,
     })
+}
+
+/// Writes `birth` into its shard's record unless the record has one: see [`RECORD`]. Answers the record's birth.
+///
+/// # Errors
+/// As [`seal`]; a record that does not parse is [`StoreError::Corrupt`].
+pub async fn record(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    birth: Birth,
+) -> Result<Birth, StoreError> {
+    let reply: Vec<Value> = RECORD_SCRIPT
+        .key(keys::shard_fence(stream, birth.shard))
+        .arg(shard_fence_fields::BORN_VERSION)
+        .arg(shard_fence_fields::BORN_PARENTS)
+        .arg(birth.born.0)
+        .arg(birth.parents)
+        .invoke_async(conn)
+        .await?;
+    parse_birth(birth.shard, reply.first(), reply.get(1))?
+        .ok_or_else(|| StoreError::Protocol("the record script answered no birth".into()))
+}
+
+/// The birth one shard's record holds (`None`: no record).
+///
+/// # Errors
+/// As [`record`].
+pub async fn birth(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+) -> Result<Option<Birth>, StoreError> {
+    let reply: Vec<Value> = redis::cmd("HMGET")
+        .arg(keys::shard_fence(stream, shard))
+        .arg(shard_fence_fields::BORN_VERSION)
+        .arg(shard_fence_fields::BORN_PARENTS)
+        .query_async(conn)
+        .await?;
+    parse_birth(shard, reply.first(), reply.get(1))
+}
+
+/// The fence one shard's record holds (0 for none).
+///
+/// # Errors
+/// As [`record`].
+pub async fn fence_of(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+) -> Result<RoutingVersion, StoreError> {
+    let v: Value = redis::cmd("HGET")
+        .arg(keys::shard_fence(stream, shard))
+        .arg(shard_fence_fields::ROUTING_VERSION)
+        .query_async(conn)
+        .await?;
+    fence(Some(&v))
+}
+
+fn parse_birth(shard: ShardId, born: Option<&Value>, parents: Option<&Value>) -> Result<Option<Birth>, StoreError> {
+    let (Some(born), parents) = (text(born)?, text(parents)?) else {
+        return Ok(None);
+    };
+    let corrupt = || {
+        StoreError::Corrupt(format!(
+            "the record of shard {shard} holds born {born:?}, parents {parents:?}"
+        ))
+    };
+    let born: u64 = born.parse().map_err(|_| corrupt())?;
+    let parents: u32 = parents.as_deref().unwrap_or("0").parse().map_err(|_| corrupt())?;
+    if born == 0 || parents > shard.0 {
+        return Err(corrupt());
+    }
+    Ok(Some(Birth {
+        shard,
+        born: RoutingVersion(born),
+        parents,
+    }))
 }
 
 fn text(v: Option<&Value>) -> Result<Option<String>, StoreError> {

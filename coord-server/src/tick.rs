@@ -76,6 +76,26 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             return 0;
         }
     };
+    // Each stream's routing once per pass, before its groups adopt it: a growth Redis lost from the routing is
+    // restored from the shards' records (and a routing without records gets them).
+    let mut streams: Vec<&protocol::names::StreamName> = groups.iter().map(|g| &g.stream).collect();
+    streams.dedup();
+    streams.sort();
+    streams.dedup();
+    for stream in streams {
+        if cancel.is_cancelled() || coordinator.gate().is_terminating() {
+            return 0;
+        }
+        if let Err(e) = coordinator.tend_routing(stream).await {
+            coordinator.stats().metrics().error(&e);
+            match e.status() {
+                Status::MetadataUnavailable | Status::NotFound | Status::CoordinatorTerminating => {
+                    debug!(stream = %stream, error = %e, "routing not tended")
+                }
+                _ => warn!(stream = %stream, error = %e, "routing check failed"),
+            }
+        }
+    }
     let mut ticked = 0;
     for g in groups {
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {

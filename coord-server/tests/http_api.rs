@@ -438,7 +438,7 @@ async fn add_shards_checks_if_match_and_groups_adopt_on_tick() {
 }
 
 #[tokio::test]
-async fn routing_fetch_answers_sync_metadata_when_the_producer_saw_more() {
+async fn routing_fetch_restores_what_the_producer_saw_once_then_answers_sync_metadata() {
     let (_redis, coord) = start().await;
     let api = Api::new(coord.url());
     api.create_group(S, G, 3).await;
@@ -446,23 +446,46 @@ async fn routing_fetch_answers_sync_metadata_when_the_producer_saw_more() {
     let plain: RoutingResponse = ok_json(api.get("/v1/streams/orders/routing").await, StatusCode::OK).await;
     assert_eq!(plain.status, Status::Ok);
     assert_eq!(plain.shard_count, 3);
+    assert!(plain.shard_records, "a new stream's shards have their records");
     let v = plain.routing_version.0;
 
     let current = format!("/v1/streams/orders/routing?routingVersion={v}&maxObservedVersion={v}");
     let same: RoutingResponse = ok_json(api.get(&current).await, StatusCode::OK).await;
     assert_eq!(same.status, Status::Ok);
 
+    // The producer saw version v + 5 with 5 shards: Redis lost that routing. It is restored upwards, to a version
+    // above every one reported (never reused with another meaning) and at least the reported shard count.
     let ahead = format!(
-        "/v1/streams/orders/routing?routingVersion={v}&maxObservedVersion={}",
+        "/v1/streams/orders/routing?routingVersion={v}&maxObservedVersion={}&maxShardCount=5",
         v + 5
     );
-    let sync: RoutingResponse = ok_json(api.get(&ahead).await, StatusCode::OK).await;
+    let restored: RoutingResponse = ok_json(api.get(&ahead).await, StatusCode::OK).await;
+    assert_eq!(restored.status, Status::Ok);
+    assert!(restored.routing_version.0 > v + 5, "{restored:?}");
+    assert_eq!(restored.shard_count, 5);
+    assert_eq!(Stats::get(&coord.coordinator().stats().routing_regressions), 0);
+
+    // A second report above it, with no new loss seen by the coordinator, restores nothing: one restoration per
+    // Redis history from what clients say. The producer adopts the stored routing.
+    let again = format!(
+        "/v1/streams/orders/routing?routingVersion={}&maxObservedVersion={}&maxShardCount=9",
+        restored.routing_version,
+        restored.routing_version.0 + 3
+    );
+    let sync: RoutingResponse = ok_json(api.get(&again).await, StatusCode::OK).await;
     assert_eq!(sync.status, Status::SyncMetadata);
     assert_eq!(
-        sync.routing_version, plain.routing_version,
-        "Redis is not bumped to match the producer"
+        (sync.routing_version, sync.shard_count),
+        (restored.routing_version, 5),
+        "Redis is not bumped to match the producer twice"
     );
     assert_eq!(Stats::get(&coord.coordinator().stats().routing_regressions), 1);
+
+    // Out of bounds: refused as invalid.
+    let bad = api
+        .get("/v1/streams/orders/routing?routingVersion=1&maxObservedVersion=1&maxShardCount=65537")
+        .await;
+    error_json(bad, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
 
     let unknown = api.get("/v1/streams/nowhere/routing").await;
     error_json(unknown, StatusCode::NOT_FOUND, Status::NotFound).await;

@@ -375,9 +375,25 @@ async fn a_rollback_counts_regressions_client_versions_ahead_and_opens_a_round()
     assert_eq!(m.value(names::METADATA_VERSION, &GROUP), a1.metadata_version.0 as f64);
     assert!(m.get(names::CORRECTION_AGE, &GROUP).is_some());
 
-    // A producer that saw a newer routing than Redis stores.
+    // A producer that saw a newer routing than Redis stores: the first report restores the routing (counted by
+    // why), a second one above the restored routing is only counted (the producer adopts the stored one).
     let resp = api
         .get("/v1/streams/orders/routing?routingVersion=1&maxObservedVersion=50")
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let m = scrape(&coord.url()).await;
+    assert_eq!(
+        m.value(names::ROUTING_RESTORED, &[("why", "reported")]),
+        1.0,
+        "{}",
+        m.text
+    );
+    let restored: protocol::messages::RoutingResponse = resp.json().await.unwrap();
+    let resp = api
+        .get(&format!(
+            "/v1/streams/orders/routing?routingVersion=1&maxObservedVersion={}",
+            restored.routing_version.0 + 1
+        ))
         .await;
     assert_eq!(resp.status(), StatusCode::OK);
     let m = scrape(&coord.url()).await;
@@ -615,6 +631,10 @@ async fn every_documented_name_is_real() {
         .await
         .expect("XGROUP CREATE");
     wait_metric(&coord.url(), names::MEMBERS, &GROUP, |v| v == 1.0).await;
+    // A restoration, for the family that counts them.
+    let _ = api
+        .get("/v1/streams/orders/routing?routingVersion=1&maxObservedVersion=2")
+        .await;
     let m = scrape(&coord.url()).await;
     for name in names::ALL {
         assert!(m.has_family(name), "{name} is missing from a real scrape:\n{}", m.text);

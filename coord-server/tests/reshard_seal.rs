@@ -213,7 +213,7 @@ async fn add_shards_seals_every_parent_and_records_the_positions() {
 }
 
 #[tokio::test]
-async fn a_tick_finishes_the_seals_an_add_shards_could_not_take() {
+async fn an_add_shards_whose_seal_fails_commits_nothing_and_its_retry_grows_the_stream() {
     let redis = RedisServer::start().await;
     let mut conn = redis.connection().await;
     let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
@@ -229,10 +229,67 @@ async fn a_tick_finishes_the_seals_an_add_shards_could_not_take() {
         )
         .await
         .unwrap();
-    // A fence the seal script refuses: add-shards commits the growth, then cannot seal (as if it had died there).
+    let routing = || async {
+        let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+        protocol::metadata::StreamRouting::decode(&json).unwrap()
+    };
+    // A fence the seal script refuses: the parents are sealed before the routing is committed, so add-shards
+    // fails and commits nothing (no producer can learn of a child whose parents are not sealed).
     let fence = keys::shard_fence(&stream(), ShardId(0));
     let _: () = conn
         .hset(&fence, shard_fence_fields::ROUTING_VERSION, "x")
+        .await
+        .unwrap();
+    assert!(coordinator.add_shards(&stream(), 2, None).await.is_err());
+    let r = routing().await;
+    assert_eq!((r.shard_count, r.routing_version.0), (2, 1), "nothing committed");
+    assert!(r.growths.is_empty());
+    let child: Option<String> = conn
+        .hget(
+            keys::shard_fence(&stream(), ShardId(2)),
+            shard_fence_fields::BORN_VERSION,
+        )
+        .await
+        .unwrap();
+    assert_eq!(child, None, "no child is recorded before every parent is sealed");
+
+    // Repaired: the retry seals both parents, records the children, then commits.
+    let _: () = conn
+        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "1")
+        .await
+        .unwrap();
+    coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    let r = routing().await;
+    assert_eq!(r.shard_count, 4);
+    assert!(r.growths[0].sealed(), "{:?}", r.growths);
+    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
+    for child in [2, 3] {
+        let born: Option<String> = conn
+            .hget(
+                keys::shard_fence(&stream(), ShardId(child)),
+                shard_fence_fields::BORN_VERSION,
+            )
+            .await
+            .unwrap();
+        assert_eq!(born.as_deref(), Some("2"), "child {child}");
+    }
+}
+
+#[tokio::test]
+async fn a_tick_finishes_the_seals_of_a_growth_recorded_unsealed() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.connection().await;
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    let group = GroupName::new("g").unwrap();
+    coordinator
+        .create_group(
+            &stream(),
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
         .await
         .unwrap();
     coordinator.add_shards(&stream(), 2, None).await.unwrap();
@@ -240,21 +297,21 @@ async fn a_tick_finishes_the_seals_an_add_shards_could_not_take() {
         let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
         protocol::metadata::StreamRouting::decode(&json).unwrap()
     };
-    assert!(routing().await.growths[0].seals.is_empty(), "nothing recorded");
-    coordinator.tick_group(&stream(), &group).await.unwrap();
-    let d = coordinator.describe_group(&stream(), &group).await.unwrap();
-    assert_eq!(d.shard_count, 4, "adopted: the children are held, not hidden");
-    assert!(routing().await.growths[0].seals.is_empty(), "still refused");
-
-    // Repaired: the next tick seals both parents, records them, and (both empty) releases the children.
+    let sealed = routing().await.growths[0].seals.clone();
+    // The growth as an older coordinator recorded it when it died between its routing commit and the seals.
+    let mut unsealed = routing().await;
+    unsealed.growths[0].seals.clear();
     let _: () = conn
-        .hset(&fence, shard_fence_fields::ROUTING_VERSION, "1")
+        .hset(
+            keys::stream_routing(&stream()),
+            keys::fields::AGGREGATE,
+            unsealed.encode(),
+        )
         .await
         .unwrap();
     coordinator.tick_group(&stream(), &group).await.unwrap();
     let g = &routing().await.growths[0];
-    assert!(g.sealed(), "{g:?}");
-    assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
+    assert_eq!(g.seals, sealed, "sealed again at the positions the parents recorded");
     let mut con = redis.connection().await;
     let json: Vec<u8> = redis::cmd("HGET")
         .arg(keys::group_metadata(&stream(), &group))

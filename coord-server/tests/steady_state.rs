@@ -51,6 +51,8 @@ async fn no_change_heartbeat_is_two_round_trips_and_writes_no_aggregate() {
         max_observed_version: MetadataVersion(0),
         owned: vec![],
         revoking: vec![],
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     };
     let joined = coordinator.heartbeat(&stream, &group, &req).await.unwrap();
     assert_eq!(joined.status, Status::Ok);
@@ -127,6 +129,8 @@ async fn concurrent_heartbeats_share_critical_sections() {
                 max_observed_version: MetadataVersion(0),
                 owned: vec![],
                 revoking: vec![],
+                max_routing_version: protocol::RoutingVersion(0),
+                max_shard_count: 0,
             };
             c.heartbeat(&s, &g, &req).await
         })

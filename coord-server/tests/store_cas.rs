@@ -20,6 +20,8 @@ fn join(member: &str) -> HeartbeatRequest {
         max_observed_version: MetadataVersion(0),
         owned: vec![],
         revoking: vec![],
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     }
 }
 

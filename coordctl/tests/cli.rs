@@ -114,6 +114,8 @@ async fn join(url: &str, member: &str) -> HeartbeatResponse {
         max_observed_version: MetadataVersion(0),
         owned: Vec::new(),
         revoking: Vec::new(),
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     };
     let resp = reqwest::Client::new()
         .post(format!("{url}{}", protocol::routes::heartbeat(S, G)))

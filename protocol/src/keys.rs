@@ -134,10 +134,26 @@ pub fn shard_fence(stream: &StreamName, shard: ShardId) -> String {
     format!("{KEY_PREFIX}:shard-fence:{{{}}}", shard_tag(stream, shard))
 }
 
-/// Hash fields of a [`shard_fence`] key.
+/// Hash fields of a [`shard_fence`] key: the shard's own record, in its own hash slot. Written only by the
+/// coordinator (see `docs/resharding.md`, "Shard records").
 pub mod shard_fence_fields {
     /// The lowest routing version a producer must present to write into the shard (decimal).
     pub const ROUTING_VERSION: &str = "routingVersion";
+    /// The routing version whose layout created the shard (decimal; `1` for the shards a stream was created
+    /// with). Present: the shard exists. Written before any producer can learn of the shard; a fenced producer
+    /// writes only into a shard whose record is present and no newer than its routing.
+    pub const BORN_VERSION: &str = "bornVersion";
+    /// The shard count before the growth that created the shard (decimal; `0` for the first shards): with
+    /// [`BORN_VERSION`], what a lost growth was, recoverable from the shards themselves.
+    pub const BORN_PARENTS: &str = "bornParents";
+    /// Prefix of the fields `seal:<routing version>`: where the growth of that version sealed this shard (an
+    /// entry id), recorded with the fence in one script.
+    pub const SEAL_PREFIX: &str = "seal:";
+
+    /// The field of the seal of growth `version`.
+    pub fn seal(version: crate::RoutingVersion) -> String {
+        format!("{SEAL_PREFIX}{version}")
+    }
 }
 
 /// An idempotent producer's sequence state for one shard (same hash slot as the shard, so the publish script checks

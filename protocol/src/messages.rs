@@ -53,6 +53,22 @@ pub struct HeartbeatRequest {
     /// Shards in the client's local revoking state.
     #[serde(default)]
     pub revoking: Vec<RevokingShard>,
+    /// The highest routing version the client has seen (answers' `routingVersion`, kept across processes by its
+    /// version store); 0 when it reports none. Above the stored routing, the coordinator restores the routing
+    /// (see `docs/resharding.md`, "When Redis forgets a growth").
+    #[serde(default, skip_serializing_if = "is_zero_routing")]
+    pub max_routing_version: RoutingVersion,
+    /// The highest shard count the client has seen; 0 when it reports none.
+    #[serde(default, skip_serializing_if = "is_zero_count")]
+    pub max_shard_count: u32,
+}
+
+fn is_zero_routing(v: &RoutingVersion) -> bool {
+    v.0 == 0
+}
+
+fn is_zero_count(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A shard the client stopped reading, and whether its in-flight work is done.
@@ -148,6 +164,10 @@ pub struct RoutingQuery {
     /// The highest routing version the producer has ever observed.
     #[serde(default)]
     pub max_observed_version: RoutingVersion,
+    /// The highest shard count the producer has ever observed (0: none). With `maxObservedVersion`, what the
+    /// coordinator restores when Redis lost a growth.
+    #[serde(default, skip_serializing_if = "is_zero_count")]
+    pub max_shard_count: u32,
 }
 
 impl RoutingQuery {
@@ -158,6 +178,9 @@ impl RoutingQuery {
     pub fn validate(&self) -> Result<(), String> {
         if self.routing_version.0 > MAX_WIRE_VERSION || self.max_observed_version.0 > MAX_WIRE_VERSION {
             return Err("routingVersion and maxObservedVersion must be at most 2^53 - 1".into());
+        }
+        if self.max_shard_count > crate::metadata::MAX_SHARDS {
+            return Err(format!("maxShardCount must be at most {}", crate::metadata::MAX_SHARDS));
         }
         Ok(())
     }
@@ -180,6 +203,10 @@ pub struct RoutingResponse {
     pub routing_lease_ms: u64,
     /// How often to refresh even while publishing succeeds.
     pub refresh_interval_ms: u64,
+    /// Every shard has its record: a fenced producer writes only into a shard whose record says it exists at its
+    /// routing version (absent from older coordinators' answers: the fence alone is checked then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shard_records: bool,
 }
 
 /// `POST /v1/streams/{stream}/groups/{group}`: create a group (and the stream's routing if it has none).
@@ -231,6 +258,17 @@ pub struct RoutingDescription {
     pub shard_count: u32,
     /// Routing lease producers get.
     pub routing_lease_ms: u64,
+    /// Whether every shard has its record (see [`RoutingResponse::shard_records`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shard_records: bool,
+    /// Shards whose record exists beyond `shardCount` (a growth Redis lost from the routing while the shards
+    /// kept it): entries there are unread until the coordinator restores the growth (it does at its next tick).
+    #[serde(default, skip_serializing_if = "is_zero_count")]
+    pub shards_beyond_routing: u32,
+    /// The highest fence on the stream's first shard, when above `routingVersion` (a growth Redis lost from the
+    /// routing after it fenced the parents): fenced producers are refused until the routing is restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_above_routing: Option<RoutingVersion>,
 }
 
 /// Admin view of a group (`GET /v1/streams/{stream}/groups/{group}`).

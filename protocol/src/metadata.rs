@@ -348,6 +348,16 @@ pub struct StreamRouting {
     /// [`MAX_RECORDED_GROWTHS`]). Absent for a stream that never grew under this build.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub growths: Vec<Growth>,
+    /// Every shard of this routing has its record (`bornVersion` in its fence hash, see
+    /// [`crate::keys::shard_fence_fields`]): fenced producers may refuse a shard without one. Absent for a stream
+    /// whose records the coordinator has not written yet (created before shard records existed).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shard_records: bool,
+    /// A client's report restored this routing since the coordinator last saw a loss of the routing hash itself
+    /// (a new Redis run id): until it sees one again, a higher report restores nothing (at most one restoration
+    /// per Redis history from what clients say; Redis's own records are always believed).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reports_settled: bool,
 }
 
 /// Default routing lease given to producers.
@@ -364,6 +374,8 @@ impl StreamRouting {
             routing_lease_ms: DEFAULT_ROUTING_LEASE_MS,
             created_at_ms: now_ms,
             growths: Vec::new(),
+            shard_records: false,
+            reports_settled: false,
         }
     }
 
@@ -385,6 +397,9 @@ impl StreamRouting {
             });
         }
         let r: StreamRouting = serde_json::from_slice(json)?;
+        if r.routing_version > RoutingVersion(MetadataVersion::MAX_SAFE.0) {
+            return Err(DecodeError::Inconsistent("routingVersion above 2^53 - 1".into()));
+        }
         if r.shard_count == 0 || r.shard_count > MAX_SHARDS {
             return Err(DecodeError::Inconsistent(format!(
                 "shardCount {} out of range",

@@ -107,12 +107,16 @@ pub fn routing(stream: &str) -> String {
 /// The path of [`ROUTING`] for `stream` with the producer's versions as the query string
 /// (`?routingVersion=..&maxObservedVersion=..`).
 pub fn routing_with(stream: &str, query: &RoutingQuery) -> String {
-    format!(
+    let mut path = format!(
         "{}?routingVersion={}&maxObservedVersion={}",
         routing(stream),
         query.routing_version,
         query.max_observed_version
-    )
+    );
+    if query.max_shard_count > 0 {
+        path.push_str(&format!("&maxShardCount={}", query.max_shard_count));
+    }
+    path
 }
 
 /// The path of [`STREAM`] for `stream`.
@@ -171,13 +175,19 @@ mod tests {
         assert_eq!(fence("s", "g", "m"), "/v1/streams/s/groups/g/members/m/fence");
         assert_eq!(groups(false), "/v1/groups");
         assert_eq!(groups(true), "/v1/groups?rebuild=true");
-        let query = RoutingQuery {
+        let mut query = RoutingQuery {
             routing_version: RoutingVersion(3),
             max_observed_version: RoutingVersion(7),
+            max_shard_count: 0,
         };
         assert_eq!(
             routing_with("s", &query),
             "/v1/streams/s/routing?routingVersion=3&maxObservedVersion=7"
+        );
+        query.max_shard_count = 8;
+        assert_eq!(
+            routing_with("s", &query),
+            "/v1/streams/s/routing?routingVersion=3&maxObservedVersion=7&maxShardCount=8"
         );
     }
 

@@ -55,6 +55,8 @@ fn heartbeat_messages() {
                     state: RevokeState::Revoked,
                 },
             ],
+            max_routing_version: protocol::RoutingVersion(0),
+            max_shard_count: 0,
         },
     );
     golden(
@@ -103,6 +105,7 @@ fn routing_messages() {
         &RoutingQuery {
             routing_version: RoutingVersion(2),
             max_observed_version: RoutingVersion(3),
+            max_shard_count: 8,
         },
     );
     golden(
@@ -114,6 +117,7 @@ fn routing_messages() {
             shard_count: 8,
             routing_lease_ms: 30000,
             refresh_interval_ms: 10000,
+            shard_records: true,
         },
     );
 }
@@ -144,6 +148,9 @@ fn admin_messages() {
             routing_version: RoutingVersion(2),
             shard_count: 12,
             routing_lease_ms: 30000,
+            shard_records: true,
+            shards_beyond_routing: 0,
+            fence_above_routing: None,
         },
     );
     golden(

@@ -379,6 +379,7 @@ mod tests {
             shard_count: 4,
             routing_lease_ms: lease_ms,
             refresh_interval_ms: refresh_ms,
+            shard_records: false,
         }
     }
 

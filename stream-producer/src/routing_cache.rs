@@ -175,6 +175,9 @@ pub(crate) struct RoutingCache {
     entry: Option<RoutingEntry>,
     /// The highest routing version ever observed (answers, plus what the version store remembers).
     max_observed: RoutingVersion,
+    /// The highest shard count ever observed: with `max_observed`, what the coordinator restores when Redis lost
+    /// a growth this producer routed by.
+    max_shard_count: u32,
     /// A newer routing version someone told us about: refresh at once.
     stale_hint: Option<RoutingVersion>,
     /// Consecutive failed refreshes.
@@ -190,6 +193,7 @@ impl RoutingCache {
         RoutingCache {
             entry: None,
             max_observed: RoutingVersion(0),
+            max_shard_count: 0,
             stale_hint: None,
             failures: 0,
             last_failure_at: None,
@@ -219,6 +223,16 @@ impl RoutingCache {
         self.max_observed = self.max_observed.max(version);
     }
 
+    /// The highest shard count ever observed.
+    pub fn max_shard_count(&self) -> u32 {
+        self.max_shard_count
+    }
+
+    /// Raises the highest observed shard count (e.g. from the version store at start). Never lowers it.
+    pub fn observe_max_shard_count(&mut self, count: u32) {
+        self.max_shard_count = self.max_shard_count.max(count);
+    }
+
     /// Records a stale-routing hint: someone saw `version`. A refresh is due at once when it is newer than the
     /// version in use.
     pub fn hint_newer_version(&mut self, version: RoutingVersion) -> bool {
@@ -241,6 +255,7 @@ impl RoutingCache {
         RoutingQuery {
             routing_version: self.entry.map(|e| e.version).unwrap_or(RoutingVersion(0)),
             max_observed_version: self.max_observed,
+            max_shard_count: self.max_shard_count,
         }
     }
 
@@ -360,6 +375,7 @@ impl RoutingCache {
             other => return Applied::UnexpectedStatus(other),
         };
         self.max_observed = self.max_observed.max(fresh.version);
+        self.max_shard_count = self.max_shard_count.max(fresh.shard_count);
         self.failures = 0;
         self.last_failure_at = None;
         // The coordinator has answered after the hint: it is the authority. A hint it does not confirm (it answered
@@ -401,6 +417,7 @@ mod tests {
             shard_count: shards,
             routing_lease_ms: LEASE_MS,
             refresh_interval_ms: LEASE_MS / 3,
+            shard_records: false,
         }
     }
 
@@ -597,7 +614,8 @@ mod tests {
             c.query(),
             RoutingQuery {
                 routing_version: RoutingVersion(2),
-                max_observed_version: RoutingVersion(2)
+                max_observed_version: RoutingVersion(2),
+                max_shard_count: 6,
             }
         );
         // Redis rolled back to version 1.
@@ -614,12 +632,13 @@ mod tests {
             (e.version, e.shard_count, e.lease_start),
             (RoutingVersion(1), 4, t0 + ms(300))
         );
-        // The highest observed version stays: the next query still tells the coordinator about it.
+        // The highest observed version and shard count stay: the next query still tells the coordinator about them.
         assert_eq!(
             c.query(),
             RoutingQuery {
                 routing_version: RoutingVersion(1),
-                max_observed_version: RoutingVersion(2)
+                max_observed_version: RoutingVersion(2),
+                max_shard_count: 6,
             }
         );
     }
@@ -704,7 +723,8 @@ mod tests {
             c.query(),
             RoutingQuery {
                 routing_version: RoutingVersion(0),
-                max_observed_version: RoutingVersion(9)
+                max_observed_version: RoutingVersion(9),
+                max_shard_count: 0,
             }
         );
         c.apply(&resp(Status::SyncMetadata, 4, 4), t0);
@@ -713,7 +733,8 @@ mod tests {
             c.query(),
             RoutingQuery {
                 routing_version: RoutingVersion(4),
-                max_observed_version: RoutingVersion(9)
+                max_observed_version: RoutingVersion(9),
+                max_shard_count: 4,
             }
         );
     }

@@ -3,8 +3,9 @@
 //! routing commit and the seals finishes them), and observe, per group, the seals and drains its open reshards
 //! wait for. Observations are recorded through the group's critical section like every other decision.
 
-use protocol::metadata::StreamRouting;
+use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
+use protocol::ShardId;
 use tracing::{info, warn, Instrument};
 
 use futures::{StreamExt, TryStreamExt};
@@ -14,14 +15,75 @@ use crate::error::Error;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
+use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input};
-use crate::store::LivenessScope;
+use crate::store::{self, LivenessScope};
 use crate::store_reshard;
 
 /// Seal scripts sent at once by [`Coordinator::seal_growths`].
 const SEALS_IN_FLIGHT: usize = 64;
 
 impl Coordinator {
+    /// Restores `stream`'s routing from what its shards record and what `report` says (see
+    /// `state_machine::routing`), and gives a routing written before shard records existed its records. Returns
+    /// the routing as stored afterwards.
+    ///
+    /// # Errors
+    /// A Redis failure (nothing is committed then: seals and records already written only hold producers back
+    /// until the next try); [`Error::MetadataUnavailable`] when the stream has no routing.
+    pub(crate) async fn restore_routing(
+        &self,
+        stream: &StreamName,
+        report: Option<Report>,
+    ) -> Result<StreamRouting, Error> {
+        let stats = &self.inner.stats;
+        let mut why = Vec::new();
+        let mut before = None;
+        let (routing, _) = self
+            .probing_routing_section(stream, |loaded, probed| {
+                before = store::decode_routing(loaded.aggregate.as_deref().unwrap_or_default())
+                    .ok()
+                    .map(|r| (r.routing_version, r.shard_count));
+                let (step, w) = routing_section::restore(stats, loaded, probed, report)?;
+                why = w;
+                Ok(step)
+            })
+            .instrument(spans::section("restore_routing", stream, None))
+            .await?;
+        if !why.is_empty() {
+            stats.metrics().routing_restored(&why);
+            warn!(stream = %stream, why = ?why, before = ?before, routing_version = %routing.routing_version,
+                shard_count = routing.shard_count, "routing restored: Redis had lost part of it");
+        }
+        stats.metrics().shards_beyond_routing(stream, 0);
+        Ok(routing)
+    }
+
+    /// The tick's look at a stream's routing: two reads (shard 0's fence, the record of the first shard beyond the
+    /// routing); a restoration ([`Coordinator::restore_routing`]) only when they show that Redis lost part of the
+    /// routing, or when the routing has no shard records yet.
+    ///
+    /// # Errors
+    /// A Redis failure, or an unreadable routing.
+    pub async fn tend_routing(&self, stream: &StreamName) -> Result<(), Error> {
+        let (_, r) = self.read_routing(stream).await?;
+        let mut conn = self.inner.store.connection();
+        let fence = store_reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
+        let beyond = if r.shard_count < MAX_SHARDS {
+            store_reshard::birth(&mut conn, stream, ShardId(r.shard_count)).await?
+        } else {
+            None
+        };
+        self.inner
+            .stats
+            .metrics()
+            .shards_beyond_routing(stream, u32::from(beyond.is_some()));
+        if fence > r.routing_version || beyond.is_some() || !r.shard_records {
+            self.restore_routing(stream, None).await?;
+        }
+        Ok(())
+    }
+
     /// Seals every parent of `routing`'s growths still unsealed and records the positions in the routing.
     /// Returns the routing as recorded afterwards (`routing` itself when nothing was to seal).
     ///

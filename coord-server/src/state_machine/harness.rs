@@ -172,6 +172,8 @@ pub fn req(name: &str, epoch: i64, version: MetadataVersion, owned: &[u32], revo
                 state: RevokeState::Revoked,
             })
             .collect(),
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     }
 }
 

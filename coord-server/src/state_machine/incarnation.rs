@@ -141,6 +141,8 @@ mod tests {
             max_observed_version: MetadataVersion(1),
             owned: vec![],
             revoking: vec![],
+            max_routing_version: protocol::RoutingVersion(0),
+            max_shard_count: 0,
         }
     }
 

@@ -86,6 +86,8 @@ mod tests {
             max_observed_version: MetadataVersion(0),
             owned: Vec::new(),
             revoking: Vec::new(),
+            max_routing_version: protocol::RoutingVersion(0),
+            max_shard_count: 0,
         };
         let t = apply(&meta, &Liveness::new(), Input::Heartbeat(&join), Clock::at(NOW + 1));
         let Outcome::Heartbeat(r) = t.outcome else {

@@ -1,14 +1,39 @@
-//! The routing answer of a producer: the stored routing, and `SYNC_METADATA` when the producer has seen a newer
-//! routing than Redis stores (a lost write): it must adopt the stored one.
+//! A stream's routing against what Redis may have forgotten of it: the producer's answer, the restoration of a
+//! growth Redis lost from the routing hash, and version numbers that never come back with another meaning.
+//!
+//! Redis can lose the last writes of the routing hash (a failover to a replica that lagged, a restore from an older
+//! snapshot, on a Cluster the failover of the one master that holds the routing) while the shards keep what the
+//! coordinator wrote into them (their records, in their own hash slots: `bornVersion`, `bornParents`, the fence
+//! and the seals, see `protocol::keys::shard_fence_fields`), and while clients remember the routing they saw. The
+//! rules, like the metadata correction round's, only ever move the routing *up*, never rebuild it from less:
+//!
+//! * **Redis's own evidence is always believed**: shard records at and beyond the stored shard count (a growth the
+//!   routing lost; [`plan`] restores it as recorded: same parents, children and seals), and a fence above the
+//!   stored version (a growth that had sealed its parents: producers are refused there until the routing is at
+//!   least that version).
+//! * **A client's report** (the highest version and shard count it saw) restores at most once per Redis history of
+//!   the routing hash (`reportsSettled`), and only within what a lost history can have produced.
+//! * **Numbers are retired**: after any evidence of a loss, including a new Redis run id on the routing hash, the
+//!   next version is `max(stored + 1, everything reported or recorded + 1, Redis now in ms)`, so a version (and the
+//!   hash's revision) never names two layouts. Fences compare numbers, and a number has one meaning.
+//!
+//! Pure: the shell reads the evidence under the routing mutex, asks [`plan`], then seals and writes records
+//! ([`Plan::seals`], [`Plan::records`]) before it commits the routing.
 
 use protocol::messages::{RoutingQuery, RoutingResponse};
-use protocol::metadata::StreamRouting;
-use protocol::Status;
+use protocol::metadata::{StreamRouting, MAX_SHARDS};
+use protocol::reshard::{Growth, MAX_RECORDED_GROWTHS};
+use protocol::{MetadataVersion, RoutingVersion, ShardId, Status};
 
-/// The answer to a producer's routing fetch `query` when Redis stores `stored`.
+use super::bounds::LOST_HISTORY_SLACK;
+
+/// The answer to a producer's routing fetch `query` when Redis stores `stored` (after any restoration the query
+/// caused). `SYNC_METADATA` when the producer still reports more than is stored: the report was not believed
+/// (implausible, or a restoration already settled this history's reports) and it must adopt the stored routing.
 pub fn answer(stored: &StreamRouting, query: &RoutingQuery) -> RoutingResponse {
-    let regressed =
-        query.max_observed_version > stored.routing_version || query.routing_version > stored.routing_version;
+    let regressed = query.max_observed_version > stored.routing_version
+        || query.routing_version > stored.routing_version
+        || query.max_shard_count > stored.shard_count;
     RoutingResponse {
         status: if regressed { Status::SyncMetadata } else { Status::Ok },
         stream: stored.stream.clone(),
@@ -17,7 +42,221 @@ pub fn answer(stored: &StreamRouting, query: &RoutingQuery) -> RoutingResponse {
         routing_lease_ms: stored.routing_lease_ms,
         // Three refreshes per lease: two may fail before the lease ends.
         refresh_interval_ms: (stored.routing_lease_ms / 3).max(1),
+        shard_records: stored.shard_records,
     }
+}
+
+/// What one shard's record says of its birth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Birth {
+    /// The shard.
+    pub shard: ShardId,
+    /// The routing version whose layout created it.
+    pub born: RoutingVersion,
+    /// The shard count before that growth (0 for a stream's first shards).
+    pub parents: u32,
+}
+
+/// A client's report of the highest routing it saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Its highest routing version.
+    pub version: RoutingVersion,
+    /// Its highest shard count.
+    pub shard_count: u32,
+}
+
+/// What the shell found besides the stored routing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// A client's report, if this decision serves one.
+    pub report: Option<Report>,
+    /// Records of the shards from the stored shard count on, consecutive, in shard order.
+    pub beyond: Vec<Birth>,
+    /// The fence of shard 0, a parent of every growth: the highest version that sealed parents.
+    pub fence: RoutingVersion,
+    /// The routing hash was last written under another Redis run id (a restart or failover of its node).
+    pub run_id_changed: bool,
+    /// Redis time, in ms.
+    pub now_ms: u64,
+}
+
+/// Why a routing was restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Why {
+    /// Shard records exist beyond the stored shard count.
+    RecordsBeyond,
+    /// A fence is above the stored version.
+    FenceAbove,
+    /// A client reported a higher version or shard count.
+    Reported,
+}
+
+impl Why {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::RecordsBeyond => "records_beyond",
+            Why::FenceAbove => "fence_above",
+            Why::Reported => "reported",
+        }
+    }
+}
+
+/// A seal to take before the routing is committed: raise `shard`'s fence to `version` and record where it was
+/// sealed. `reuse`: the growth this one restores, whose seal the parent recorded (that position stays the
+/// boundary: after it, the fence refused every producer that could route a moved key there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealTodo {
+    /// The growth's (new) version.
+    pub version: RoutingVersion,
+    /// The parent.
+    pub shard: ShardId,
+    /// The lost growth's version, whose recorded seal is reused when the parent has it.
+    pub reuse: Option<RoutingVersion>,
+}
+
+/// A restoration: the routing to commit once the seals and records are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The next routing; its new growths' seals are filled in from the seal script's answers.
+    pub next: StreamRouting,
+    /// Seals to take, growth by growth.
+    pub seals: Vec<SealTodo>,
+    /// Records to write (never overwriting one that exists).
+    pub records: Vec<Birth>,
+    /// Why.
+    pub why: Vec<Why>,
+}
+
+/// The highest version a report can carry from a lost history of a routing storing `stored` at `now_ms`: a day
+/// of slack above the larger (versions are retired to Redis time after a loss), never beyond JSON's exact range.
+pub fn report_ceiling(stored: RoutingVersion, now_ms: u64) -> RoutingVersion {
+    let base = stored.0.max(now_ms);
+    RoutingVersion(
+        base.saturating_add(LOST_HISTORY_SLACK)
+            .min(MetadataVersion::MAX_SAFE.0 / 2),
+    )
+}
+
+/// The version after `stored` when a loss may have issued numbers above it: above `floor` and Redis time too.
+pub fn retired(stored: RoutingVersion, floor: RoutingVersion, now_ms: u64) -> RoutingVersion {
+    let v = stored.next().max(floor.next()).max(RoutingVersion(now_ms));
+    v.min(RoutingVersion(MetadataVersion::MAX_SAFE.0))
+}
+
+/// The restoration `evidence` calls for, or `None` when the stored routing stands.
+pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
+    let n = stored.shard_count;
+    let mut why = Vec::new();
+    // Recorded growths beyond the routing, as the records tell them: consecutive runs of one birth version whose
+    // parents are where the previous run ended. Anything else (a damaged or foreign record) ends what is believed.
+    let mut growths: Vec<(RoutingVersion, u32, u32)> = Vec::new();
+    let mut end = n;
+    for b in &evidence.beyond {
+        if b.shard.0 != end || b.born <= stored.routing_version {
+            break;
+        }
+        let extends = growths
+            .last()
+            .is_some_and(|&(v, parents, _)| v == b.born && parents == b.parents);
+        if extends {
+            growths.last_mut().expect("checked above").2 = end + 1;
+        } else if b.parents == end && b.born > growths.last().map_or(stored.routing_version, |g| g.0) {
+            growths.push((b.born, b.parents, end + 1));
+        } else {
+            break;
+        }
+        end += 1;
+    }
+    if !growths.is_empty() {
+        why.push(Why::RecordsBeyond);
+    }
+    let fence_above = evidence.fence > stored.routing_version;
+    if fence_above {
+        why.push(Why::FenceAbove);
+    }
+    let believed = |r: &Report| {
+        (!stored.reports_settled || evidence.run_id_changed)
+            && r.version <= report_ceiling(stored.routing_version, evidence.now_ms)
+            && r.shard_count <= MAX_SHARDS
+            && (r.version > stored.routing_version || r.shard_count > n)
+    };
+    let report = evidence.report.filter(believed);
+    if report.is_some() {
+        why.push(Why::Reported);
+    }
+    if why.is_empty() {
+        return None;
+    }
+    let reported = report.unwrap_or_default();
+    // A growth only a report knows of (Redis lost its records too): its children are new, sealed now.
+    let reported_only = (reported.shard_count > end).then_some((end, reported.shard_count));
+    let floor = [
+        reported.version,
+        evidence.fence,
+        growths.last().map_or(RoutingVersion(0), |g| g.0),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or_default();
+    let first = retired(stored.routing_version, floor, evidence.now_ms);
+    let mut next = stored.clone();
+    let mut seals = Vec::new();
+    let mut records = Vec::new();
+    let mut version = first;
+    let restored = growths
+        .iter()
+        .map(|&(lost, parents, count)| (Some(lost), parents, count))
+        .chain(reported_only.map(|(parents, count)| (None, parents, count)));
+    for (i, (lost, parents, count)) in restored.enumerate() {
+        if i > 0 {
+            version = version.next();
+        }
+        next.growths.push(Growth {
+            routing_version: version,
+            parents,
+            shard_count: count,
+            seals: Default::default(),
+        });
+        seals.extend((0..parents).map(|p| SealTodo {
+            version,
+            shard: ShardId(p),
+            reuse: lost,
+        }));
+        if lost.is_none() {
+            records.extend((parents..count).map(|c| Birth {
+                shard: ShardId(c),
+                born: version,
+                parents,
+            }));
+        }
+        next.shard_count = count;
+    }
+    if next.shard_count == n {
+        // Nothing to grow: the version alone moves past what was lost, and every shard's fence with it, so a
+        // producer holding a lost version refreshes instead of writing with a layout nobody stores.
+        seals.extend((0..n).map(|p| SealTodo {
+            version,
+            shard: ShardId(p),
+            reuse: None,
+        }));
+    }
+    next.routing_version = version;
+    let excess = next.growths.len().saturating_sub(MAX_RECORDED_GROWTHS);
+    next.growths.drain(..excess);
+    next.shard_records = stored.shard_records;
+    next.reports_settled = if evidence.run_id_changed {
+        report.is_some()
+    } else {
+        stored.reports_settled || report.is_some()
+    };
+    Some(Plan {
+        next,
+        seals,
+        records,
+        why,
+    })
 }
 
 #[cfg(test)]
@@ -36,6 +275,7 @@ mod tests {
         RoutingQuery {
             routing_version: RoutingVersion(current),
             max_observed_version: RoutingVersion(max_observed),
+            max_shard_count: 0,
         }
     }
 
@@ -62,6 +302,177 @@ mod tests {
             assert_eq!(r.status, Status::Ok, "{current}/{max_observed}");
             assert_eq!(r.routing_version, RoutingVersion(3));
         }
+    }
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    fn evidence() -> Evidence {
+        Evidence {
+            now_ms: NOW,
+            ..Evidence::default()
+        }
+    }
+
+    fn births(from: u32, to: u32, born: u64, parents: u32) -> Vec<Birth> {
+        (from..to)
+            .map(|s| Birth {
+                shard: ShardId(s),
+                born: RoutingVersion(born),
+                parents,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nothing_lost_restores_nothing() {
+        assert_eq!(plan(&stored(3), &evidence()), None);
+        // Records and fences at or below the stored version are the routing's own.
+        let e = Evidence {
+            fence: RoutingVersion(3),
+            report: Some(Report {
+                version: RoutingVersion(3),
+                shard_count: 4,
+            }),
+            ..evidence()
+        };
+        assert_eq!(plan(&stored(3), &e), None);
+        // A new run id alone: the next write retires the numbers (see `retired`), nothing to restore now.
+        let e = Evidence {
+            run_id_changed: true,
+            ..evidence()
+        };
+        assert_eq!(plan(&stored(3), &e), None);
+    }
+
+    #[test]
+    fn a_growth_the_routing_lost_is_restored_as_its_records_tell_it() {
+        // 4 -> 8 at version 4 and 8 -> 12 at version 5 were lost from the routing; the shards kept their records.
+        let mut beyond = births(4, 8, 4, 4);
+        beyond.extend(births(8, 12, 5, 8));
+        let e = Evidence {
+            beyond,
+            fence: RoutingVersion(5),
+            ..evidence()
+        };
+        let p = plan(&stored(3), &e).expect("restored");
+        assert_eq!(p.why, vec![Why::RecordsBeyond, Why::FenceAbove]);
+        assert_eq!(p.next.shard_count, 12);
+        let g: Vec<(u64, u32, u32)> = p
+            .next
+            .growths
+            .iter()
+            .map(|g| (g.routing_version.0, g.parents, g.shard_count))
+            .collect();
+        assert_eq!(
+            g,
+            vec![(NOW, 4, 8), (NOW + 1, 8, 12)],
+            "one growth per lost growth, in order"
+        );
+        assert_eq!(p.next.routing_version, RoutingVersion(NOW + 1));
+        assert!(p.records.is_empty(), "the children have their records");
+        // Every parent sealed again, reusing the lost growth's recorded seal.
+        assert_eq!(p.seals.len(), 4 + 8);
+        assert!(p.seals[..4]
+            .iter()
+            .all(|s| s.version == RoutingVersion(NOW) && s.reuse == Some(RoutingVersion(4))));
+        assert!(p.seals[4..]
+            .iter()
+            .all(|s| s.version == RoutingVersion(NOW + 1) && s.reuse == Some(RoutingVersion(5))));
+    }
+
+    #[test]
+    fn records_that_do_not_follow_the_routing_are_not_believed() {
+        // A gap, a record not born of a growth from the stored count, a birth at or below the stored version.
+        for beyond in [births(5, 8, 4, 4), births(4, 8, 4, 3), births(4, 8, 2, 4)] {
+            let e = Evidence {
+                beyond: beyond.clone(),
+                ..evidence()
+            };
+            assert_eq!(plan(&stored(3), &e), None, "{beyond:?}");
+        }
+        // Believed up to the first record that breaks the chain.
+        let mut beyond = births(4, 6, 4, 4);
+        beyond.extend(births(6, 8, 9, 3));
+        let e = Evidence { beyond, ..evidence() };
+        assert_eq!(plan(&stored(3), &e).unwrap().next.shard_count, 6);
+    }
+
+    #[test]
+    fn a_fence_above_the_routing_moves_the_version_and_every_fence_past_it() {
+        let e = Evidence {
+            fence: RoutingVersion(7),
+            ..evidence()
+        };
+        let p = plan(&stored(3), &e).unwrap();
+        assert_eq!(p.why, vec![Why::FenceAbove]);
+        assert_eq!(p.next.shard_count, 4);
+        assert_eq!(p.next.routing_version, RoutingVersion(NOW));
+        assert!(p.next.growths.is_empty());
+        assert_eq!(p.seals.len(), 4, "every shard's fence follows");
+    }
+
+    #[test]
+    fn a_report_restores_a_growth_once_per_history_and_within_bounds() {
+        let e = Evidence {
+            report: Some(Report {
+                version: RoutingVersion(4),
+                shard_count: 8,
+            }),
+            ..evidence()
+        };
+        let p = plan(&stored(3), &e).unwrap();
+        assert_eq!(p.why, vec![Why::Reported]);
+        assert_eq!(p.next.shard_count, 8);
+        assert_eq!(p.records.len(), 4, "children only a report knows of get new records");
+        assert!(p.seals.iter().all(|s| s.reuse.is_none()));
+        assert!(p.next.reports_settled);
+        // Settled: a second report restores nothing until the routing hash is lost again.
+        let mut settled = p.next.clone();
+        settled.growths.clear();
+        let e2 = Evidence {
+            report: Some(Report {
+                version: RoutingVersion(NOW + 5),
+                shard_count: 16,
+            }),
+            ..evidence()
+        };
+        assert_eq!(plan(&settled, &e2), None);
+        assert!(plan(
+            &settled,
+            &Evidence {
+                run_id_changed: true,
+                ..e2
+            }
+        )
+        .is_some());
+        // Implausible: beyond a day past Redis time, or more shards than a stream may have.
+        for bad in [
+            Report {
+                version: RoutingVersion(NOW + LOST_HISTORY_SLACK + 1),
+                shard_count: 4,
+            },
+            Report {
+                version: RoutingVersion(4),
+                shard_count: MAX_SHARDS + 1,
+            },
+        ] {
+            let e = Evidence {
+                report: Some(bad),
+                ..evidence()
+            };
+            assert_eq!(plan(&stored(3), &e), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn retired_versions_pass_everything_seen_and_the_clock() {
+        assert_eq!(retired(RoutingVersion(3), RoutingVersion(0), 0), RoutingVersion(4));
+        assert_eq!(retired(RoutingVersion(3), RoutingVersion(9), 0), RoutingVersion(10));
+        assert_eq!(retired(RoutingVersion(3), RoutingVersion(9), NOW), RoutingVersion(NOW));
+        assert_eq!(
+            retired(RoutingVersion(u64::MAX), RoutingVersion(0), 0),
+            RoutingVersion(MetadataVersion::MAX_SAFE.0)
+        );
     }
 
     #[test]

@@ -181,6 +181,8 @@ pub fn join(member: &str) -> HeartbeatRequest {
         max_observed_version: MetadataVersion(0),
         owned: Vec::new(),
         revoking: Vec::new(),
+        max_routing_version: protocol::RoutingVersion(0),
+        max_shard_count: 0,
     }
 }
 

@@ -145,8 +145,8 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
     let cluster = RedisCluster::start().await;
     let mut con = cluster.connection().await;
     load_publish_script(&cluster).await;
-    let [(_, seal), (_, drain)] = coord_server::store_reshard::script_sources();
-    let (seal, drain) = (Script::new(seal), Script::new(drain));
+    let [(_, seal), (_, drain), (_, record)] = coord_server::store_reshard::script_sources();
+    let (seal, drain, record) = (Script::new(seal), Script::new(drain), Script::new(record));
 
     let stream = StreamName::new("orders").unwrap();
     let mut masters_used = BTreeSet::new();
@@ -209,10 +209,23 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
                 .key(keys::shard_fence(&stream, shard))
                 .arg(2)
                 .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                .arg(keys::shard_fence_fields::seal(RoutingVersion(2)))
                 .invoke_async(&mut con)
                 .await,
         );
         let sealed_at = text(&reply[0]);
+        let born: Vec<Value> = ok(
+            "RECORD",
+            record
+                .key(keys::shard_fence(&stream, shard))
+                .arg(keys::shard_fence_fields::BORN_VERSION)
+                .arg(keys::shard_fence_fields::BORN_PARENTS)
+                .arg(1)
+                .arg(0)
+                .invoke_async(&mut con)
+                .await,
+        );
+        assert_eq!(text(&born[0]), "1", "{born:?}");
         assert_ne!(sealed_at, "0-0", "four records were written: {reply:?}");
         let reply: Vec<Value> = ok(
             "DRAIN",

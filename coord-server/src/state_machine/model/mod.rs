@@ -136,6 +136,26 @@ impl Config {
         if let Some(s) = var("MODEL_CHECK_SHARDS") {
             c.shards = s.clamp(1, 8);
         }
+        // `MODEL_CHECK_BUDGET=replacements=1,failovers=1`: exactly these faults, none of the others.
+        if let Ok(spec) = std::env::var("MODEL_CHECK_BUDGET") {
+            let mut b = Budget::NONE;
+            for part in spec.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = part.split_once('=').unwrap_or((part, "1"));
+                let n: u8 = v.parse().unwrap_or(1).min(3);
+                match k.trim() {
+                    "crashes" => b.crashes = n,
+                    "coord_crashes" => b.coord_crashes = n,
+                    "failovers" => b.failovers = n,
+                    "dups" => b.dups = n,
+                    "leaves" => b.leaves = n,
+                    "give_backs" => b.give_backs = n,
+                    "replacements" => b.replacements = n,
+                    "creeps" => b.creeps = n,
+                    other => panic!("MODEL_CHECK_BUDGET: unknown fault kind {other:?}"),
+                }
+            }
+            c.budget = b;
+        }
         if let Some(f) = var("MODEL_CHECK_FAULTS") {
             let f = f.min(3) as u8;
             c.budget = Budget {

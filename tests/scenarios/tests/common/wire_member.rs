@@ -51,6 +51,8 @@ impl WireMember {
                 .iter()
                 .map(|&shard| RevokingShard { shard, state })
                 .collect(),
+            max_routing_version: protocol::RoutingVersion(0),
+            max_shard_count: 0,
         }
     }
 
