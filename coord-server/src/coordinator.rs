@@ -79,6 +79,8 @@ struct Inner {
     recent: RecentRebalances,
     /// Streams whose routing a consumer's report is being checked against (one check per stream at a time).
     routing_checks: StdMutex<std::collections::HashSet<StreamName>>,
+    /// Per stream, the next shard whose record the tick's sweep looks at ([`Coordinator::tend_routing`]).
+    record_sweep: StdMutex<std::collections::HashMap<StreamName, u32>>,
 }
 
 impl Coordinator {
@@ -109,6 +111,7 @@ impl Coordinator {
                 recent: RecentRebalances::default(),
                 eviction_policy,
                 routing_checks: StdMutex::new(Default::default()),
+                record_sweep: StdMutex::new(Default::default()),
             }),
         };
         coordinator.check_eviction_policy().await?;

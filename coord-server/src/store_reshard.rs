@@ -227,6 +227,30 @@ pub async fn birth(
     parse_birth(shard, reply.first(), reply.get(1))
 }
 
+/// The births of `shards`' records (`None`: no record), read concurrently (on a Cluster each record is on the
+/// master of its own slot, so one pipeline cannot carry them).
+///
+/// # Errors
+/// As [`record`].
+pub async fn births<C>(conn: &C, stream: &StreamName, shards: &[ShardId]) -> Result<Vec<Option<Birth>>, StoreError>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + 'static,
+{
+    futures::future::try_join_all(
+        shards
+            .iter()
+            .map(|&shard| owned_birth(conn.clone(), stream.clone(), shard)),
+    )
+    .await
+}
+
+async fn owned_birth<C>(mut conn: C, stream: StreamName, shard: ShardId) -> Result<Option<Birth>, StoreError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    birth(&mut conn, &stream, shard).await
+}
+
 /// The fence one shard's record holds (0 for none).
 ///
 /// # Errors

@@ -326,3 +326,105 @@ async fn a_tick_finishes_the_seals_of_a_growth_recorded_unsealed() {
         meta.reshards
     );
 }
+
+/// A coordinator with stream `orders` of `shards` shards (group `g`).
+async fn coordinator_with(redis: &RedisServer, shards: u32) -> Coordinator {
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    coordinator
+        .create_group(
+            &stream(),
+            &GroupName::new("g").unwrap(),
+            &CreateGroupRequest {
+                shard_count: Some(shards),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    coordinator
+}
+
+/// Issue 30: Redis loses a growth's routing commit (a failover to a replica that had the records and seals but not
+/// the commit; here the routing hash put back as it was before). The tick sees the records beyond the routing and
+/// restores the growth from them: same parents, same children, the parents' own seals, under a version above
+/// every one issued.
+#[tokio::test]
+async fn a_growth_the_routing_lost_is_restored_from_the_shards_records() {
+    let redis = RedisServer::start().await;
+    let coordinator = coordinator_with(&redis, 4).await;
+    let routing_key = keys::stream_routing(&stream());
+    let before = redis.snapshot_keys(&routing_key).await;
+    let grown = coordinator.add_shards(&stream(), 4, None).await.unwrap();
+    assert_eq!(grown.shard_count, 8);
+    let seals = {
+        let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+        protocol::metadata::StreamRouting::decode(&json).unwrap().growths[0]
+            .seals
+            .clone()
+    };
+    redis.restore_snapshot(&before).await;
+    let lost = coordinator.describe_routing(&stream()).await.unwrap();
+    assert_eq!(lost.shard_count, 4);
+    assert_eq!(
+        lost.shards_beyond_routing, 4,
+        "the admin view shows the children beyond the routing"
+    );
+
+    coordinator.tend_routing(&stream()).await.unwrap();
+    let restored = coordinator.describe_routing(&stream()).await.unwrap();
+    assert_eq!(restored.shard_count, 8);
+    assert_eq!(restored.shards_beyond_routing, 0);
+    assert!(
+        restored.routing_version > grown.routing_version,
+        "the lost number is retired: {} after {}",
+        restored.routing_version,
+        grown.routing_version
+    );
+    let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
+    let routing = protocol::metadata::StreamRouting::decode(&json).unwrap();
+    let g = routing.growths.last().unwrap();
+    assert_eq!((g.parents, g.shard_count), (4, 8));
+    assert_eq!(g.seals, seals, "each parent keeps the seal it recorded");
+    // Nothing more to do: a second look changes nothing.
+    coordinator.tend_routing(&stream()).await.unwrap();
+    let again = coordinator.describe_routing(&stream()).await.unwrap();
+    assert_eq!(again.routing_version, restored.routing_version);
+}
+
+/// Issue 30: on a Cluster each shard record is on the master of its own slot, and a failover there can lose one
+/// while the routing keeps the shard. Fenced publishes to it would be refused for good; the tick's sweep writes the
+/// record again, with the birth the routing gives the shard, and never touches a record that is there.
+#[tokio::test]
+async fn a_shard_record_redis_lost_is_written_again_from_the_routing() {
+    let redis = RedisServer::start().await;
+    let coordinator = coordinator_with(&redis, 2).await;
+    coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    let mut conn = redis.connection().await;
+    let born = |conn: &mut redis::aio::MultiplexedConnection, shard: u32| {
+        let key = keys::shard_fence(&stream(), ShardId(shard));
+        let mut conn = conn.clone();
+        async move {
+            let v: Option<String> = conn.hget(key, shard_fence_fields::BORN_VERSION).await.unwrap();
+            v
+        }
+    };
+    let child = born(&mut conn, 3).await.expect("the child's record");
+    let first = born(&mut conn, 1).await.expect("a first shard's record");
+    for shard in [1, 3] {
+        let _: () = conn
+            .hdel(
+                keys::shard_fence(&stream(), ShardId(shard)),
+                shard_fence_fields::BORN_VERSION,
+            )
+            .await
+            .unwrap();
+    }
+    coordinator.tend_routing(&stream()).await.unwrap();
+    assert_eq!(born(&mut conn, 3).await, Some(child));
+    assert_eq!(born(&mut conn, 1).await, Some(first));
+    assert_eq!(
+        fence_of(&mut conn, 1).await.as_deref(),
+        Some("2"),
+        "the parent's fence is kept"
+    );
+}

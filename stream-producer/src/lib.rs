@@ -104,6 +104,7 @@ mod batcher;
 mod builder;
 pub mod config;
 pub mod error;
+mod fence;
 pub mod metrics;
 pub mod producer;
 mod publish_script;
@@ -154,7 +155,10 @@ pub fn publish_script_call(
         &mut pipe,
         stream,
         shard,
-        routing_version,
+        fence::Presented {
+            version: routing_version,
+            records: false,
+        },
         publish_script::ScriptTrim::None,
         sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
             producer_id,

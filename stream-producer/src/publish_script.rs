@@ -5,8 +5,9 @@
 //!    producer's state for the shard ([`keys::producer_sequence`]). A retry of the last batch written answers
 //!    [`ScriptReply::Duplicate`] with the original entry ids and writes nothing; this comes first so that a batch
 //!    written just before a seal is still recognised as written when its retry arrives after it.
-//! 2. *Fence*: the producer's routing version against the shard's fence ([`keys::shard_fence`]). An older version
-//!    answers [`ScriptReply::Fenced`] and writes nothing.
+//! 2. *Fence*: the producer's routing version against the shard's record ([`keys::shard_fence`]): its fence and,
+//!    when the routing promises shard records, its birth (the rule of [`crate::fence`]). A refusal answers
+//!    [`ScriptReply::Fenced`] and writes nothing.
 //! 3. The shard key's type (a key that is not a stream fails the whole batch before anything is written).
 //!
 //! Then every record is `XADD`ed (with the producer's trimming), and the sequence state is advanced. A Redis
@@ -41,6 +42,7 @@
 //!
 //! Every key a call touches carries the shard's hash tag, so the script runs in one Redis Cluster slot.
 
+use crate::fence::Presented;
 use protocol::names::StreamName;
 use protocol::{keys, EntryId, RoutingVersion, ShardId};
 use redis::Value;
@@ -65,10 +67,10 @@ if not n or not uniform or uniform < 0 then return redis.error_reply('ERR publis
 -- header directly; else every record is its field count then its fields.
 local starts, counts
 if uniform > 0 then
-  if #A ~= 9 + 2 * uniform * n then return redis.error_reply('ERR publish script: malformed arguments') end
+  if #A ~= 10 + 2 * uniform * n then return redis.error_reply('ERR publish script: malformed arguments') end
 else
   starts, counts = {}, {}
-  local pos = 10
+  local pos = 11
   for i = 1, n do
     local f = tonumber(A[pos])
     if not f or f < 1 then return redis.error_reply('ERR publish script: malformed record ' .. i) end
@@ -94,14 +96,22 @@ if A[4] ~= '' then
     if first > nxt and A[6] ~= '1' then return {'OUT_OF_ORDER', st[2]} end
   end
 end
-local raw_fence = redis.call('HGET', KEYS[2], 'routingVersion')
+local version = tonumber(A[1])
+local record = redis.call('HMGET', KEYS[2], 'routingVersion', 'bornVersion')
 local fence = 0
-if raw_fence then
-  fence = tonumber(raw_fence)
+if record[1] then
+  fence = tonumber(record[1])
   -- Fail closed: a fence this script cannot read refuses the call instead of letting it through.
   if not fence then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number') end
 end
-if tonumber(A[1]) < fence then return {'FENCED', string.format('%.0f', fence)} end
+if version < fence then return {'FENCED', string.format('%.0f', fence)} end
+-- The routing promises shard records (crate::fence): the shard must exist at the producer's routing.
+if A[10] == '1' then
+  if not record[2] then return {'FENCED', string.format('%.0f', version + 1)} end
+  local born = tonumber(record[2])
+  if not born then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number birth') end
+  if born > version then return {'FENCED', string.format('%.0f', born)} end
+end
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
   return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
@@ -115,7 +125,7 @@ local trim = tm ~= ''
 -- (an argument table, unpack) costs Redis CPU that a plain XADD pipeline does not spend.
 if uniform == 1 then
   local j = 0
-  for p = 10, #A, 2 do
+  for p = 11, #A, 2 do
     j = j + 1
     if trim then
       ids[j] = call('XADD', k, tm, '~', tv, '*', A[p], A[p + 1])
@@ -130,7 +140,7 @@ else
   if trim then a, head = {k, tm, '~', tv, '*'}, 5 else a, head = {k, '*'}, 2 end
   for i = 1, n do
     local p, f
-    if uniform > 0 then p, f = 9 + 2 * uniform * (i - 1), uniform else p, f = starts[i], counts[i] end
+    if uniform > 0 then p, f = 10 + 2 * uniform * (i - 1), uniform else p, f = starts[i], counts[i] end
     local m = 2 * f
     for j = 1, m do a[head + j] = A[p + j] end
     ids[i] = call('XADD', unpack(a, 1, head + m))
@@ -228,7 +238,7 @@ impl PublishScript {
         pipe: &mut redis::Pipeline,
         stream: &StreamName,
         shard: ShardId,
-        routing_version: RoutingVersion,
+        presented: Presented,
         trim: ScriptTrim<'_>,
         sequence: Option<Sequence<'_>>,
         records: impl ExactSizeIterator<Item = &'r crate::Record> + Clone,
@@ -250,7 +260,7 @@ impl PublishScript {
             // Not touched, but named so that the call still names only keys of the shard's slot.
             None => cmd.arg(keys::producer_sequence(stream, shard, "-")),
         };
-        cmd.arg(routing_version.0);
+        cmd.arg(presented.version.0);
         match trim {
             ScriptTrim::None => cmd.arg("").arg(""),
             ScriptTrim::MaxLen(n) => cmd.arg("MAXLEN").arg(n),
@@ -268,6 +278,7 @@ impl PublishScript {
         let mut fields = records.clone().map(|r| r.fields().len());
         let uniform = fields.next().filter(|&f| fields.all(|g| g == f)).unwrap_or(0);
         cmd.arg(uniform);
+        cmd.arg(if presented.records { "1" } else { "0" });
         for r in records {
             if uniform == 0 {
                 cmd.arg(r.fields().len());
@@ -426,7 +437,7 @@ mod tests {
                 &mut pipe,
                 &stream,
                 ShardId(3),
-                RoutingVersion(2),
+                Presented::unchecked(RoutingVersion(2)),
                 ScriptTrim::MaxLen(10),
                 sequence,
                 records.iter(),
@@ -466,6 +477,16 @@ mod tests {
         }
 
         async fn call(&mut self, version: u64, seq: Option<(&str, u64, bool)>, n: usize) -> Option<ScriptReply> {
+            self.call_as(Presented::unchecked(RoutingVersion(version)), seq, n)
+                .await
+        }
+
+        async fn call_as(
+            &mut self,
+            presented: Presented,
+            seq: Option<(&str, u64, bool)>,
+            n: usize,
+        ) -> Option<ScriptReply> {
             let records: Vec<crate::Record> = (0..n)
                 .map(|i| crate::Record::with_key("k").field("n", i.to_string()))
                 .collect();
@@ -474,7 +495,7 @@ mod tests {
                 &mut pipe,
                 &self.stream,
                 ShardId(0),
-                RoutingVersion(version),
+                presented,
                 ScriptTrim::None,
                 seq.map(|(epoch, first, gap)| Sequence {
                     producer_id: "p",
@@ -495,6 +516,17 @@ mod tests {
                 .query_async(&mut self.con)
                 .await
                 .unwrap()
+        }
+
+        async fn born(&mut self, version: u64) {
+            let () = redis::cmd("HSET")
+                .arg(keys::shard_fence(&self.stream, ShardId(0)))
+                .arg(keys::shard_fence_fields::BORN_VERSION)
+                .arg(version)
+                .query_async::<u64>(&mut self.con)
+                .await
+                .map(drop)
+                .unwrap();
         }
 
         async fn fence(&mut self, version: u64) {
@@ -536,6 +568,47 @@ mod tests {
         assert_eq!(shard.len().await, 6);
     }
 
+    /// Issue 30: where the routing promises shard records, a shard without one (a growth Redis lost) or born at a
+    /// later version (a version number that meant another layout) takes nothing; the refusal names a version the
+    /// producer must reach, above its own. Without the promise (a stream not migrated yet) only the fence counts.
+    #[tokio::test]
+    async fn with_records_promised_only_a_shard_born_at_the_producers_routing_takes_the_write() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let checked = |v: u64| Presented {
+            version: RoutingVersion(v),
+            records: true,
+        };
+        assert_eq!(
+            shard.call_as(checked(4), None, 2).await,
+            Some(ScriptReply::Fenced(RoutingVersion(5))),
+            "no record: the shard does not exist at any routing Redis knows"
+        );
+        assert_eq!(ids(shard.call(4, None, 1).await).len(), 1, "not promised: not checked");
+        shard.born(6).await;
+        assert_eq!(
+            shard.call_as(checked(4), None, 2).await,
+            Some(ScriptReply::Fenced(RoutingVersion(6)))
+        );
+        assert_eq!(shard.len().await, 1, "the refused calls wrote nothing");
+        assert_eq!(ids(shard.call_as(checked(6), None, 2).await).len(), 2);
+        assert_eq!(ids(shard.call_as(checked(9), None, 1).await).len(), 1);
+        // The fence comes first.
+        shard.fence(10).await;
+        assert_eq!(
+            shard.call_as(checked(9), None, 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(10)))
+        );
+        // The idempotence check comes before both: a retry of a written batch is still recognised.
+        let first = shard.call_as(checked(10), Some(("e", 0, false)), 2).await;
+        assert_eq!(ids(first).len(), 2);
+        assert!(matches!(
+            shard.call_as(checked(10), Some(("e", 0, false)), 2).await,
+            Some(ScriptReply::Duplicate(_))
+        ));
+        assert_eq!(shard.len().await, 6);
+    }
+
     #[tokio::test]
     async fn a_malformed_layout_is_refused_before_anything_is_written() {
         let redis = test_support::RedisServer::start().await;
@@ -566,6 +639,7 @@ mod tests {
                 .arg(0)
                 .arg(count)
                 .arg(uniform)
+                .arg("0")
                 .arg(fields);
             let err = cmd.query_async::<Value>(&mut shard.con).await.unwrap_err();
             assert!(err.to_string().contains(why), "{count}/{uniform}: {err}");
@@ -591,7 +665,7 @@ mod tests {
             &mut pipe,
             &shard.stream,
             ShardId(0),
-            RoutingVersion(9),
+            Presented::unchecked(RoutingVersion(9)),
             ScriptTrim::None,
             None,
             records.iter(),
@@ -697,7 +771,7 @@ mod tests {
             &mut pipe,
             &shard.stream,
             ShardId(0),
-            RoutingVersion(1),
+            Presented::unchecked(RoutingVersion(1)),
             ScriptTrim::MaxLen(100),
             None,
             records.iter(),
@@ -741,7 +815,7 @@ mod tests {
             &mut pipe,
             &shard.stream,
             ShardId(0),
-            RoutingVersion(1),
+            Presented::unchecked(RoutingVersion(1)),
             ScriptTrim::MaxLen(1000),
             None,
             records.iter(),

@@ -68,6 +68,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::fence::Presented;
 use protocol::names::StreamName;
 use protocol::routing::shard_for_key;
 use protocol::{keys, EntryId, RoutingVersion, ShardId};
@@ -788,16 +789,18 @@ impl Publisher {
             .collect();
         let minid = self.minid();
         let minid = minid.as_deref();
+        let presented = Presented {
+            version: routing.version,
+            records: routing.shard_records,
+        };
         let pipelines = groups.iter().map(|&(shard, indices)| async move {
             if let Some(scripted) = &self.scripted {
                 let shard_records: Vec<&Record> = indices.iter().map(|&i| records[i].borrow()).collect();
                 if scripted.idempotence.is_none() && self.cluster.is_none() {
-                    return self
-                        .run_transactions(shard, &shard_records, routing.version, minid)
-                        .await;
+                    return self.run_transactions(shard, &shard_records, presented, minid).await;
                 }
                 return self
-                    .run_scripted(scripted, shard, &shard_records, routing.version, minid)
+                    .run_scripted(scripted, shard, &shard_records, presented, minid)
                     .await;
             }
             let key = keys::shard_stream(&self.stream, shard);
@@ -885,9 +888,10 @@ impl Publisher {
         scripted: &Scripted,
         shard: ShardId,
         records: &[&Record],
-        routing_version: RoutingVersion,
+        presented: Presented,
         minid: Option<&str>,
     ) -> Vec<Result<Published, PublishError>> {
+        let routing_version = presented.version;
         let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
         let mut calls: Vec<Vec<usize>> = Vec::new();
         let mut args = 0;
@@ -923,7 +927,7 @@ impl Publisher {
                         sequence: None,
                     })
                     .collect();
-                let outcomes = self.calls(scripted, shard, routing_version, trim, &specs).await;
+                let outcomes = self.calls(scripted, shard, presented, trim, &specs).await;
                 for ((indices, outcome), spec) in calls.iter().zip(outcomes).zip(&specs) {
                     let results = self.results(shard, routing_version, spec, outcome);
                     for (&i, r) in indices.iter().zip(results) {
@@ -936,7 +940,7 @@ impl Publisher {
                 let mut sequence = lock.lock().await;
                 for (indices, recs) in calls.iter().zip(&call_records) {
                     let results = self
-                        .call_idempotent(scripted, idem, &mut sequence, shard, routing_version, trim, recs)
+                        .call_idempotent(scripted, idem, &mut sequence, shard, presented, trim, recs)
                         .await;
                     for (&i, r) in indices.iter().zip(results) {
                         out[i] = Some(r);
@@ -960,10 +964,11 @@ impl Publisher {
         idem: &Idempotence,
         sequence: &mut ShardSequence,
         shard: ShardId,
-        routing_version: RoutingVersion,
+        presented: Presented,
         trim: ScriptTrim<'_>,
         records: &[&Record],
     ) -> Vec<Result<Published, PublishError>> {
+        let routing_version = presented.version;
         let first = sequence.next;
         let count = records.len() as u64;
         // Set once an attempt may have been executed: from then on only the script's answer settles the call.
@@ -981,7 +986,7 @@ impl Publisher {
                 }),
             };
             let outcome = self
-                .calls(scripted, shard, routing_version, trim, std::slice::from_ref(&spec))
+                .calls(scripted, shard, presented, trim, std::slice::from_ref(&spec))
                 .await
                 .pop()
                 .expect("one outcome per call");
@@ -1038,7 +1043,7 @@ impl Publisher {
         &self,
         scripted: &Scripted,
         shard: ShardId,
-        routing_version: RoutingVersion,
+        presented: Presented,
         trim: ScriptTrim<'_>,
         specs: &[CallSpec<'_>],
     ) -> Vec<CallOutcome> {
@@ -1059,7 +1064,7 @@ impl Publisher {
                     &mut pipe,
                     &self.stream,
                     shard,
-                    routing_version,
+                    presented,
                     trim,
                     spec.sequence,
                     spec.records.iter().copied(),

@@ -11,7 +11,9 @@
 //! Before the first request the highest routing version this stream's producers have observed is loaded from
 //! the [`VersionStore`] (key: the stream name); every request carries it, and every time it grows it is stored
 //! again, so a restarted producer still tells the coordinator about a routing Redis may have lost. The write is
-//! retried until it succeeds ([`VersionPersister`]); while it fails, publishing goes on within the routing
+//! retried until it succeeds ([`VersionPersister`]). The highest shard count observed is kept the same way under
+//! the key `<stream>/#shards` (no stream or group name can form it): with jump hash a growth only adds shards, so
+//! the count is what a coordinator needs to restore a growth Redis lost (issue 30). While a write fails, publishing goes on within the routing
 //! lease, each failure is logged and counted (`version_store_failures` in the stats, and the metrics
 //! `redis_stream_producer_version_store_failures_total` and `..._version_unpersisted`).
 //!
@@ -49,6 +51,14 @@ fn now() -> Instant {
 struct Flight {
     /// Persists the highest observed version; started once the store was read (before the first request).
     persister: Option<VersionPersister>,
+    /// Persists the highest observed shard count, likewise.
+    counts: Option<VersionPersister>,
+}
+
+/// The version-store key of the highest shard count observed for `stream`: a '/' joins a stream and a group in
+/// the consumers' keys, and no group name holds '#'.
+fn shard_count_key(stream: &StreamName) -> String {
+    format!("{stream}/#shards")
 }
 
 /// Turns the persister's reports into the producer's stats and metrics.
@@ -73,6 +83,8 @@ pub(crate) struct Refresher {
     store: SharedVersionStore,
     /// What every client of the process observed for this stream's routing.
     observed: ObservedVersion,
+    /// The highest shard count every client of the process observed for this stream.
+    observed_count: ObservedVersion,
     /// The value of `observed` already acted on (a refresh answered after it), so a version the coordinator did
     /// not confirm (a rollback) does not turn into a refresh per publish.
     observed_seen: AtomicU64,
@@ -125,11 +137,13 @@ impl Refresher {
         stats: Arc<Stats>,
     ) -> Self {
         let observed = store.observed(stream.as_str());
+        let observed_count = store.observed(&shard_count_key(&stream));
         Refresher {
             stream,
             client,
             store,
             observed,
+            observed_count,
             observed_seen: AtomicU64::new(0),
             cache: Mutex::new(cache),
             flight: tokio::sync::Mutex::new(Flight::default()),
@@ -269,6 +283,22 @@ impl Refresher {
             ));
             self.cache().observe_max(RoutingVersion(stored));
         }
+        if flight.counts.is_none() {
+            let key = shard_count_key(&self.stream);
+            let stored = self.store.load(&key).await?;
+            flight.counts = Some(VersionPersister::spawn(
+                self.store.clone(),
+                key,
+                stored,
+                client_core::PersistPolicy::default(),
+                Arc::new(StoreObserver(self.stats.clone())),
+            ));
+            self.cache()
+                .observe_max_shard_count(u32::try_from(stored).unwrap_or(u32::MAX));
+        }
+        let shared_count = self.observed_count.get();
+        self.cache()
+            .observe_max_shard_count(u32::try_from(shared_count).unwrap_or(u32::MAX));
         // What the other clients of the store observed is this process's observation too: report it.
         let shared_max = self.observed.get();
         self.cache().observe_max(RoutingVersion(shared_max));
@@ -287,6 +317,11 @@ impl Refresher {
         self.observed_seen.fetch_max(shared_max.max(max), Ordering::Relaxed);
         if let Some(p) = &flight.persister {
             p.observe(max);
+        }
+        let count = u64::from(self.cache().max_shard_count());
+        self.observed_count.raise(count);
+        if let Some(p) = &flight.counts {
+            p.observe(count);
         }
         Ok(())
     }
@@ -325,9 +360,15 @@ impl Refresher {
     /// one saw (a graceful close; a failing store must not hold it).
     pub(crate) async fn flush_versions(&self) {
         let flight = self.flight.lock().await;
+        let timeout = client_core::PersistPolicy::default().attempt_timeout;
         if let Some(p) = &flight.persister {
-            if !p.flush(client_core::PersistPolicy::default().attempt_timeout).await {
+            if !p.flush(timeout).await {
                 tracing::warn!(stream = %self.stream, "closing with the highest observed routing version not persisted");
+            }
+        }
+        if let Some(p) = &flight.counts {
+            if !p.flush(timeout).await {
+                tracing::warn!(stream = %self.stream, "closing with the highest observed shard count not persisted");
             }
         }
     }

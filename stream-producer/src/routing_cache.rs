@@ -38,6 +38,8 @@ pub(crate) struct RoutingEntry {
     pub version: RoutingVersion,
     /// Number of shards at that version.
     pub shard_count: u32,
+    /// Every shard of this routing has its record: fenced writes check that their shard exists at this routing.
+    pub shard_records: bool,
     /// Send time of the refresh that returned or last renewed this entry: the lease starts here, not at the
     /// answer's arrival, so a slow answer shortens the lease instead of stretching it.
     pub lease_start: Instant,
@@ -72,6 +74,8 @@ pub struct RoutingInfo {
     pub version: RoutingVersion,
     /// Number of shards.
     pub shard_count: u32,
+    /// Every shard of this routing has its record (see `crate::fence`).
+    pub shard_records: bool,
     /// How long the lease still holds, measured at the time this value was taken.
     pub lease_remaining: Duration,
     /// Time since the send time of the refresh that last returned or renewed this routing (the cache age).
@@ -274,6 +278,7 @@ impl RoutingCache {
             Some(e) if e.is_valid(now) => Ok(RoutingInfo {
                 version: e.version,
                 shard_count: e.shard_count,
+                shard_records: e.shard_records,
                 lease_remaining: e.lease_end() - now,
                 age: now.saturating_duration_since(e.lease_start),
             }),
@@ -331,6 +336,7 @@ impl RoutingCache {
         let fresh = RoutingEntry {
             version: resp.routing_version,
             shard_count: resp.shard_count,
+            shard_records: resp.shard_records,
             lease_start: sent_at,
             lease: Duration::from_millis(resp.routing_lease_ms),
             refresh_interval: clamp_refresh(resp.refresh_interval_ms, resp.routing_lease_ms),

@@ -383,3 +383,83 @@ async fn a_check_command_the_server_refuses_stops_the_batch_before_any_xadd() {
     assert_eq!(calls(&env.redis, "xadd").await, 0, "no XADD was sent");
     producer.close().await.unwrap();
 }
+
+/// Issue 30: a producer learned a growth (4 -> 8) that Redis then lost with everything after it: the routing's
+/// commit, the parents' seals and the children's records. A key of child 5 is refused (the shard has no record:
+/// no routing Redis knows lists it), the producer refreshes reporting what it saw, the coordinator restores the
+/// growth under a version it never issued, and the record is written to shard 5 with that routing: never into a
+/// shard the stored routing does not list. Both write paths: the checked transaction and the script.
+#[tokio::test]
+async fn a_producer_that_learned_a_lost_growth_writes_only_once_the_growth_is_restored() {
+    for idempotent in [false, true] {
+        let env = Env::start(4, LEASE).await;
+        let routing_key = keys::stream_routing(&stream());
+        let before = env.redis.snapshot_keys(&routing_key).await;
+        let mut builder = env.producer();
+        if idempotent {
+            builder = builder.idempotence(true).producer_id("p1");
+        }
+        let producer = builder.build().unwrap();
+        producer.ready().await.unwrap();
+        env.add_shards(4).await;
+        producer.observe_routing_version(protocol::RoutingVersion(2));
+        wait_until(DEADLINE, "the producer routes by 8 shards", || {
+            let r = producer.routing();
+            async move { r.is_some_and(|r| r.shard_count == 8) }
+        })
+        .await;
+
+        env.redis.restore_snapshot(&before).await;
+        let mut con = env.redis.connection().await;
+        for s in 0..8 {
+            if s >= 4 {
+                let _: u64 = redis::cmd("DEL")
+                    .arg(keys::shard_fence(&stream(), ShardId(s)))
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+            } else {
+                let _: u64 = redis::cmd("HDEL")
+                    .arg(keys::shard_fence(&stream(), ShardId(s)))
+                    .arg(keys::shard_fence_fields::ROUTING_VERSION)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+            }
+        }
+        let key = (0..)
+            .map(|i| format!("key-{i}"))
+            .find(|k| shard_for_key(k.as_bytes(), 8) == ShardId(5))
+            .unwrap();
+        // Refused, nothing written; the refusal makes the producer refresh at once, reporting version 2 and 8 shards.
+        let refused = producer.send(&key, &[("f", "v")]).await.unwrap_err();
+        assert!(
+            matches!(refused, PublishError::Fenced { shard: ShardId(5), .. }),
+            "idempotent {idempotent}: {refused:?}"
+        );
+        assert_eq!(
+            xlen(&env.redis, 5).await,
+            0,
+            "nothing written into the shard no routing lists"
+        );
+        wait_until(DEADLINE, "the producer holds the restored routing", || {
+            let r = producer.routing();
+            async move { r.is_some_and(|r| r.version > protocol::RoutingVersion(2)) }
+        })
+        .await;
+        let published = producer.send(&key, &[("f", "v")]).await.unwrap();
+        let stored = env.coordinator.coordinator().describe_routing(&stream()).await.unwrap();
+        assert_eq!(
+            stored.shard_count, 8,
+            "idempotent {idempotent}: restored before the write"
+        );
+        assert_eq!(published.shard, ShardId(5));
+        assert!(
+            published.routing_version > protocol::RoutingVersion(2),
+            "idempotent {idempotent}: written with the restored routing, not the lost one: {published:?}"
+        );
+        assert_eq!(published.routing_version, stored.routing_version);
+        assert_eq!(xlen(&env.redis, 5).await, 1, "written once");
+        producer.close().await.unwrap();
+    }
+}

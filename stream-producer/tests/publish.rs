@@ -6,6 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{field_values, stream, total_len, xlen, Env, DEADLINE};
+use protocol::messages::CreateGroupRequest;
+use protocol::names::GroupName;
 use protocol::routing::shard_for_key;
 use protocol::{keys, ShardId};
 use stream_producer::{PublishError, Record, Trim, WriteState};
@@ -338,6 +340,26 @@ async fn killed_redis_fails_records_as_unknown_or_not_written_then_recovers_afte
     }
 
     env.redis.restart().await;
+    // The server came back empty: no routing, no shard records. A fenced publish needs its shard's record (issue
+    // 30): refused, nothing written, rather than written into a stream no routing or group knows.
+    let e = producer.send("after", &[("f", "v")]).await.unwrap_err();
+    assert_eq!(e.write_state(), WriteState::NotWritten, "{e:?}");
+    // The stream is created again (`coordctl recreate`, or a group creation): its shards have records again.
+    wait_until(DEADLINE, "the stream is created again", || async {
+        env.coordinator
+            .coordinator()
+            .create_group(
+                &stream(),
+                &GroupName::new("billing").unwrap(),
+                &CreateGroupRequest {
+                    shard_count: Some(4),
+                    timings: None,
+                },
+            )
+            .await
+            .is_ok()
+    })
+    .await;
     wait_until(DEADLINE, "publishing works again", || {
         let producer = producer.clone();
         async move { producer.send("after", &[("f", "v")]).await.is_ok() }

@@ -15,13 +15,17 @@ use crate::error::Error;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
-use crate::state_machine::routing::Report;
+use crate::state_machine::routing::{Birth, Report};
 use crate::state_machine::{self, Input};
 use crate::store::{self, LivenessScope};
 use crate::store_reshard;
 
 /// Seal scripts sent at once by [`Coordinator::seal_growths`].
 const SEALS_IN_FLIGHT: usize = 64;
+
+/// Shard records the tick's sweep reads per stream and tick: every record of a 65,536-shard stream is looked at
+/// within 1,024 ticks, at 64 pipelined reads per tick.
+const RECORD_SWEEP: u32 = 64;
 
 impl Coordinator {
     /// Restores `stream`'s routing from what its shards record and what `report` says (see
@@ -80,7 +84,49 @@ impl Coordinator {
             .shards_beyond_routing(stream, u32::from(beyond.is_some()));
         if fence > r.routing_version || beyond.is_some() || !r.shard_records {
             self.restore_routing(stream, None).await?;
+        } else {
+            self.sweep_records(stream, &r).await?;
         }
+        Ok(())
+    }
+
+    /// Writes again the records of shards the routing lists but Redis lost (on a Cluster each record lives on
+    /// the master of its own slot, and a failover there loses it while the routing keeps the shard): without it,
+    /// every fenced publish to the shard would be refused. Looks at [`RECORD_SWEEP`] shards per call, resuming
+    /// where the last call stopped. A record is written only where none is (never overwriting one), with the
+    /// birth the routing's growths give the shard.
+    async fn sweep_records(&self, stream: &StreamName, r: &StreamRouting) -> Result<(), Error> {
+        let start = {
+            let sweep = self.inner.record_sweep.lock().expect("record sweep lock");
+            sweep.get(stream).copied().unwrap_or(0) % r.shard_count.max(1)
+        };
+        let end = (start + RECORD_SWEEP).min(r.shard_count);
+        let births = routing_section::migration_records(r);
+        let conn = self.inner.store.connection();
+        let window: Vec<Birth> = births[start as usize..end as usize].to_vec();
+        let shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
+        let found = store_reshard::births(&conn, stream, &shards).await?;
+        let lost: Vec<Birth> = window
+            .into_iter()
+            .zip(found)
+            .filter_map(|(b, f)| f.is_none().then_some(b))
+            .collect();
+        for b in &lost {
+            store_reshard::record(&mut conn.clone(), stream, *b).await?;
+        }
+        if !lost.is_empty() {
+            self.inner
+                .stats
+                .metrics()
+                .routing_restored(&[state_machine::routing::Why::RecordLost]);
+            warn!(stream = %stream, shards = ?lost.iter().map(|b| b.shard.0).collect::<Vec<_>>(),
+                "shard records written again: Redis had lost them");
+        }
+        self.inner
+            .record_sweep
+            .lock()
+            .expect("record sweep lock")
+            .insert(stream.clone(), if end >= r.shard_count { 0 } else { end });
         Ok(())
     }
 

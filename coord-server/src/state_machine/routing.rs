@@ -90,6 +90,9 @@ pub enum Why {
     FenceAbove,
     /// A client reported a higher version or shard count.
     Reported,
+    /// A shard the routing lists had lost its record (a Cluster failover of the record's master): written again
+    /// from the routing.
+    RecordLost,
 }
 
 impl Why {
@@ -99,6 +102,7 @@ impl Why {
             Why::RecordsBeyond => "records_beyond",
             Why::FenceAbove => "fence_above",
             Why::Reported => "reported",
+            Why::RecordLost => "record_lost",
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The fenced publish on one server as a checked transaction (issue 17): per lane, the batches waiting (of any of
 //! the lane's shards, at most [`MAX_RECORDS_PER_TRANSACTION`] records) are written together in two round trips:
 //!
-//! 1. `UNWATCH`, `WATCH <their fences>`, `HGET <fence> routingVersion` per fence, `MULTI`; the producer compares
-//!    each fence with the routing version its batch was routed with;
-//! 2. the `XADD`s of every batch whose fence is not above its version, then `EXEC` (`DISCARD` when none is left).
-//!    A batch whose fence is above fails as [`PublishError::Fenced`], not written.
+//! 1. `UNWATCH`, `WATCH <their fences>`, `HMGET <fence> routingVersion bornVersion` per fence, `MULTI`; the
+//!    producer checks each shard's record against the routing its batch was routed with ([`crate::fence`]);
+//! 2. the `XADD`s of every batch its shard takes, then `EXEC` (`DISCARD` when none is left). A batch its shard
+//!    refuses (a fence above its version, or, where the routing promises records, a shard not born at it) fails
+//!    as [`PublishError::Fenced`], not written.
 //!
 //! The batches of a call are built (their `XADD` commands encoded) by the calling task and queued in issue order;
 //! the first caller to get the lane's turn writes everything queued by then, in queue order, and hands every batch
@@ -53,6 +54,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use crate::fence::Presented;
 use bytes::Bytes;
 use protocol::keys::{self, shard_fence_fields};
 use protocol::{RoutingVersion, ShardId};
@@ -134,7 +136,7 @@ enum TurnEnd {
 struct Batch {
     shard: ShardId,
     fence_key: String,
-    routing_version: RoutingVersion,
+    presented: Presented,
     /// Its `XADD`s, as RESP (sent again as they are if `WATCH` aborts the transaction).
     writes: Bytes,
     /// How many records (`XADD`s in `writes`).
@@ -211,11 +213,11 @@ impl Publisher {
         &self,
         shard: ShardId,
         records: &[&Record],
-        routing_version: RoutingVersion,
+        presented: Presented,
         minid: Option<&str>,
     ) -> Vec<Result<Published, PublishError>> {
         let lane = &self.lanes[shard.index() % self.lanes.len()];
-        let waiting = self.queue_batches(lane, shard, records, routing_version, minid);
+        let waiting = self.queue_batches(lane, shard, records, presented, minid);
         let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
         for (mut rx, n) in waiting {
             let settled = |rx: &mut oneshot::Receiver<_>| match rx.try_recv() {
@@ -260,7 +262,7 @@ impl Publisher {
         lane: &Lane,
         shard: ShardId,
         records: &[&Record],
-        routing_version: RoutingVersion,
+        presented: Presented,
         minid: Option<&str>,
     ) -> Vec<(BatchOutcome, usize)> {
         let stream_key = keys::shard_stream(&self.stream, shard);
@@ -283,7 +285,7 @@ impl Publisher {
             queue.batches.push_back(Batch {
                 shard,
                 fence_key: fence_key.clone(),
-                routing_version,
+                presented,
                 writes,
                 records: n,
                 aborted: 0,
@@ -323,7 +325,11 @@ impl Publisher {
             check.arg(*f);
         }
         for f in &fences {
-            check.cmd("HGET").arg(*f).arg(shard_fence_fields::ROUTING_VERSION);
+            check
+                .cmd("HMGET")
+                .arg(*f)
+                .arg(shard_fence_fields::ROUTING_VERSION)
+                .arg(shard_fence_fields::BORN_VERSION);
         }
         check.cmd("MULTI");
         let fences: Vec<String> = fences.into_iter().map(str::to_owned).collect();
@@ -384,15 +390,17 @@ impl Publisher {
                         source: Arc::new(e.clone()),
                     });
                 }
-                Fence::Value(fence) if b.routing_version < *fence => {
-                    let (shard, routing_version, fence) = (b.shard, b.routing_version, *fence);
-                    b.fail(PublishError::Fenced {
-                        shard,
-                        routing_version,
-                        fence,
-                    });
-                }
-                Fence::Value(_) => kept.push(b),
+                Fence::Read { fence, born } => match b.presented.refusal(*fence, *born) {
+                    Some(fence) => {
+                        let (shard, routing_version) = (b.shard, b.presented.version);
+                        b.fail(PublishError::Fenced {
+                            shard,
+                            routing_version,
+                            fence,
+                        });
+                    }
+                    None => kept.push(b),
+                },
             }
         }
         let batches = kept;
@@ -484,7 +492,7 @@ fn settle_exec(
         Ok(Value::Array(items)) if items.len() == count => {
             let mut items = items.into_iter();
             for b in batches {
-                let (shard, version) = (b.shard, b.routing_version);
+                let (shard, version) = (b.shard, b.presented.version);
                 let results = items
                     .by_ref()
                     .take(b.records)
@@ -562,12 +570,16 @@ impl Drop for TurnConnection<'_> {
 /// A fence as the check read it.
 #[derive(Debug)]
 enum Fence {
-    Value(RoutingVersion),
+    /// The fence (0 when absent) and the shard's birth (`None`: no record).
+    Read {
+        fence: RoutingVersion,
+        born: Option<RoutingVersion>,
+    },
     /// The fence holds something that is not a routing version: refused, fail closed.
     Unreadable(RedisError),
 }
 
-/// Reads the replies of `UNWATCH`, `WATCH`, `HGET` x `fences`, `MULTI`. `Err`: a command was refused or the
+/// Reads the replies of `UNWATCH`, `WATCH`, `HMGET` x `fences`, `MULTI`. `Err`: a command was refused or the
 /// replies do not fit (the transaction must not go on, on this connection).
 fn check_reply(replies: Vec<RedisResult<Value>>, fences: usize) -> Result<Vec<Fence>, RedisError> {
     let unexpected = |detail: String| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "fence check", detail));
@@ -584,21 +596,37 @@ fn check_reply(replies: Vec<RedisResult<Value>>, fences: usize) -> Result<Vec<Fe
     next()?; // WATCH
     let values: Vec<RedisResult<Value>> = (0..fences).map(|_| next()).collect();
     next()?; // MULTI
-    values
-        .into_iter()
-        .map(|v| match v? {
-            Value::Nil => Ok(Fence::Value(RoutingVersion(0))),
-            Value::BulkString(bytes) => Ok(match parse_fence(&bytes) {
-                Some(v) => Fence::Value(v),
-                None => Fence::Unreadable(RedisError::from((
+    values.into_iter().map(|v| read_fence(v?)).collect()
+}
+
+/// One `HMGET <fence> routingVersion bornVersion` answer. A field that holds something other than a version is
+/// [`Fence::Unreadable`]: refused, fail closed.
+fn read_fence(v: Value) -> Result<Fence, RedisError> {
+    let unexpected = |detail: String| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "fence check", detail));
+    let Value::Array(fields) = v else {
+        return Err(unexpected(format!("HMGET answered {v:?}")));
+    };
+    let [fence, born] = <[Value; 2]>::try_from(fields).map_err(|f| unexpected(format!("HMGET answered {f:?}")))?;
+    let field = |v: Value| -> Result<Result<Option<RoutingVersion>, RedisError>, RedisError> {
+        match v {
+            Value::Nil => Ok(Ok(None)),
+            Value::BulkString(bytes) => Ok(parse_fence(&bytes).map(Some).ok_or_else(|| {
+                RedisError::from((
                     redis::ErrorKind::Parse,
                     "CORRUPT fence",
                     format!("holds {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(40)])),
-                ))),
-            }),
-            other => Err(unexpected(format!("HGET answered {other:?}"))),
-        })
-        .collect()
+                ))
+            })),
+            other => Err(unexpected(format!("HMGET answered {other:?}"))),
+        }
+    };
+    Ok(match (field(fence)?, field(born)?) {
+        (Ok(fence), Ok(born)) => Fence::Read {
+            fence: fence.unwrap_or(RoutingVersion(0)),
+            born,
+        },
+        (Err(e), _) | (_, Err(e)) => Fence::Unreadable(e),
+    })
 }
 
 /// A fence value as the coordinator's seal writes it: decimal digits, at most 15 (the seal script's own bound).
@@ -613,8 +641,18 @@ fn parse_fence(bytes: &[u8]) -> Option<RoutingVersion> {
 mod tests {
     use super::*;
 
+    const V1: Presented = Presented {
+        version: RoutingVersion(1),
+        records: false,
+    };
+
     fn ok(v: Value) -> RedisResult<Value> {
         Ok(v)
+    }
+
+    fn hmget(fence: Option<&[u8]>, born: Option<&[u8]>) -> RedisResult<Value> {
+        let field = |f: Option<&[u8]>| f.map_or(Value::Nil, |b| Value::BulkString(b.to_vec()));
+        ok(Value::Array(vec![field(fence), field(born)]))
     }
 
     fn status() -> RedisResult<Value> {
@@ -662,7 +700,10 @@ mod tests {
         let lane = &p.lanes[0];
         let (a, b) = (records("a"), records("b"));
         let (a, b): (Vec<&Record>, Vec<&Record>) = (a.iter().collect(), b.iter().collect());
-        let version = RoutingVersion(1);
+        let version = Presented {
+            version: RoutingVersion(1),
+            records: false,
+        };
         let mut b_out = p.queue_batches(lane, ShardId(0), &b, version, None);
         // The previous turn, which carried `a`, has sent its EXEC; its end is not known yet.
         let (ended, end) = watch::channel(None);
@@ -732,7 +773,7 @@ mod tests {
             .unwrap();
         let b = records("b");
         let b: Vec<&Record> = b.iter().collect();
-        let mut b_out = p.queue_batches(lane, ShardId(0), &b, RoutingVersion(1), None);
+        let mut b_out = p.queue_batches(lane, ShardId(0), &b, V1, None);
         let (ended, end) = watch::channel(None);
         lane.transactions.queue().last = Some(end.clone());
         assert!(p.write_queued(lane, lane.transactions.turn.lock().await).await);
@@ -750,7 +791,7 @@ mod tests {
         lane.transactions.queue().last = Some(end.clone());
         let (c, _) = (records("c"), ());
         let c: Vec<&Record> = c.iter().collect();
-        let mut c_out = p.queue_batches(lane, ShardId(0), &c, RoutingVersion(1), None);
+        let mut c_out = p.queue_batches(lane, ShardId(0), &c, V1, None);
         let turn = lane.transactions.turn.lock().await;
         let (batches, previous) = lane.transactions.take();
         ended.send(Some(TurnEnd::Settled)).unwrap();
@@ -785,23 +826,37 @@ mod tests {
             vec![
                 status(),
                 status(),
-                ok(Value::Nil),
-                ok(Value::BulkString(b"7".to_vec())),
-                ok(Value::BulkString(b"x".to_vec())),
+                hmget(None, None),
+                hmget(Some(b"7"), Some(b"3")),
+                hmget(Some(b"x"), None),
+                hmget(Some(b"7"), Some(b"-")),
                 status(),
             ],
-            3,
+            4,
         )
         .unwrap();
-        assert!(matches!(read[0], Fence::Value(RoutingVersion(0))));
-        assert!(matches!(read[1], Fence::Value(RoutingVersion(7))));
+        assert!(matches!(
+            read[0],
+            Fence::Read {
+                fence: RoutingVersion(0),
+                born: None
+            }
+        ));
+        assert!(matches!(
+            read[1],
+            Fence::Read {
+                fence: RoutingVersion(7),
+                born: Some(RoutingVersion(3))
+            }
+        ));
         assert!(matches!(read[2], Fence::Unreadable(_)));
+        assert!(matches!(read[3], Fence::Unreadable(_)), "a birth that is not a version");
     }
 
     #[test]
     fn any_refused_command_of_the_check_stops_the_batch() {
         let refused = || -> RedisResult<Value> { Err(RedisError::from((redis::ErrorKind::Client, "refused"))) };
-        let seven = || ok(Value::BulkString(b"7".to_vec()));
+        let seven = || hmget(Some(b"7"), None);
         for replies in [
             vec![refused(), status(), seven(), status()],
             vec![status(), refused(), seven(), status()],
@@ -809,6 +864,7 @@ mod tests {
             vec![status(), status(), seven(), refused()],
             vec![status(), status(), seven()],
             vec![status(), status(), ok(Value::Int(7)), status()],
+            vec![status(), status(), ok(Value::Array(vec![Value::Nil])), status()],
         ] {
             assert!(check_reply(replies, 1).is_err());
         }

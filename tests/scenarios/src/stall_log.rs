@@ -4,10 +4,12 @@
 //! Times are wall-clock microseconds since the Unix epoch: the worker processes and the test share the
 //! machine's clock, and a stopped process cannot be asked for anything while it is stopped.
 //!
-//! Line format, space separated: `<kind> <pid> <member> <shard> <entry id> <start µs> <at µs> <lease end µs or ->`,
-//! where `kind` is `S` (handler started; `at` = start), `E` (handler returned `Ok`: completed) or `D` (its future
-//! was dropped unfinished). `lease end` is the member's assignment-lease end as its consumer knew it at `at` (inside the handler:
-//! [`stream_consumer::lease_deadline`]).
+//! Line format, space separated:
+//! `<kind> <pid> <member> <shard> <entry id> <token> <start µs> <at µs> <lease end µs or ->`, where `kind` is `S`
+//! (handler started; `at` = start), `E` (handler returned `Ok`: completed) or `D` (its future was dropped
+//! unfinished). `token` is the shard's fencing token the message carried ([`stream_consumer::Message::fencing_token`]):
+//! tests compare the tokens of different processes. `lease end` is the member's assignment-lease end as its
+//! consumer knew it at `at` (inside the handler: [`stream_consumer::lease_deadline`]).
 
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +39,8 @@ pub struct Record {
     pub shard: u32,
     /// The entry.
     pub entry: EntryId,
+    /// The shard's fencing token the message carried.
+    pub token: u64,
     /// When the handler started (µs).
     pub start_us: u64,
     /// When this event happened (µs).
@@ -54,8 +58,8 @@ impl fmt::Display for Record {
         };
         write!(
             f,
-            "{kind} {} {} {} {} {} {} ",
-            self.pid, self.member, self.shard, self.entry, self.start_us, self.at_us
+            "{kind} {} {} {} {} {} {} {} ",
+            self.pid, self.member, self.shard, self.entry, self.token, self.start_us, self.at_us
         )?;
         match self.lease_end_us {
             Some(us) => write!(f, "{us}"),
@@ -80,6 +84,7 @@ impl Record {
             member: p.next()?.to_owned(),
             shard: p.next()?.parse().ok()?,
             entry: p.next()?.parse().ok()?,
+            token: p.next()?.parse().ok()?,
             start_us: p.next()?.parse().ok()?,
             at_us: p.next()?.parse().ok()?,
             lease_end_us: match p.next()? {
@@ -130,6 +135,7 @@ mod tests {
             member: "w1".into(),
             shard: 3,
             entry: EntryId { ms: 17, seq: 2 },
+            token: 1_700_000_000_123,
             start_us: 100,
             at_us: 250,
             lease_end_us: Some(300),
@@ -141,6 +147,6 @@ mod tests {
             ..r
         };
         assert_eq!(Record::parse(&none.to_string()), Some(none));
-        assert_eq!(Record::parse("E 42 w1 3 17-2 100"), None, "a cut line");
+        assert_eq!(Record::parse("E 42 w1 3 17-2 9 100"), None, "a cut line");
     }
 }

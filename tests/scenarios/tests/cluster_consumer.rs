@@ -228,6 +228,7 @@ fn spawn_worker(env: &Env, member: &str, dir: &std::path::Path) -> Child {
         stream: env.stream.to_string(),
         group: env.group.to_string(),
         handle: Duration::from_millis(2),
+        read_failure: None,
     };
     worker.spawn(member, dir, member)
 }

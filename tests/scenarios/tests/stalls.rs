@@ -19,8 +19,8 @@ use common::*;
 use scenario_tests::stall_log::{wall_us, wall_us_as_instant, Kind, Record};
 use scenario_tests::{Handled, History};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,31 +64,10 @@ impl Env {
             stream: self.stream.clone(),
             group: self.group.clone(),
             handle: HANDLE_FOR,
+            read_failure: None,
         };
         worker.spawn(member, &self.dir, &format!("{member}.{incarnation}"))
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "kill -{sig} {pid} failed");
-}
-
-fn read_records(dir: &Path) -> Vec<Record> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("record dir") {
-        let path = entry.expect("dir entry").path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            all.extend(text.lines().filter_map(Record::parse));
-        }
-    }
-    all
 }
 
 /// Handlers of `pid` started and neither completed nor dropped, as recorded so far.
@@ -180,7 +159,7 @@ async fn stop_loop(env: Arc<Env>, worker: usize, replaced: bool, until: Instant)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_workers_never_complete_a_handler_after_their_lease_and_no_shard_has_two_owners_at_once() {
     let s = Scenario::start("stalls", SHARDS).await;
-    let dir = tempfile_dir();
+    let dir = records_dir("stall-test");
     let env = Arc::new(Env {
         coordinators: s.urls().join(","),
         redis: s.redis.url(),
@@ -318,11 +297,4 @@ fn analyse(records: &[Record], stops: &[Stop]) -> Analysis {
         examples,
         completed,
     }
-}
-
-/// A fresh directory for the workers' records.
-fn tempfile_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stall-test-{}-{}", std::process::id(), wall_us()));
-    std::fs::create_dir_all(&dir).expect("record dir");
-    dir
 }

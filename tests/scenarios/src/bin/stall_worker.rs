@@ -1,10 +1,15 @@
-//! A consumer process for the stall tests (`tests/stalls.rs`): one member of the scenario group whose handler
-//! sleeps across the test's SIGSTOPs and records its start, completion or drop into a file (see
-//! [`scenario_tests::stall_log`]).
+//! A consumer process for the real-process tests (`tests/stalls.rs`, `tests/incarnations.rs`): one member of the
+//! scenario group whose handler sleeps across the test's SIGSTOPs and records its start, completion or drop, with
+//! the message's fencing token, into a file (see [`scenario_tests::stall_log`]).
 //!
 //! Arguments, `key=value`: `coordinators` (comma separated), `redis`, `stream`, `group`, `member`, `out` (the
 //! record file), `handle_ms` (how long each handler sleeps), and the scenario timings in milliseconds:
-//! `heartbeat_ms`, `ttl_ms`, `lease_ms`, `margin_ms`. Runs until killed.
+//! `heartbeat_ms`, `ttl_ms`, `lease_ms`, `margin_ms`; optional: `read_failure_ms` (the consumer's
+//! `read_failure_timeout`: how long its Redis may stay unreadable before it gives its shards back).
+//!
+//! Runs until killed, or until SIGTERM, which closes the consumer gracefully (drain, leave) and exits 0. Exits
+//! with [`EXIT_REPLACED`] when the consumer stopped because another process took its member id over
+//! (`ConsumerError::Replaced`), and 1 on any other error.
 
 use scenario_tests::stall_log::{instant_as_wall_us, wall_us, Kind, Record};
 use std::collections::HashMap;
@@ -12,8 +17,11 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use stream_consumer::{Consumer, ConsumerStatus, Message};
+use stream_consumer::{Consumer, ConsumerError, ConsumerStatus, Message};
 use tokio::sync::watch;
+
+/// Exit status when another process took the member id over (`MEMBER_REPLACED`).
+const EXIT_REPLACED: i32 = 3;
 
 /// Appends one line per call (one `write` of a whole line to a file opened for appending).
 #[derive(Clone)]
@@ -38,6 +46,7 @@ impl Log {
             member: self.member.clone(),
             shard: msg.shard().0,
             entry: msg.id(),
+            token: msg.fencing_token().0,
             start_us,
             at_us: wall_us(),
             lease_end_us: self.lease_end_us(),
@@ -101,7 +110,7 @@ async fn main() {
     };
     let handle_for = ms(&args, "handle_ms");
     let handler_log = log.clone();
-    let consumer = Consumer::builder(arg(&args, "stream"), arg(&args, "group"))
+    let mut builder = Consumer::builder(arg(&args, "stream"), arg(&args, "group"))
         .coordinators(arg(&args, "coordinators").split(','))
         .redis(arg(&args, "redis"))
         .member_id(arg(&args, "member"))
@@ -111,7 +120,11 @@ async fn main() {
         .lease_safety_margin(ms(&args, "margin_ms"))
         .request_timeout(Duration::from_millis(400))
         .read_block(Duration::from_millis(300))
-        .batch_size(4)
+        .batch_size(4);
+    if args.contains_key("read_failure_ms") {
+        builder = builder.read_failure_timeout(ms(&args, "read_failure_ms"));
+    }
+    let consumer = builder
         .handler(move |msg: Message| {
             let log = handler_log.clone();
             async move {
@@ -133,9 +146,25 @@ async fn main() {
         .build()
         .expect("stall_worker: invalid configuration");
     let _ = log.status.set(consumer.status());
-    let never = stream_consumer::CancellationToken::new();
-    if let Err(e) = consumer.run(never).await {
-        eprintln!("stall_worker: consumer stopped: {e}");
-        std::process::exit(1);
+    let shutdown = stream_consumer::CancellationToken::new();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("stall_worker: cannot watch SIGTERM");
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            terminate.recv().await;
+            shutdown.cancel();
+        }
+    });
+    match consumer.run(shutdown).await {
+        Ok(_) => {}
+        Err(e @ ConsumerError::Replaced { .. }) => {
+            eprintln!("stall_worker: replaced: {e}");
+            std::process::exit(EXIT_REPLACED);
+        }
+        Err(e) => {
+            eprintln!("stall_worker: consumer stopped: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -149,6 +149,8 @@ pub struct StallWorker {
     pub group: String,
     /// How long each handler sleeps.
     pub handle: Duration,
+    /// The consumer's `read_failure_timeout` (its default when `None`).
+    pub read_failure: Option<Duration>,
 }
 
 impl StallWorker {
@@ -156,7 +158,11 @@ impl StallWorker {
     pub fn spawn(&self, member: &str, dir: &std::path::Path, name: &str) -> std::process::Child {
         use std::process::{Command, Stdio};
         let stderr = std::fs::File::create(dir.join(format!("{name}.stderr"))).expect("worker stderr file");
-        Command::new(env!("CARGO_BIN_EXE_stall_worker"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stall_worker"));
+        if let Some(d) = self.read_failure {
+            command.arg(format!("read_failure_ms={}", d.as_millis()));
+        }
+        command
             .arg(format!("coordinators={}", self.coordinators))
             .arg(format!("redis={}", self.redis))
             .arg(format!("stream={}", self.stream))

@@ -7,21 +7,28 @@
 //!   transition, and tells the test it fired ([`Trigger`]);
 //! * [`builders`]: consumer and producer builders whose handlers and publishes record into a [`History`]
 //!   (level 3);
-//! * [`assertions`]: checks over the stored group and what members read.
+//! * [`assertions`]: checks over the stored group and what members read;
+//! * [`processes`]: signals to processes and the records of the worker processes (`src/bin/stall_worker.rs`);
+//!   [`coord_process`]: coordinators in processes of their own ([`CoordProcess`]), which can hold a section at its
+//!   write boundary while the test stops or terminates them.
 #![allow(dead_code)] // each scenario file uses a different subset
 #![allow(unused_imports)] // the shared imports below serve the submodules; each file uses a different subset
 
 pub mod api;
 pub mod assertions;
 pub mod builders;
+pub mod coord_process;
 pub mod env;
+pub mod processes;
 pub mod triggers;
 pub mod wire_member;
 
 pub use api::*;
 pub use assertions::*;
 pub use builders::*;
+pub use coord_process::*;
 pub use env::*;
+pub use processes::*;
 pub use triggers::*;
 pub use wire_member::*;
 
