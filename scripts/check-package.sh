@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # Packages every crate meant for a registry (each crate without `publish = false`) the way `cargo publish` would,
-# without publishing: versions on the workspace's path dependencies, metadata and the files each package carries.
-# The workspace's crates depend on each other unpublished; `cargo package --workspace` (cargo 1.89 and newer)
-# resolves them against the packages it has just made, so no registry needs to hold them first.
+# without publishing, then builds the packages from their .crate files alone.
 #
-#   scripts/check-package.sh            package and verify (builds every package from its .crate, as a user
-#                                       would; a few minutes, its own target dir under target/package)
-#   scripts/check-package.sh --no-verify   package only (seconds): versions, metadata, file lists
-#   scripts/check-package.sh --list     the files each package would carry
+#   scripts/check-package.sh               package, then build the packages standalone (a few minutes cold, its
+#                                          own target dir target/package-check, incremental afterwards)
+#   scripts/check-package.sh --no-verify   package only (seconds): versions on path dependencies, metadata, files
+#   scripts/check-package.sh --list        the files each package would carry
+#
+# 1. `cargo package --workspace --no-verify` (cargo 1.89 and newer package workspace crates that depend on each
+#    other unpublished): every path dependency must carry a version, the manifest is rewritten as a registry
+#    would get it, and each package holds only its `include` list.
+# 2. The .crate files are unpacked into a scratch workspace whose `[patch.crates-io]` points every package's name
+#    at its unpacked copy, with the repository's Cargo.lock (the same external versions as the tests), and built:
+#    each package compiles from the files it carries, against the other packages as packaged.
+#
+# Why not cargo's own verification (`cargo package` without --no-verify): it resolves the packages' dependencies
+# on each other through the registry overlaid with the new packages, and two of our package names, `protocol`
+# and `client-core`, belong to other projects on crates.io with higher 0.1.x versions, which win the resolution
+# (the verify build then compiles a stranger's `protocol`). Publishing therefore needs those two packages renamed
+# first (e.g. package `redis-stream-coord-protocol` with `[lib] name = "protocol"`); step 2 checks everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
 mode=${1:-}
 case "$mode" in "" | --no-verify | --list) ;; *) echo "usage: scripts/check-package.sh [--no-verify|--list]" >&2; exit 2 ;; esac
@@ -29,15 +41,43 @@ if [ "$mode" = --list ]; then
   done
   exit 0
 fi
-# --allow-dirty: checks what is in the work tree, committed or not (CI's clone is clean either way).
+
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+scratch=$(mktemp -d)
+trap 'rm -rf "$out" "$scratch"' EXIT
 status=0
-cargo package --workspace "${excluded[@]}" --allow-dirty --locked ${mode:+"$mode"} >"$out" 2>&1 || status=$?
-# A package leaves its tests and benchmarks out (they need the workspace): cargo names each one it ignores.
+# --allow-dirty: checks what is in the work tree, committed or not (CI's clone is clean either way).
+cargo package --workspace "${excluded[@]}" --allow-dirty --locked --no-verify >"$out" 2>&1 || status=$?
+# A package leaves its tests and benchmarks out (they need the workspace's test-support and real redis-servers):
+# cargo names each one it ignores.
 grep -v '^warning: ignoring \(test\|bench\|example\) `' "$out" || true
 if [ "$status" != 0 ]; then
   echo "check-package: FAIL (cargo package exited with $status)" >&2
   exit 1
 fi
-echo "check-package: PASS (${#publishable[@]} crates${mode:+ $mode}: ${publishable[*]})"
+if [ "$mode" = --no-verify ]; then
+  echo "check-package: PASS (${#publishable[@]} crates packaged, not built: ${publishable[*]})"
+  exit 0
+fi
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+{
+  echo '[workspace]'
+  echo 'resolver = "2"'
+  echo 'members = ['
+  for name in "${publishable[@]}"; do echo "  \"$name-$version\","; done
+  echo ']'
+  echo '[patch.crates-io]'
+  for name in "${publishable[@]}"; do echo "$name = { path = \"$name-$version\" }"; done
+} >"$scratch/Cargo.toml"
+for name in "${publishable[@]}"; do
+  tar -xzf "target/package/$name-$version.crate" -C "$scratch"
+done
+cp Cargo.lock "$scratch/"
+echo "== building the packages from their .crate files (scratch workspace, target/package-check)"
+if ! (cd "$scratch" && CARGO_TARGET_DIR="$root/target/package-check" cargo build --workspace --all-features 2>&1 |
+  grep -v '^\s*Compiling '; exit "${PIPESTATUS[0]}"); then
+  echo "check-package: FAIL (a package does not build from its .crate file)" >&2
+  exit 1
+fi
+echo "check-package: PASS (${#publishable[@]} crates packaged and built standalone: ${publishable[*]})"
