@@ -16,9 +16,10 @@
 #
 # Why not cargo's own verification (`cargo package` without --no-verify): it resolves the packages' dependencies
 # on each other through the registry overlaid with the new packages, and two of our package names, `protocol`
-# and `client-core`, belong to other projects on crates.io with higher 0.1.x versions, which win the resolution
-# (the verify build then compiles a stranger's `protocol`). Publishing therefore needs those two packages renamed
-# first (e.g. package `redis-stream-coord-protocol` with `[lib] name = "protocol"`); step 2 checks everything else.
+# and `client-core`, belong to other projects on the public Rust registry with higher 0.1.x versions, which win
+# the resolution (the verify build then compiles a stranger's `protocol`). Publishing therefore needs those two
+# packages renamed first (e.g. package `redis-stream-coord-protocol` with `[lib] name = "protocol"`); step 2
+# checks everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
