@@ -1,6 +1,7 @@
 //! Smoke test of the demo: `demo --short --no-progress` (its own private redis-server from PATH, an in-process
 //! coordinator, a crash and a join) must exit 0 and report 0 missing records and 0 order violations; the same with
-//! `--cluster` (a private local 3-master Redis Cluster).
+//! `--cluster` (a private local 3-master Redis Cluster), which also prints the shards' spread over the masters and
+//! the slot migration it does while everything runs.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -39,6 +40,24 @@ fn short_demo_on_a_local_cluster_processes_everything_in_order() {
     assert!(
         stdout.contains("Redis Cluster"),
         "the demo says it runs on the cluster:\n{stdout}"
+    );
+    // Which master serves which shard, before and after the slot migration it does.
+    let spreads = stdout
+        .matches("shards on the cluster's masters: master 127.0.0.1:")
+        .count();
+    assert!(
+        spreads >= 2,
+        "the demo prints the shard spread before and after its migration:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("slot migration: slot ") && stdout.contains(" moved from master 127.0.0.1:"),
+        "the demo prints the slot migration it did:\n{stdout}"
+    );
+    let table = summary(&stdout);
+    assert_eq!(
+        number(&table, "slot migrations (cluster)", &stdout),
+        1,
+        "the summary counts the migration:\n{stdout}"
     );
 }
 

@@ -36,6 +36,9 @@
 //! # }
 //! ```
 //!
+//! The same consumer pull-style, a `futures::Stream` of messages each acknowledged explicitly:
+//! [`ConsumerBuilder::build_stream`] (its example), [`MessageStream`], [`PulledMessage::ack`].
+//!
 //! # Guarantees
 //! * **At-least-once.** An entry is acknowledged (`XACK`) only after the handler returned `Ok`. A failed handler
 //!   leaves it pending and it is retried with backoff; an entry delivered more than `max_deliveries` times goes
@@ -109,7 +112,15 @@
 //! }
 //! ```
 //!
+//! # Optional features
+//! * `metrics` (default): records the consumer's metrics (assignment lease remaining, revoking shards, heartbeat
+//!   outcomes by status, lease expiries, rejoins, rebalances, handler errors, dead letters) through the
+//!   [`metrics`](https://docs.rs/metrics/0.24) facade. The application installs the recorder (the exporter of its
+//!   choice) *before* building the consumer. Names and update points: [`metrics`]. Disable it with
+//!   `default-features = false`; the [`metrics::names`] constants stay available.
+//!
 //! # Layout
+//! How the crate is built inside (none of these modules needs to be known to use it):
 //! * `config`: [`ConsumerConfig`], [`Timings`], [`StartPosition`]; validation.
 //! * `builder`: [`ConsumerBuilder`] and [`Consumer::builder`]. `build()` is inert: it checks the settings and
 //!   connects to nothing; the consumer starts with [`Consumer::run`], [`Consumer::start`] or [`Consumer::spawn`].
@@ -139,13 +150,6 @@
 //!
 //! The coordinator HTTP client (several URLs, failover on connection errors and on
 //! `503 COORDINATOR_TERMINATING`) is `client_core::CoordClient`, shared with the producer SDK.
-//!
-//! # Optional features
-//! * `metrics` (default): records the consumer's metrics (assignment lease remaining, revoking shards, heartbeat
-//!   outcomes by status, lease expiries, rejoins, rebalances, handler errors, dead letters) through the
-//!   [`metrics`](https://docs.rs/metrics/0.24) facade. The application installs the recorder (the exporter of its
-//!   choice) *before* building the consumer. Names and update points: [`metrics`]. Disable it with
-//!   `default-features = false`; the [`metrics::names`] constants stay available.
 #![warn(missing_docs)]
 
 mod builder;

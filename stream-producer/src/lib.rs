@@ -7,7 +7,91 @@
 //! closed ([`PublishError::RoutingExpired`]) and writes nothing, rather than route with a shard count that may
 //! be stale.
 //!
+//! # Example
+//! ```no_run
+//! use stream_producer::{Producer, Record};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let producer = Producer::builder("orders")
+//!     .coordinator("http://127.0.0.1:7400")
+//!     .redis("redis://127.0.0.1:6379")
+//!     .build()?;
+//!
+//! // One record, routed by its key.
+//! let p = producer.send("customer-42", &[("type", "order-created"), ("amount", "12.50")]).await?;
+//! println!("written to shard {} as {}", p.shard, p.id);
+//!
+//! // A batch: one pipeline per shard.
+//! let batch = (0..100)
+//!     .map(|i| Record::with_key(format!("customer-{i}")).field("amount", format!("{i}.00")))
+//!     .collect();
+//! producer.send_batch(batch).await?;
+//!
+//! // The batching mode: accepted now, written with others.
+//! let delivery = producer.enqueue(Record::without_key().field("amount", "0.10")).await?;
+//! delivery.await?;
+//!
+//! // Publish what is queued, stop the tasks.
+//! let stats = producer.close().await?;
+//! println!("{} records written", stats.records_written);
+//! # Ok(()) }
+//! ```
+//!
+//! # Publishing
+//! * [`Producer::send`] / [`Producer::send_record`]: one record, one answer (shard and entry id).
+//! * [`Producer::send_batch`]: many records, one pipeline per shard, one answer per record.
+//! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
+//!   and [`Producer::close`] wait for every accepted record's outcome.
+//!
+//! Each shard batch is written fenced: as a transaction whose `WATCH`ed check of the shard's fence comes first (one
+//! server), or as one call of the publish script (idempotent producer, Redis Cluster). Either writes the whole batch
+//! or nothing and refuses a producer whose routing version is below the shard's fence (set when the stream grows)
+//! with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
+//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
+//!
+//! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
+//! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
+//! knows when retrying is safe.
+//!
+//! # Outcomes: what to do when a publish fails
+//! Every [`PublishError`] says whether the record is in its shard stream ([`PublishError::write_state`]):
+//! * [`WriteState::NotWritten`]: sending it again cannot duplicate it. Among these, [`PublishError::Fenced`] is
+//!   the one seen right after the stream grew (`coordctl add-shards`): the producer routed with the old shard
+//!   count, the shard's fence refused the batch, and the producer has already fetched the new routing, so sending
+//!   again places the record right ([`ProducerBuilder::reroute_fenced`] does it inside the call).
+//!   [`PublishError::RoutingExpired`] means no coordinator answered for longer than the routing lease.
+//! * [`WriteState::Unknown`]: the request left and its answer was lost ([`PublishError::ConnectionLost`]);
+//!   sending again may duplicate it, unless the producer is idempotent ([`ProducerBuilder::idempotence`]).
+//!
+//! [`PublishError::is_retryable`] says whether sending again later can succeed. A batch answers one
+//! [`RecordOutcome`] per record ([`BatchError::indices`] finds those safe to send again). The table of every error
+//! with what to do is in the crate's README (`stream-producer/README.md`, "Outcomes").
+//!
+//! # Routing rules
+//! The cache follows the failure-handling design's producer rules; each is a test in `routing_cache`:
+//! 1. The lease starts at the monotonic send time of the refresh that returned it and lasts `routingLeaseMs`.
+//! 2. A refresh runs at `refreshIntervalMs` (a third of the lease) after that, even while publishes succeed.
+//! 3. Knowing a newer routing version exists ([`Producer::observe_routing_version`]) refreshes at once, and
+//!    publishes wait for that refresh. Publishes that find the lease ended refresh first too. Concurrent
+//!    publishes share one refresh.
+//! 4. The cache is replaced only by a newer routing version, except when the coordinator answers
+//!    `SYNC_METADATA` (the producer reported a version above what Redis stores, e.g. after a Redis rollback):
+//!    then the stored routing is adopted and counted ([`ProducerStats::routing_rollbacks`]).
+//! 5. A failed refresh keeps the cache while its lease holds; once the lease has ended and refresh still fails,
+//!    every publish fails with [`PublishError::RoutingExpired`] and nothing is written.
+//! 6. Every refresh carries the routing version in use and the highest one ever observed (kept by the
+//!    [`VersionStore`], key: the stream name). Several coordinator URLs may be given; a connection error or
+//!    `503 COORDINATOR_TERMINATING` moves to the next at once.
+//!
+//! # Optional features
+//! * `metrics` (default): records the producer's metrics (routing cache age, routing lease remaining, refresh
+//!   failures, rollbacks, refused publishes, record outcomes) through the [`metrics`](https://docs.rs/metrics/0.24)
+//!   facade. The application installs the recorder (the exporter of its choice) *before* building the producer.
+//!   Names and update points: [`metrics`]. Disable it with `default-features = false`; the [`metrics::names`]
+//!   constants stay available.
+//!
 //! # Layout
+//! How the crate is built inside (none of these modules needs to be known to use it):
 //! * `routing_cache`: the pure routing cache: entries, the lease (from the *send* time of the refresh that
 //!   returned it), and the "refresh now?", "replace?" and "refuse?" decisions. No clock, no I/O.
 //! * `refresher`: fetches routing from the coordinator (single flight; the background schedule and the publish
@@ -31,73 +115,6 @@
 //!   [`ProducerError`]. [`CoordError`] and [`RedisCheckError`], which they carry, are re-exported.
 //! * [`stats`]: the counters and routing state callers read ([`ProducerStats`]).
 //! * [`metrics`]: metric names, labels, and where each is updated.
-//!
-//! # Routing rules
-//! The cache follows the failure-handling design's producer rules; each is a test in `routing_cache`:
-//! 1. The lease starts at the monotonic send time of the refresh that returned it and lasts `routingLeaseMs`.
-//! 2. A refresh runs at `refreshIntervalMs` (a third of the lease) after that, even while publishes succeed.
-//! 3. Knowing a newer routing version exists ([`Producer::observe_routing_version`]) refreshes at once, and
-//!    publishes wait for that refresh. Publishes that find the lease ended refresh first too. Concurrent
-//!    publishes share one refresh.
-//! 4. The cache is replaced only by a newer routing version, except when the coordinator answers
-//!    `SYNC_METADATA` (the producer reported a version above what Redis stores, e.g. after a Redis rollback):
-//!    then the stored routing is adopted and counted ([`ProducerStats::routing_rollbacks`]).
-//! 5. A failed refresh keeps the cache while its lease holds; once the lease has ended and refresh still fails,
-//!    every publish fails with [`PublishError::RoutingExpired`] and nothing is written.
-//! 6. Every refresh carries the routing version in use and the highest one ever observed (kept by the
-//!    [`VersionStore`], key: the stream name). Several coordinator URLs may be given; a connection error or
-//!    `503 COORDINATOR_TERMINATING` moves to the next at once.
-//!
-//! # Publishing
-//! * [`Producer::send`] / [`Producer::send_record`]: one record, one answer (shard and entry id).
-//! * [`Producer::send_batch`]: many records, one pipeline per shard, one answer per record.
-//! * [`Producer::enqueue`] + [`Delivery`]: the batching mode, for many concurrent callers; [`Producer::flush`]
-//!   and [`Producer::close`] wait for every accepted record's outcome.
-//!
-//! Each shard batch is written fenced: as a transaction whose `WATCH`ed check of the shard's fence comes first (one
-//! server), or as one call of the publish script (idempotent producer, Redis Cluster). Either writes the whole batch
-//! or nothing and refuses a producer whose routing version is below the shard's fence (set when the stream grows)
-//! with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
-//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
-//!
-//! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
-//! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
-//! knows when retrying is safe.
-//!
-//! # Optional features
-//! * `metrics` (default): records the producer's metrics (routing cache age, routing lease remaining, refresh
-//!   failures, rollbacks, refused publishes, record outcomes) through the [`metrics`](https://docs.rs/metrics/0.24)
-//!   facade. The application installs the recorder (the exporter of its choice) *before* building the producer.
-//!   Names and update points: [`metrics`]. Disable it with `default-features = false`; the [`metrics::names`]
-//!   constants stay available.
-//!
-//! # Example
-//! ```no_run
-//! use stream_producer::{Producer, Record};
-//!
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let producer = Producer::builder("orders")
-//!     .coordinator("http://127.0.0.1:7400")
-//!     .redis("redis://127.0.0.1:6379")
-//!     .build()?;
-//!
-//! // One record, routed by its key.
-//! let p = producer.send("customer-42", &[("type", "order-created")]).await?;
-//! println!("written to shard {} as {}", p.shard, p.id);
-//!
-//! // A batch: one pipeline per shard.
-//! let batch = (0..100).map(|i| Record::with_key(format!("customer-{i}")).field("n", i.to_string())).collect();
-//! producer.send_batch(batch).await?;
-//!
-//! // The batching mode: accepted now, written with others.
-//! let delivery = producer.enqueue(Record::without_key().field("ping", "1")).await?;
-//! delivery.await?;
-//!
-//! // Publish what is queued, stop the tasks.
-//! let stats = producer.close().await?;
-//! println!("{} records written", stats.records_written);
-//! # Ok(()) }
-//! ```
 #![warn(missing_docs)]
 
 mod batcher;

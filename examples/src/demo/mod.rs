@@ -6,7 +6,9 @@
 //!
 //! 1. Redis: `--redis-url` / `REDIS_URL` when given, else a private `redis-server` from `PATH` on a free loopback
 //!    port (persistence off, killed at the end; see `examples::redis_launcher`); with `--cluster`, a private
-//!    local Redis Cluster of three masters (`examples::cluster_launcher`), the 8 shards spread over them.
+//!    local Redis Cluster of three masters (`examples::cluster_launcher`), the 8 shards spread over them (the
+//!    demo prints which master serves which shard, and a quarter of the way through moves one shard's slot live
+//!    to another master, printing the move).
 //! 2. Coordinator: in-process (`CoordinatorHandle` on `127.0.0.1:0`), or an external one with
 //!    `--coordinator-url` (then `--redis-url` must name the Redis that coordinator uses).
 //! 3. The demo creates stream `demo-<unique>` with 8 shards and group `demo` through the admin API
@@ -94,8 +96,8 @@ pub async fn main() -> ExitCode {
         .init();
     let out = Arc::new(Output::new(multi, settings.progress, settings.records));
 
-    // Redis: given, or a private redis-server (killed when `_launcher` is dropped, also on Ctrl-C).
-    let (redis_url, redis_label, _launcher) = match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
+    // Redis: given, or a private redis-server (killed when `launcher` is dropped, also on Ctrl-C).
+    let (redis_url, redis_label, launcher) = match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
         // The label is printed and logged: never with the URL's password.
         Some(url) => {
             eprintln!(
@@ -136,8 +138,12 @@ pub async fn main() -> ExitCode {
             }
         },
     };
+    let cluster = match &launcher {
+        Some(Launched::Cluster(c)) => Some(c),
+        _ => None,
+    };
     let result = tokio::select! {
-        r = run::run(&args, Arc::clone(&settings), redis_url, redis_label, Arc::clone(&out)) => r,
+        r = run::run(&args, Arc::clone(&settings), redis_url, redis_label, cluster, Arc::clone(&out)) => r,
         _ = tokio::signal::ctrl_c() => {
             out.finish();
             eprintln!("interrupted");

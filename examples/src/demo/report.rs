@@ -28,6 +28,8 @@ pub(crate) struct Report {
     pub(crate) deadline_passed: bool,
     pub(crate) coordinator: String,
     pub(crate) redis: String,
+    /// On a cluster: the slot migrations the demo did, one line each (`slot 2319 (shard 4): :p1 -> :p2, ...`).
+    pub(crate) slot_migrations: Option<Vec<String>>,
 }
 
 pub(crate) struct MemberRow {
@@ -211,6 +213,17 @@ impl Report {
                 self.process_secs
             ),
         );
+        if let Some(moves) = &self.slot_migrations {
+            row(
+                "slot migrations (cluster)",
+                moves.len().to_string(),
+                if moves.is_empty() {
+                    "none".into()
+                } else {
+                    moves.join("; ")
+                },
+            );
+        }
         row(
             "wall time",
             format!("{:.2} s", self.total_secs),

@@ -6,11 +6,14 @@ use super::output::Output;
 use super::publish::publish;
 use super::report::{CrashRow, JoinRow, MemberRow, Report};
 use super::settings::{Args, Settings, CONSUMERS, PRODUCERS, SHARDS};
+use crate::cluster_launcher::ClusterLauncher;
 use crate::ledger::Ledger;
 use anyhow::{Context, Result};
 use client_core::admin::AdminClient;
 use coord_server::server::CoordinatorHandle;
+use protocol::keys;
 use protocol::messages::CreateGroupRequest;
+use protocol::names::StreamName;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +139,7 @@ pub(crate) async fn run(
     settings: Arc<Settings>,
     redis_url: String,
     redis_label: String,
+    cluster: Option<&ClusterLauncher>,
     out: Arc<Output>,
 ) -> Result<Report> {
     let start = out.start;
@@ -182,6 +186,10 @@ pub(crate) async fn run(
         history: History::new(),
         out: Arc::clone(&out),
     };
+    let stream = StreamName::new(settings.stream.as_str()).context("the demo's stream name")?;
+    if let Some(cluster) = cluster {
+        print_spread(&out, cluster, &stream).await?;
+    }
     let mut consumers: BTreeMap<usize, ConsumerHandle> = BTreeMap::new();
     for m in 0..CONSUMERS {
         consumers.insert(m, spawn_consumer(&shared, m)?);
@@ -232,6 +240,9 @@ pub(crate) async fn run(
     let plain_every = Duration::from_secs(1);
     let mut last_plain = Instant::now();
     let mut crashed = false;
+    // On a cluster, one shard's slot moves to another master a quarter of the way through, while everything runs.
+    let mut migrated = cluster.is_none();
+    let mut slot_migrations = cluster.map(|_| Vec::new());
     let publish_done: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
     let show = |force_plain: bool, last_plain: &mut Instant| {
         let processed = shared.ledger.lock().expect("ledger lock").counts().distinct;
@@ -245,9 +256,17 @@ pub(crate) async fn run(
         out.status(published, (processed, secs), &line, plain);
     };
 
-    // Publishing, with the crash and the join halfway.
+    // Publishing, with the crash and the join halfway (and on a cluster, a slot migration before).
     loop {
         let done = publishers.iter().all(|p| p.is_finished());
+        if let Some(cluster) = cluster.filter(|_| !migrated) {
+            if done || attempted.load(Ordering::Relaxed) >= settings.records / 4 {
+                migrated = true;
+                show(true, &mut last_plain);
+                let moved = migrate_one_shard(&out, cluster, &stream).await?;
+                slot_migrations.get_or_insert_with(Vec::new).push(moved);
+            }
+        }
         if !crashed && (done || attempted.load(Ordering::Relaxed) >= settings.records / 2) {
             crashed = true;
             show(true, &mut last_plain);
@@ -366,7 +385,89 @@ pub(crate) async fn run(
         deadline_passed,
         coordinator: coordinator_label,
         redis: redis_label,
+        slot_migrations,
     })
+}
+
+/// Prints which master serves each shard's slot; answers the shards of each node (by index).
+async fn print_spread(out: &Output, cluster: &ClusterLauncher, stream: &StreamName) -> Result<Vec<Vec<ShardId>>> {
+    let mut by_node: Vec<Vec<ShardId>> = vec![Vec::new(); cluster.nodes().len()];
+    for s in 0..SHARDS {
+        let owner = cluster
+            .owner_of_slot(keys::shard_slot(stream, ShardId(s)))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        by_node[owner].push(ShardId(s));
+    }
+    let spread: Vec<String> = by_node
+        .iter()
+        .enumerate()
+        .map(|(node, shards)| {
+            let list: Vec<String> = shards
+                .iter()
+                .map(|&s| format!("{} (slot {})", s.0, keys::shard_slot(stream, s)))
+                .collect();
+            format!(
+                "master 127.0.0.1:{}: {} shard(s) {}",
+                cluster.nodes()[node].port(),
+                shards.len(),
+                if list.is_empty() {
+                    "-".to_owned()
+                } else {
+                    list.join(", ")
+                }
+            )
+        })
+        .collect();
+    out.event(format!("shards on the cluster's masters: {}", spread.join("; ")));
+    Ok(by_node)
+}
+
+/// Moves the slot of one shard of the master with the most shards, live, to the master with the fewest (as an
+/// operator rebalancing a cluster would), and says so; producers and consumers follow `ASK` and `MOVED`. Answers
+/// the move in one line for the summary.
+async fn migrate_one_shard(out: &Output, cluster: &ClusterLauncher, stream: &StreamName) -> Result<String> {
+    let by_node = print_spread(out, cluster, stream).await?;
+    let (from, _) = by_node
+        .iter()
+        .enumerate()
+        .max_by_key(|(node, shards)| (shards.len(), std::cmp::Reverse(*node)))
+        .context("the cluster has no node")?;
+    let (to, _) = by_node
+        .iter()
+        .enumerate()
+        .filter(|(node, _)| *node != from)
+        .min_by_key(|(node, shards)| (shards.len(), *node))
+        .context("the cluster has one node only")?;
+    let shard = *by_node[from].last().context("no shard on the fullest master")?;
+    let slot = keys::shard_slot(stream, shard);
+    let port = |node: usize| cluster.nodes()[node].port();
+    out.event(format!(
+        "slot migration: moving slot {slot} (shard {}) live from master 127.0.0.1:{} to master 127.0.0.1:{}, while \
+         producers and consumers run (they follow ASK, then MOVED)",
+        shard.0,
+        port(from),
+        port(to)
+    ));
+    let moved = cluster.migrate_slot(slot, to).await.map_err(anyhow::Error::msg)?;
+    out.event(format!(
+        "slot migration: slot {slot} (shard {}) moved from master 127.0.0.1:{} to master 127.0.0.1:{}, {} key(s) in \
+         {} ms",
+        shard.0,
+        port(moved.from),
+        port(moved.to),
+        moved.keys,
+        moved.took.as_millis()
+    ));
+    print_spread(out, cluster, stream).await?;
+    Ok(format!(
+        "slot {slot} (shard {}): :{} -> :{}, {} key(s), {} ms",
+        shard.0,
+        port(moved.from),
+        port(moved.to),
+        moved.keys,
+        moved.took.as_millis()
+    ))
 }
 
 /// Aborts the member reading the most shards (a crash) and starts a new one.
