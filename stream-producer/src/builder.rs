@@ -276,11 +276,12 @@ impl ProducerBuilder {
     /// were not written (fenced, refused) stay [`NotWritten`](crate::WriteState::NotWritten).
     ///
     /// **Cost.** Each request waits for the replicas' acknowledgement (about one round trip from the master to a
-    /// replica after the write) and the connection carries nothing else meanwhile: `WAIT` blocks it, so requests
-    /// queued behind it on the same connection wait too. On loopback, with a replica on the same 2 cores,
-    /// `producer_bench` measured the durable fenced `send_batch` at about 0.7 of the non-durable one's rate
-    /// (BENCHMARKS.md, issue 30). When the replicas do not answer, every request of a connection waits the full
-    /// `timeout` in turn; requests queued behind it may then reach the
+    /// replica after the write), and `WAIT` blocks its connection meanwhile, so requests queued behind it on the
+    /// same connection wait too. With many calls in flight this hardly shows: `producer_bench` (a replica on the
+    /// same 2 cores, 32 callers) measured the durable modes at 0.93 to 1.06 of the same modes without durability.
+    /// One call at a time pays the acknowledgement per call: plain `XADD`s at 0.85 of their non-durable rate, the
+    /// checked transaction at 0.34 to 0.75 (BENCHMARKS.md, issue 30). When the replicas do not answer, every
+    /// request of a connection waits the full `timeout` in turn; requests queued behind it may then reach the
     /// [`redis_response_timeout`](Self::redis_response_timeout) and come back as
     /// [`ConnectionLost`](crate::PublishError::ConnectionLost) (also Unknown).
     ///
