@@ -43,6 +43,12 @@
 //! * **At-least-once.** An entry is acknowledged (`XACK`) only after the handler returned `Ok`. A failed handler
 //!   leaves it pending and it is retried with backoff; an entry delivered more than `max_deliveries` times goes
 //!   to its shard's dead-letter stream ([`dead_letter`]). Handlers must be idempotent.
+//! * **A lost acknowledgement is a redelivery.** An `XACK` is a Redis write like any other: a failover to a replica
+//!   that had not received it yet loses it, and the promoted replica still lists the entry as pending. The reader's
+//!   connection breaks with the failover, and a reader that reconnects re-delivers pending entries before it reads
+//!   new ones (as the next owner of a moved shard does), so the handler runs again for that entry: at-least-once,
+//!   never a loss. The consumer does not wait for replicas after an `XACK` (it would only make such a duplicate
+//!   rarer); see `docs/failure-handling.md`, "Data writes a Redis failover loses".
 //! * **Per-shard order.** Entries of one shard are handled one at a time, in stream order; a failing entry holds
 //!   its shard until it succeeds or is dead-lettered. Shards run concurrently.
 //! * **No shard is read by two members at once**, as long as the coordinator's rules hold: a member reads a shard

@@ -89,6 +89,42 @@ impl Default for IdempotenceConfig {
     }
 }
 
+/// What [`Written`](crate::WriteState::Written) means: acknowledged by the Redis master (primary) alone, or also by
+/// replicas (Kafka's `acks=1` against `acks=all` with `min.insync.replicas`). See
+/// [`ProducerBuilder::durability`](crate::ProducerBuilder::durability).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Written means the master that holds the shard's stream executed the write (the default). Redis replicates
+    /// asynchronously: a failover to a replica that had not received the write yet loses it, and the producer
+    /// cannot tell.
+    #[default]
+    Primary,
+    /// Written means the master executed the write *and* at least `min` of its replicas confirmed it within
+    /// `timeout`: every write is followed, on the same connection and in the same request, by
+    /// `WAIT <min> <timeout ms>`. When fewer confirm in time the records get
+    /// [`PublishError::NotReplicated`](crate::PublishError::NotReplicated) ([`Unknown`](crate::WriteState::Unknown):
+    /// written on the master, may or may not survive a failover), never Written.
+    Replicas {
+        /// Replicas that must confirm a write. At least 1.
+        min: u32,
+        /// How long the master waits for them (whole milliseconds, rounded up). At least 1 ms, at most
+        /// [`MAX_REPLICA_WAIT`], and below [`ProducerConfig::redis_response_timeout`] (the `WAIT`'s answer must
+        /// arrive before the request's deadline).
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// [`Durability::Replicas`]: Written after `min` replicas confirmed within `timeout`.
+    pub fn replicas(min: u32, timeout: Duration) -> Self {
+        Durability::Replicas { min, timeout }
+    }
+}
+
+/// Longest [`Durability::Replicas`] timeout.
+pub const MAX_REPLICA_WAIT: Duration = Duration::from_secs(60);
+
 /// Longest wait between two retries of an idempotent call.
 pub(crate) const IDEMPOTENT_RETRY_MAX: Duration = Duration::from_millis(500);
 
@@ -147,6 +183,8 @@ pub struct ProducerConfig {
     pub reroute_fenced: bool,
     /// The idempotent producer, when on. Default off.
     pub idempotence: Option<IdempotenceConfig>,
+    /// What Written means: the master's acknowledgement (default), or also `min` replicas' (`WAIT`).
+    pub durability: Durability,
 }
 
 impl std::fmt::Debug for ProducerConfig {
@@ -167,6 +205,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("fencing", &self.fencing)
             .field("reroute_fenced", &self.reroute_fenced)
             .field("idempotence", &self.idempotence)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -189,6 +228,7 @@ impl ProducerConfig {
             fencing: true,
             reroute_fenced: false,
             idempotence: None,
+            durability: Durability::Primary,
         }
     }
 
@@ -264,7 +304,36 @@ impl ProducerConfig {
                 max_batch_size: b.max_batch_size,
             });
         }
+        self.validate_durability()?;
         self.validate_script_settings()
+    }
+
+    fn validate_durability(&self) -> Result<(), ConfigError> {
+        let Durability::Replicas { min, timeout } = self.durability else {
+            return Ok(());
+        };
+        if min == 0 {
+            return Err(ConfigError::OutOfRange {
+                setting: "durability min replicas",
+                rule: "at least 1",
+                value: "0".into(),
+            });
+        }
+        // WAIT's timeout is in milliseconds, and 0 means "block forever".
+        if timeout < Duration::from_millis(1) || timeout > MAX_REPLICA_WAIT {
+            return Err(ConfigError::OutOfRange {
+                setting: "durability timeout",
+                rule: "between 1 ms and 60 s",
+                value: format!("{timeout:?}"),
+            });
+        }
+        if timeout >= self.redis_response_timeout {
+            return Err(ConfigError::ReplicaWaitNotBelowResponseTimeout {
+                wait: timeout,
+                response: self.redis_response_timeout,
+            });
+        }
+        Ok(())
     }
 
     /// [`redis_url`](Self::redis_url) with every password redacted.

@@ -7,8 +7,8 @@
 //! | [`WriteState`] | meaning | safe to retry? |
 //! |---|---|---|
 //! | [`NotWritten`](WriteState::NotWritten) | the record never reached Redis, or Redis refused it | yes |
-//! | [`Unknown`](WriteState::Unknown) | the request left, the answer did not come back (connection dropped, timeout) | only if duplicates are acceptable (at-least-once) |
-//! | [`Written`](WriteState::Written) | the record is in its shard stream (only in a [`BatchError`]'s outcomes) | no |
+//! | [`Unknown`](WriteState::Unknown) | the request left, the answer did not come back (connection dropped, timeout); or, for a durable producer, the master wrote the record but too few replicas confirmed it in time ([`PublishError::NotReplicated`]) | only if duplicates are acceptable (at-least-once) |
+//! | [`Written`](WriteState::Written) | the record is in its shard stream (only in a [`BatchError`]'s outcomes); for a durable producer, also on at least `min` replicas | no |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +82,16 @@ pub enum ConfigError {
         /// The maximum.
         max: Duration,
     },
+    /// The [`Durability::Replicas`](crate::Durability::Replicas) timeout is not below the Redis response timeout:
+    /// a `WAIT` that runs its full time would read as a lost connection instead of
+    /// [`PublishError::NotReplicated`].
+    #[error("durability timeout ({wait:?}) must be below redis_response_timeout ({response:?})")]
+    ReplicaWaitNotBelowResponseTimeout {
+        /// The durability timeout.
+        wait: Duration,
+        /// The Redis response timeout.
+        response: Duration,
+    },
     /// A setting needs the fenced publish script, which was turned off (`fencing(false)`).
     #[error("{setting} needs the fenced publish script (fencing(true))")]
     ScriptRequired {
@@ -124,12 +134,14 @@ impl RefreshError {
 /// Whether a record reached its shard stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteState {
-    /// The record is in its shard stream.
+    /// The record is in its shard stream (for a durable producer: and confirmed by at least the required number
+    /// of replicas, see [`Durability`](crate::Durability)).
     Written,
     /// The record is not in any shard stream: retrying cannot duplicate it.
     NotWritten,
-    /// The request may or may not have been executed (the connection dropped or timed out after it left):
-    /// retrying may duplicate it.
+    /// The request may or may not have been executed (the connection dropped or timed out after it left), or it
+    /// was executed on the master but not confirmed by enough replicas ([`PublishError::NotReplicated`]), so a
+    /// failover may still lose it: retrying may duplicate it.
     Unknown,
 }
 
@@ -208,6 +220,24 @@ pub enum PublishError {
         #[source]
         source: Arc<redis::RedisError>,
     },
+    /// A durable producer ([`Durability::Replicas`](crate::Durability::Replicas)): the master executed the write,
+    /// but fewer than `required` of its replicas confirmed it before the timeout (`WAIT` answered `acked`), or the
+    /// `WAIT` got no count back (`source`: refused, for example by an ACL, or an answer that is not a count).
+    /// Unknown: the record is in the master's stream now, and a failover to a replica that has not received it
+    /// loses it. Sending it again may duplicate it.
+    #[error("shard {shard}: written on the master, confirmed by {acked} of {required} replicas in time{}",
+        source.as_ref().map(|e| format!(" (WAIT failed: {e})")).unwrap_or_default())]
+    NotReplicated {
+        /// The shard.
+        shard: ShardId,
+        /// Replicas that confirmed the write (0 when `WAIT` failed).
+        acked: u32,
+        /// Replicas the producer's durability requires.
+        required: u32,
+        /// Why `WAIT` answered no count, when it did not.
+        #[source]
+        source: Option<Arc<redis::RedisError>>,
+    },
     /// The shard is fenced for the producer's routing version: the stream was resharded (its keys may move) and
     /// the producer has not seen the new routing yet. Nothing was written; the producer refreshes its routing at
     /// once, so sending the record again routes it with the new routing (the producer does so itself with
@@ -281,6 +311,7 @@ impl PublishError {
     pub fn write_state(&self) -> WriteState {
         match self {
             PublishError::ConnectionLost { .. }
+            | PublishError::NotReplicated { .. }
             | PublishError::UnexpectedReply { .. }
             | PublishError::SequenceOutOfWindow { .. }
             | PublishError::Abandoned => WriteState::Unknown,
@@ -311,6 +342,7 @@ impl PublishError {
             | PublishError::Connect { .. }
             | PublishError::NotSent { .. }
             | PublishError::ConnectionLost { .. }
+            | PublishError::NotReplicated { .. }
             | PublishError::Fenced { .. }
             | PublishError::OutOfOrderSequence { .. }
             | PublishError::ClusterUnsettled { .. } => true,
@@ -322,6 +354,12 @@ impl PublishError {
             | PublishError::Closed
             | PublishError::Abandoned => false,
         }
+    }
+
+    /// Whether the record was written on the master but not confirmed by enough replicas in time (see
+    /// [`PublishError::NotReplicated`]).
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self, PublishError::NotReplicated { .. })
     }
 
     /// Whether a shard fence refused the record (see [`PublishError::Fenced`]).

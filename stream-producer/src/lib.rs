@@ -53,6 +53,11 @@
 //! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
 //! knows when retrying is safe.
 //!
+//! Written means the Redis master executed the write, by default. With
+//! [`durability(Durability::Replicas { min, timeout })`](ProducerBuilder::durability) it also means that at least
+//! `min` replicas confirmed it (`WAIT`, pipelined behind the write); records they do not confirm in time are
+//! [`PublishError::NotReplicated`], Unknown.
+//!
 //! # Outcomes: what to do when a publish fails
 //! Every [`PublishError`] says whether the record is in its shard stream ([`PublishError::write_state`]):
 //! * [`WriteState::NotWritten`]: sending it again cannot duplicate it. Among these, [`PublishError::Fenced`] is
@@ -102,6 +107,8 @@
 //!   ([`redis_link::PipelinedConnection`]; the `XADD`s written as RESP by the producer).
 //! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch
 //!   (idempotent producer, Redis Cluster); `publisher::transaction`: the checked transaction (one server).
+//! * `publisher::durable`: durable writes ([`Durability::Replicas`]): the `WAIT` behind every write request, and
+//!   what its answer makes of the request's records.
 //! * `batcher`: the background batching mode (the accumulator callers append to, linger, batch size, backpressure, flush,
 //!   the outcome a batch shares with its deliveries).
 //! * `shared`: what the handle and the batcher share, and the one publish path both take.
@@ -138,7 +145,7 @@ pub use client_core::{
     CoordError, FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore,
     VersionStoreError,
 };
-pub use config::{BatchingConfig, IdempotenceConfig, ProducerConfig, Trim};
+pub use config::{BatchingConfig, Durability, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
 pub use producer::Producer;
 pub use protocol::{EntryId, RoutingVersion, ShardId};

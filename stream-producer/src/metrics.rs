@@ -92,7 +92,8 @@ pub const REASON_NO_ROUTING: &str = "no_routing";
 pub const OUTCOME_WRITTEN: &str = "written";
 /// `outcome` of records known not to be written.
 pub const OUTCOME_NOT_WRITTEN: &str = "not_written";
-/// `outcome` of records that may or may not be written (connection lost mid-pipeline).
+/// `outcome` of records that may or may not be written (connection lost mid-pipeline), or that a durable producer
+/// saw written on the master but not confirmed by enough replicas.
 pub const OUTCOME_UNKNOWN: &str = "unknown";
 
 /// The handles of one producer, registered once at build time (see the module docs). `Default` is a set of

@@ -161,6 +161,7 @@ impl Producer {
         } else {
             publisher
         };
+        let publisher = publisher.durable(config.durability);
         let shared = Arc::new(Shared {
             refresher: refresher.clone(),
             publisher,

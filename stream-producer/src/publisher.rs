@@ -36,7 +36,9 @@
 //! The lane knows whether a request left: a failure to *open* the connection means nothing was sent
 //! ([`PublishError::Connect`], not written); a failure after the pipeline was handed to an open connection (reset,
 //! EOF, timeout) means Redis may have executed any prefix of it ([`PublishError::ConnectionLost`], unknown). An
-//! error reply to one `XADD` fails that record only ([`PublishError::Rejected`], not written).
+//! error reply to one `XADD` fails that record only ([`PublishError::Rejected`], not written). A durable producer
+//! ends every write request with `WAIT`; records it does not confirm are [`PublishError::NotReplicated`],
+//! unknown ([`durable`]).
 //!
 //! # Redis check
 //! The first connection any lane opens is checked before it is used ([`client_core::check_redis`]): the Redis
@@ -88,7 +90,10 @@ use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
 
 pub(crate) mod cluster;
+mod durable;
 mod transaction;
+
+use durable::{Durable, Replication};
 
 pub(crate) use crate::published::Published;
 
@@ -206,15 +211,29 @@ struct RedisGate {
     /// `Ok(Ok)`: passed; `Ok(Err)`: the server cannot serve the producer. A transport failure during the check
     /// leaves it unset, to be taken again.
     verdict: tokio::sync::OnceCell<Result<(), Arc<RedisCheckError>>>,
+    /// What the producer's settings need beyond [`REDIS_REQUIREMENTS`] (`WAIT` for durable writes).
+    also: Option<&'static RedisRequirements>,
 }
 
 impl RedisGate {
+    fn new(url: String, also: Option<&'static RedisRequirements>) -> Self {
+        RedisGate {
+            url,
+            verdict: tokio::sync::OnceCell::new(),
+            also,
+        }
+    }
+
     async fn check(&self, con: &PipelinedConnection) -> Result<(), ConnectFailure> {
         let verdict = self
             .verdict
             .get_or_try_init(|| async {
                 let mut con = con.clone();
-                match check_redis(&mut con, &self.url, &REDIS_REQUIREMENTS).await {
+                let mut checked = check_redis(&mut con, &self.url, &REDIS_REQUIREMENTS).await;
+                if let (Ok(_), Some(also)) = (&checked, self.also) {
+                    checked = check_redis(&mut con, &self.url, also).await;
+                }
+                match checked {
                     Ok(caps) => {
                         tracing::debug!(redis_version = %caps.version, "Redis check passed");
                         Ok(Ok(()))
@@ -533,6 +552,8 @@ pub(crate) struct Publisher {
     trim: Option<Trim>,
     /// The fenced publish script, when on (else plain `XADD` pipelines).
     scripted: Option<Scripted>,
+    /// The `WAIT` behind every write, when durable ([`durable`]).
+    durable: Option<Durable>,
     /// Round-robin position for records without a key.
     round_robin: AtomicU64,
     stats: Arc<Stats>,
@@ -574,10 +595,7 @@ impl Publisher {
             connect: connect_timeout,
             response: response_timeout,
         };
-        let gate = Arc::new(RedisGate {
-            url: redis_url.to_owned(),
-            verdict: tokio::sync::OnceCell::new(),
-        });
+        let gate = Arc::new(RedisGate::new(redis_url.to_owned(), None));
         let lanes = (0..connections)
             .map(|_| Lane::new(gate.clone(), client.clone(), timeouts, false))
             .collect();
@@ -587,6 +605,7 @@ impl Publisher {
             cluster: None,
             trim,
             scripted: None,
+            durable: None,
             round_robin: AtomicU64::new(0),
             stats,
         }
@@ -617,6 +636,7 @@ impl Publisher {
             cluster: Some(Box::new(route)),
             trim,
             scripted: None,
+            durable: None,
             round_robin: AtomicU64::new(0),
             stats,
         })
@@ -804,7 +824,7 @@ impl Publisher {
                     .await;
             }
             let key = keys::shard_stream(&self.stream, shard);
-            let outcomes = if self.cluster.is_some() {
+            let (outcomes, replication) = if self.cluster.is_some() {
                 let mut pipe = redis::Pipeline::with_capacity(indices.len());
                 pipe.ignore_errors();
                 for &i in indices {
@@ -815,7 +835,7 @@ impl Publisher {
                 let commands = self.encode_xadds(&key, indices.iter().map(|&i| records[i].borrow()), minid);
                 self.send_packed(shard, commands, indices.len()).await
             };
-            self.settle_shard(shard, outcomes, indices.len(), routing.version)
+            self.settle_shard(shard, outcomes, indices.len(), routing.version, &replication)
         });
         let results = futures::future::join_all(pipelines).await;
         let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
@@ -830,23 +850,31 @@ impl Publisher {
     }
 
     /// Sends one shard's pipeline: to its lane, or on a cluster to the master of its slot (following redirects).
-    /// One outcome per command, except when a single server answered with another number of replies.
-    async fn send(&self, shard: ShardId, pipe: &redis::Pipeline) -> Vec<CmdOutcome> {
+    /// One outcome per command, except when a single server answered with another number of replies; and, when
+    /// durable, what the `WAIT` behind it confirmed.
+    async fn send(&self, shard: ShardId, pipe: &redis::Pipeline) -> (Vec<CmdOutcome>, Replication) {
         self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
         if let Some(cluster) = &self.cluster {
-            return cluster.run(&self.stats, &self.stream, shard, pipe).await;
+            return cluster
+                .run(&self.stats, &self.stream, shard, pipe, self.durable.as_ref())
+                .await;
         }
         let lane = &self.lanes[shard.index() % self.lanes.len()];
-        cmd_outcomes(lane.run(pipe).await, pipe.len())
+        self.run_on_lane(lane, pipe).await
     }
 
-    /// Sends `count` RESP-encoded commands of one shard to its lane (one server only).
-    async fn send_packed(&self, shard: ShardId, commands: bytes::Bytes, count: usize) -> Vec<CmdOutcome> {
+    /// Sends `count` RESP-encoded commands of one shard to its lane (one server only), and `WAIT` when durable.
+    async fn send_packed(
+        &self,
+        shard: ShardId,
+        commands: bytes::Bytes,
+        count: usize,
+    ) -> (Vec<CmdOutcome>, Replication) {
         self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
         let lane = &self.lanes[shard.index() % self.lanes.len()];
-        cmd_outcomes(lane.run_packed(vec![commands], count).await, count)
+        self.run_packed_on_lane(lane, commands, count).await
     }
 
     /// The results of a shard's `count` `XADD`s from their outcomes.
@@ -856,6 +884,7 @@ impl Publisher {
         outcomes: Vec<CmdOutcome>,
         count: usize,
         routing_version: RoutingVersion,
+        replication: &Replication,
     ) -> Vec<Result<Published, PublishError>> {
         let results: Vec<Result<Published, PublishError>> = if outcomes.len() == count {
             outcomes
@@ -877,6 +906,7 @@ impl Publisher {
             };
             vec![Err(err); count]
         };
+        let results = replication.apply(results);
         self.count(&results);
         results
     }
@@ -928,8 +958,8 @@ impl Publisher {
                     })
                     .collect();
                 let outcomes = self.calls(scripted, shard, presented, trim, &specs).await;
-                for ((indices, outcome), spec) in calls.iter().zip(outcomes).zip(&specs) {
-                    let results = self.results(shard, routing_version, spec, outcome);
+                for ((indices, (outcome, replication)), spec) in calls.iter().zip(outcomes).zip(&specs) {
+                    let results = replication.apply(self.results(shard, routing_version, spec, outcome));
                     for (&i, r) in indices.iter().zip(results) {
                         out[i] = Some(r);
                     }
@@ -985,7 +1015,7 @@ impl Publisher {
                     idle_ms: idem.idle_ms,
                 }),
             };
-            let outcome = self
+            let (outcome, replication) = self
                 .calls(scripted, shard, presented, trim, std::slice::from_ref(&spec))
                 .await
                 .pop()
@@ -1033,12 +1063,13 @@ impl Publisher {
                 sequence.gap = true;
                 return vec![Err(PublishError::ConnectionLost { shard, source }); records.len()];
             }
-            return self.results(shard, routing_version, &spec, outcome);
+            return replication.apply(self.results(shard, routing_version, &spec, outcome));
         }
     }
 
     /// Runs script calls of one shard in one pipeline. Calls answered `NOSCRIPT` (a restarted or failed-over
-    /// Redis: nothing executed) are sent again once, after `SCRIPT LOAD`.
+    /// Redis: nothing executed) are sent again once, after `SCRIPT LOAD`. With each outcome, what the `WAIT`
+    /// behind the call's pipeline confirmed (durable producer).
     async fn calls(
         &self,
         scripted: &Scripted,
@@ -1046,8 +1077,8 @@ impl Publisher {
         presented: Presented,
         trim: ScriptTrim<'_>,
         specs: &[CallSpec<'_>],
-    ) -> Vec<CallOutcome> {
-        let mut outcomes: Vec<Option<CallOutcome>> = (0..specs.len()).map(|_| None).collect();
+    ) -> Vec<(CallOutcome, Replication)> {
+        let mut outcomes: Vec<Option<(CallOutcome, Replication)>> = (0..specs.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..specs.len()).collect();
         for load in [false, true] {
             if pending.is_empty() {
@@ -1070,24 +1101,21 @@ impl Publisher {
                     spec.records.iter().copied(),
                 );
             }
-            let mut replies = self.send(shard, &pipe).await;
+            let (mut replies, replication) = self.send(shard, &pipe).await;
             if load && !replies.is_empty() {
                 // A failed load shows as NOSCRIPT again in the calls behind it.
                 let _load = replies.remove(0);
             }
             if replies.len() != pending.len() {
                 for &c in &pending {
-                    outcomes[c] = Some(CallOutcome::Unexpected(format!(
-                        "{} replies to {} script calls",
-                        replies.len(),
-                        pending.len()
-                    )));
+                    let detail = format!("{} replies to {} script calls", replies.len(), pending.len());
+                    outcomes[c] = Some((CallOutcome::Unexpected(detail), replication.clone()));
                 }
                 break;
             }
             let mut again = Vec::new();
             for (c, reply) in pending.iter().copied().zip(replies) {
-                outcomes[c] = Some(match reply {
+                let outcome = match reply {
                     CmdOutcome::Reply(Err(e))
                         if !load && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                     {
@@ -1103,7 +1131,8 @@ impl Publisher {
                     CmdOutcome::Lost(e) => CallOutcome::Lost(e),
                     CmdOutcome::Unsettled(reason, e) => CallOutcome::Unsettled(reason, e),
                     CmdOutcome::Unexpected(detail) => CallOutcome::Unexpected(detail),
-                });
+                };
+                outcomes[c] = Some((outcome, replication.clone()));
             }
             pending = again;
         }
@@ -1150,14 +1179,19 @@ impl Publisher {
 
     fn count(&self, results: &[Result<Published, PublishError>]) {
         let (mut written, mut not_written, mut unknown) = (0u64, 0u64, 0u64);
+        let mut not_replicated = 0u64;
         for r in results {
             match r {
                 Ok(_) => written += 1,
-                Err(e) if e.write_state() == crate::WriteState::Unknown => unknown += 1,
+                Err(e) if e.write_state() == crate::WriteState::Unknown => {
+                    unknown += 1;
+                    not_replicated += u64::from(e.is_not_replicated());
+                }
                 Err(_) => not_written += 1,
             }
         }
         let s = &self.stats;
+        s.records_not_replicated.fetch_add(not_replicated, Ordering::Relaxed);
         s.records_written.fetch_add(written, Ordering::Relaxed);
         s.records_not_written.fetch_add(not_written, Ordering::Relaxed);
         s.records_unknown.fetch_add(unknown, Ordering::Relaxed);

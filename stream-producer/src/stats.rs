@@ -26,6 +26,7 @@ pub(crate) struct Stats {
     pub records_written: AtomicU64,
     pub records_not_written: AtomicU64,
     pub records_unknown: AtomicU64,
+    pub records_not_replicated: AtomicU64,
     pub pipelines: AtomicU64,
     pub pipelines_in_flight: AtomicU64,
     pub batches: AtomicU64,
@@ -67,6 +68,7 @@ impl Stats {
             records_written: get(&self.records_written),
             records_not_written: get(&self.records_not_written),
             records_unknown: get(&self.records_unknown),
+            records_not_replicated: get(&self.records_not_replicated),
             pipelines: get(&self.pipelines),
             pipelines_in_flight: get(&self.pipelines_in_flight),
             batches: get(&self.batches),
@@ -112,8 +114,11 @@ pub struct ProducerStats {
     pub records_written: u64,
     /// Records that failed and are known not to be written.
     pub records_not_written: u64,
-    /// Records whose outcome is unknown (connection dropped mid-pipeline).
+    /// Records whose outcome is unknown (connection dropped mid-pipeline, or not confirmed by enough replicas).
     pub records_unknown: u64,
+    /// Of [`records_unknown`](Self::records_unknown): records a durable producer saw written on the master but not
+    /// confirmed by enough replicas in time ([`PublishError::NotReplicated`](crate::PublishError::NotReplicated)).
+    pub records_not_replicated: u64,
     /// Pipelines sent to Redis: one per shard per batch; for the fenced producer on one server, one per checked
     /// transaction (its fence check), which carries the batches of several shards of one lane.
     pub pipelines: u64,

@@ -22,6 +22,9 @@
 //! * sdk-enqueue / sdk-enqueue-idem / sdk-enqueue-plain: `--sdk-tasks` tasks calling `Producer::enqueue` one
 //!   record at a time (the batching mode), fenced without and with idempotence, and unfenced; every `Delivery` is
 //!   awaited.
+//! * sdk-durable / sdk-durable-plain / sdk-enqueue-durable (need `--replica`): `send_batch` fenced and plain, and
+//!   `enqueue` fenced, with `Durability::Replicas { min: --durable-replicas, timeout: --durable-timeout-ms }`:
+//!   every write request ends with `WAIT`, and Written means the replica confirmed it (issue 30).
 //! * redis-benchmark (on by default when `redis-benchmark` is on `PATH`): `redis-benchmark -P <pipeline> -c
 //!   <raw-connections> XADD` against the same server, one round with the others, as the physical reference (over
 //!   `--shards` keys; printed, not the baseline).
@@ -36,8 +39,16 @@
 //! memory (`VmRSS` before the mode, and its peak during the mode from `VmHWM`, reset before the mode through
 //! `/proc/self/clear_refs` where the kernel allows it). The load average is printed with every round.
 //!
+//! `--replica`: a second private `redis-server` replicates the first for the whole run (every mode pays for feeding
+//! it; the durable modes wait for it):
+//!
+//! ```text
+//! cargo run --release -p examples --bin producer_bench -- --replica --records 200000 --rounds 3 \
+//!     --modes raw,sdk-batch,sdk-durable,sdk-plain,sdk-durable-plain,sdk-enqueue,sdk-enqueue-durable
+//! ```
+//!
 //! `--cluster`: the same records against a local 3-master Redis Cluster this program starts (the coordinator keeps
-//! its metadata on a private server of its own): raw-cluster (`--sdk-tasks` tasks, each taking `--sdk-batch`
+//! its metadata on the cluster too: the shard records a fenced write checks live with the shards): raw-cluster (`--sdk-tasks` tasks, each taking `--sdk-batch`
 //! records, grouping them by shard and sending one pipeline of `XADD`s per shard, concurrently, through redis-rs's
 //! cluster connection; a pipeline over several slots, even of one node, is refused by that connection, so one
 //! shard per pipeline is the raw loop's best shape) against the SDK modes with a `cluster:` target, interleaved
@@ -63,7 +74,7 @@ use protocol::messages::CreateGroupRequest;
 use protocol::names::{GroupName, StreamName};
 use protocol::routing::shard_for_key;
 use protocol::{keys, ShardId};
-use stream_producer::{BatchingConfig, Producer, Record};
+use stream_producer::{BatchingConfig, Durability, Producer, Record};
 
 /// One shape of the raw loop: `connections` multiplexed redis-rs connections shared by `tasks` tasks (task `t`
 /// uses connection `t % connections`), each task sending pipelines of `depth` `XADD`s and awaiting every reply
@@ -198,7 +209,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Modes to run, comma-separated (raw, sdk-batch, sdk-plain, sdk-idem, sdk-enqueue, sdk-enqueue-idem,
-    /// sdk-enqueue-plain); ratios need raw.
+    /// sdk-enqueue-plain, and with `--replica` sdk-durable, sdk-durable-plain, sdk-enqueue-durable); ratios need raw.
     #[arg(
         long,
         value_delimiter = ',',
@@ -218,6 +229,15 @@ struct Args {
     /// Run against a local 3-master Redis Cluster instead (raw-cluster vs the SDK modes, see the module docs).
     #[arg(long)]
     cluster: bool,
+    /// Attach a replica (a second private redis-server) to the server for the whole run; the durable modes need it.
+    #[arg(long)]
+    replica: bool,
+    /// Durable modes: replicas that must confirm every write (`Durability::Replicas { min }`).
+    #[arg(long, default_value_t = 1)]
+    durable_replicas: u32,
+    /// Durable modes: how long the master waits for them (`Durability::Replicas { timeout }`), in ms.
+    #[arg(long, default_value_t = 1000)]
+    durable_timeout_ms: u64,
 }
 
 impl Args {
@@ -267,6 +287,15 @@ struct PrivateRedis {
 
 impl PrivateRedis {
     fn start(bin: &str) -> Result<PrivateRedis> {
+        Self::start_with(bin, &[])
+    }
+
+    /// A replica of `primary` (ready once [`wait_replicating`] says so).
+    fn start_replica(bin: &str, primary: &PrivateRedis) -> Result<PrivateRedis> {
+        Self::start_with(bin, &["--replicaof", "127.0.0.1", &primary.port.to_string()])
+    }
+
+    fn start_with(bin: &str, extra: &[&str]) -> Result<PrivateRedis> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new(bin)
             .args([
@@ -279,6 +308,7 @@ impl PrivateRedis {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -309,6 +339,22 @@ async fn wait_ready(url: &str) -> Result<redis::aio::MultiplexedConnection> {
         }
         if start.elapsed() > Duration::from_secs(10) {
             bail!("redis-server at {url} not ready within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the replica at `url` reports its link to the primary up.
+async fn wait_replicating(url: &str) -> Result<()> {
+    let mut con = wait_ready(url).await?;
+    let start = Instant::now();
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut con).await?;
+        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("the replica at {url} has no link to its primary within 10 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -728,13 +774,16 @@ fn load_average() -> String {
 }
 
 /// The SDK modes: name on the command line, what it runs.
-const SDK_MODES: [(&str, &str); 6] = [
+const SDK_MODES: [(&str, &str); 9] = [
     ("sdk-batch", "send_batch, fenced"),
     ("sdk-plain", "send_batch, plain XADD"),
     ("sdk-idem", "send_batch, fenced+idempotent"),
     ("sdk-enqueue", "enqueue, fenced"),
     ("sdk-enqueue-idem", "enqueue, fenced+idempotent"),
     ("sdk-enqueue-plain", "enqueue, plain XADD"),
+    ("sdk-durable", "send_batch, fenced, durable (WAIT)"),
+    ("sdk-durable-plain", "send_batch, plain XADD, durable (WAIT)"),
+    ("sdk-enqueue-durable", "enqueue, fenced, durable (WAIT)"),
 ];
 
 /// One measured mode of the main rounds.
@@ -919,11 +968,10 @@ async fn bench_coordinator(redis_url: &str, stream: &StreamName, shards: u32) ->
 async fn cluster_main(args: Args) -> Result<()> {
     use test_support::cluster::RedisCluster;
     let cluster = RedisCluster::start().await;
-    let meta = PrivateRedis::start(&args.redis_server)?;
-    wait_ready(&meta.url()).await?;
     let stream = StreamName::new("bench")?;
-    let coordinator = bench_coordinator(&meta.url(), &stream, args.shards).await?;
     let target = format!("cluster:{}", cluster.urls().join(","));
+    // On the cluster itself: the shard records a fenced write checks live with the shards (issue 30).
+    let coordinator = bench_coordinator(&target, &stream, args.shards).await?;
     let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
         Ok(Arc::new(
             Producer::builder(stream.as_str())
@@ -970,6 +1018,7 @@ async fn cluster_main(args: Args) -> Result<()> {
     let mut modes: Vec<&str> = vec!["raw-cluster"];
     for name in &args.modes {
         match SDK_MODES.iter().find(|(m, _)| m == name) {
+            Some((m, _)) if m.contains("durable") => bail!("{m}: the durable modes run on one server with --replica"),
             Some((m, _)) => modes.push(m),
             None if name == "raw" => {}
             None => bail!("unknown mode {name:?}"),
@@ -1083,10 +1132,19 @@ async fn main() -> Result<()> {
     }
     let redis = PrivateRedis::start(&args.redis_server)?;
     let mut con = wait_ready(&redis.url()).await?;
+    let replica = match args.replica {
+        true => {
+            let replica = PrivateRedis::start_replica(&args.redis_server, &redis)?;
+            wait_replicating(&replica.url()).await?;
+            Some(replica)
+        }
+        false => None,
+    };
     let stream = StreamName::new("bench")?;
     let coordinator = bench_coordinator(&redis.url(), &stream, args.shards).await?;
 
-    let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
+    let durability = Durability::replicas(args.durable_replicas, Duration::from_millis(args.durable_timeout_ms));
+    let build_with = |fencing: bool, idempotence: bool, durability: Durability| -> Result<Arc<Producer>> {
         Ok(Arc::new(
             Producer::builder(stream.as_str())
                 .coordinator(coordinator.url())
@@ -1100,14 +1158,23 @@ async fn main() -> Result<()> {
                 )
                 .fencing(fencing)
                 .idempotence(idempotence)
+                .durability(durability)
                 .build()?,
         ))
     };
+    let build = |fencing: bool, idempotence: bool| build_with(fencing, idempotence, Durability::Primary);
     let producer = build(true, false)?;
     let plain = build(false, false)?;
     let idempotent = build(true, true)?;
+    let durable = build_with(true, false, durability)?;
+    let durable_plain = build_with(false, false, durability)?;
     for p in [&plain, &idempotent] {
         p.ready().await?;
+    }
+    if replica.is_some() {
+        for p in [&durable, &durable_plain] {
+            p.ready().await?;
+        }
     }
     producer.ready().await?;
     let work = Arc::new(Workload::new(&args, &stream));
@@ -1116,7 +1183,7 @@ async fn main() -> Result<()> {
     println!(
         "{} records of {} B payload, {} keys, {} shards; raw shapes tried: {}; sdk: {} connections, {} tasks, \
          send_batch of {}, batching max {} with {} batches in flight, enqueue {} tasks with a window of {} each; \
-         allocator {}",
+         allocator {}; {}",
         args.records,
         args.payload_bytes,
         args.keys,
@@ -1130,7 +1197,16 @@ async fn main() -> Result<()> {
             .unwrap_or(BatchingConfig::default().max_in_flight_batches),
         args.enqueue_tasks,
         args.delivery_window,
-        examples::ALLOCATOR
+        examples::ALLOCATOR,
+        match &replica {
+            Some(r) => format!(
+                "a replica attached ({}); durable modes: WAIT {} {}",
+                r.url(),
+                args.durable_replicas,
+                args.durable_timeout_ms
+            ),
+            None => "no replica".to_owned(),
+        }
     );
     let mut modes: Vec<Mode> = Vec::new();
     for name in &args.modes {
@@ -1146,6 +1222,10 @@ async fn main() -> Result<()> {
                 .iter()
                 .find(|(m, _)| m == name)
                 .with_context(|| format!("unknown mode {name:?}"))?;
+            ensure!(
+                replica.is_some() || !name.contains("durable"),
+                "{name} waits for a replica: add --replica"
+            );
             modes.push(Mode::Sdk(name));
         }
     }
@@ -1180,6 +1260,9 @@ async fn main() -> Result<()> {
                 Mode::Sdk("sdk-enqueue") => sdk_enqueue_run(&producer, &args, &work).await?,
                 Mode::Sdk("sdk-enqueue-idem") => sdk_enqueue_run(&idempotent, &args, &work).await?,
                 Mode::Sdk("sdk-enqueue-plain") => sdk_enqueue_run(&plain, &args, &work).await?,
+                Mode::Sdk("sdk-durable") => sdk_batch_run(&durable, &args, &work).await?,
+                Mode::Sdk("sdk-durable-plain") => sdk_batch_run(&durable_plain, &args, &work).await?,
+                Mode::Sdk("sdk-enqueue-durable") => sdk_enqueue_run(&durable, &args, &work).await?,
                 Mode::Sdk(other) => bail!("unknown mode {other:?}"),
                 Mode::RedisBenchmark => {
                     let port = redis.port;
@@ -1275,7 +1358,7 @@ async fn main() -> Result<()> {
             peak.map_or_else(|| "n/a".to_string(), |p| format!("{p:.0}")),
         );
     }
-    for p in [plain, idempotent] {
+    for p in [plain, idempotent, durable, durable_plain] {
         Arc::into_inner(p).context("all tasks finished")?.close().await?;
     }
     let producer = Arc::into_inner(producer).context("all tasks finished")?;

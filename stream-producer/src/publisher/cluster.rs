@@ -17,7 +17,7 @@ use redis_link::{NodeAddr, NodePool, Redirect, RedirectKind, TopologyError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{CmdOutcome, ConnectFailure, Lane, LaneError, LaneTimeouts, RedisGate};
+use super::{CmdOutcome, ConnectFailure, Durable, Lane, LaneError, LaneTimeouts, RedisGate, Replication};
 use crate::stats::Stats;
 
 /// Most `MOVED`/`ASK` rounds one call follows in a row (a backoff after `TRYAGAIN` starts the count again): more
@@ -37,6 +37,8 @@ pub(crate) struct ClusterRoute {
     connections: usize,
     /// Loads the publish script on every new node connection (scripted path).
     pub(super) preload_script: bool,
+    /// What each node's check requires beyond the producer's commands (`WAIT` for durable writes).
+    pub(super) also_require: Option<&'static client_core::RedisRequirements>,
     /// How long after a call started it may still send commands again (one response timeout).
     retry_window: Duration,
     /// The lanes of every node written to so far (bounded by the cluster's nodes).
@@ -166,6 +168,7 @@ impl ClusterRoute {
             timeouts,
             connections: connections.max(1),
             preload_script: false,
+            also_require: None,
             retry_window: timeouts.response,
             nodes: Mutex::default(),
             order: Mutex::default(),
@@ -188,10 +191,7 @@ impl ClusterRoute {
             return Ok(lanes.clone());
         }
         let client = self.pool.client(node).map_err(|e| ConnectFailure::Redis(Arc::new(e)))?;
-        let gate = Arc::new(RedisGate {
-            url: format!("redis://{node}"),
-            verdict: tokio::sync::OnceCell::new(),
-        });
+        let gate = Arc::new(RedisGate::new(format!("redis://{node}"), self.also_require));
         let lanes: Arc<Vec<Lane>> = Arc::new(
             (0..self.connections)
                 .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
@@ -234,15 +234,18 @@ impl ClusterRoute {
         (ticket, settling)
     }
 
-    /// Runs one shard's pipeline (every command keyed in the shard's slot, or keyless) on the master of the slot,
-    /// following each command's redirect. One outcome per command of `pipe`.
+    /// Runs one shard's pipeline (every command keyed in the shard's slot, or keyless; none ignored) on the master
+    /// of the slot, following each command's redirect. One outcome per command of `pipe`. When `durable`, every
+    /// request sent for it ends with `WAIT` on the node that takes it, and the answer says what the `WAIT`s of the
+    /// requests that ran commands confirmed (the weakest of them).
     pub(super) async fn run(
         &self,
         stats: &Stats,
         stream: &StreamName,
         shard: ShardId,
         pipe: &redis::Pipeline,
-    ) -> Vec<CmdOutcome> {
+        durable: Option<&Durable>,
+    ) -> (Vec<CmdOutcome>, Replication) {
         let slot = protocol::slot::key_slot(keys::shard_stream(stream, shard).as_bytes());
         let (mut ticket, settling) = self.ticket(shard);
         let node = self.pool.slot_map().await.ok().map(|map| map.master_of(slot).clone());
@@ -260,6 +263,7 @@ impl ClusterRoute {
         let mut backoff = BACKOFF_MIN;
         let mut redirects = 0u32;
         let mut first = true;
+        let mut replication = Replication::Confirmed;
         let finish = |out: &mut Vec<Option<CmdOutcome>>,
                       pending: &[(usize, Option<RedisError>)],
                       f: &dyn Fn(Option<&RedisError>) -> CmdOutcome| {
@@ -282,25 +286,34 @@ impl ClusterRoute {
                 Ok((lanes, node, asking)) => {
                     ticket.sent(&node);
                     let lane = &lanes[shard.index() % lanes.len()];
-                    if first && !asking {
-                        lane.run(pipe).await
-                    } else {
-                        let mut again = redis::pipe();
-                        again.ignore_errors();
-                        for (i, _) in &pending {
-                            if asking {
-                                again.cmd("ASKING").ignore();
-                            }
-                            again.add_command(commands[*i].clone());
+                    match (first && !asking, durable) {
+                        (true, None) => lane.run(pipe).await,
+                        // WAIT behind the pipeline, without copying its commands into another one.
+                        (true, Some(d)) => {
+                            let parts = vec![bytes::Bytes::from(pipe.get_packed_pipeline()), d.packed()];
+                            lane.run_packed(parts, commands.len() + 1).await
                         }
-                        lane.run(&again).await
+                        (false, _) => {
+                            let mut again = redis::pipe();
+                            again.ignore_errors();
+                            for (i, _) in &pending {
+                                if asking {
+                                    again.cmd("ASKING").ignore();
+                                }
+                                again.add_command(commands[*i].clone());
+                            }
+                            if let Some(d) = durable {
+                                again.add_command(d.command());
+                            }
+                            lane.run(&again).await
+                        }
                     }
                 }
             };
             first = false;
             // Whatever came back, nothing of this pipeline is sent again before its predecessor settled.
             ticket.after_prev().await;
-            let replies = match sent {
+            let mut replies = match sent {
                 Ok(replies) => replies,
                 Err(LaneError::Connect(f @ ConnectFailure::Unsupported(_))) => {
                     finish(&mut out, &pending, &|_| CmdOutcome::Connect(f.clone()));
@@ -329,6 +342,11 @@ impl ClusterRoute {
                     break;
                 }
             };
+            // The WAIT's reply, when it is there: the last.
+            let wait = match durable {
+                Some(_) if replies.len() == pending.len() + 1 => replies.pop(),
+                _ => None,
+            };
             if replies.len() != pending.len() {
                 let detail = format!("{} replies to {} commands", replies.len(), pending.len());
                 finish(&mut out, &pending, &|_| CmdOutcome::Unexpected(detail.clone()));
@@ -336,9 +354,13 @@ impl ClusterRoute {
             }
             let mut next = Vec::new();
             let (mut moved, mut asked, mut retry) = (0u64, 0u64, 0u64);
+            let mut ran = false;
             for ((i, _), reply) in pending.iter().zip(replies) {
                 match next_of(&reply) {
-                    Next::Done => out[*i] = Some(CmdOutcome::Reply(reply)),
+                    Next::Done => {
+                        ran = true;
+                        out[*i] = Some(CmdOutcome::Reply(reply));
+                    }
                     Next::Redirect(redirect) => {
                         if next.is_empty() {
                             to = Some((redirect.to.clone(), redirect.kind == RedirectKind::Ask));
@@ -357,6 +379,9 @@ impl ClusterRoute {
                         next.push((*i, reply.err()));
                     }
                 }
+            }
+            if let Some(d) = durable.filter(|_| ran) {
+                replication = replication.and(d.read_outcome(wait.map(CmdOutcome::Reply)));
             }
             pending = next;
             if pending.is_empty() {
@@ -401,9 +426,11 @@ impl ClusterRoute {
                 }
             }
         }
-        out.into_iter()
+        let out = out
+            .into_iter()
             .map(|o| o.unwrap_or_else(|| CmdOutcome::Unexpected("no outcome".into())))
-            .collect()
+            .collect();
+        (out, replication)
     }
 }
 

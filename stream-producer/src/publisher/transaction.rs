@@ -62,7 +62,7 @@ use redis::{RedisError, RedisResult, Value};
 use redis_link::PipelinedConnection;
 use tokio::sync::{oneshot, watch};
 
-use super::{reply_of, xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record};
+use super::{reply_of, xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record, Replication};
 use crate::error::PublishError;
 use crate::publish_script::MAX_RECORDS_PER_CALL;
 
@@ -411,14 +411,16 @@ impl Publisher {
         let count: usize = batches.iter().map(|b| b.records).sum();
         let mut writes: Vec<Bytes> = batches.iter().map(|b| b.writes.clone()).collect();
         writes.push(Bytes::from_static(EXEC));
-        let answer = conn.con.submit(writes, count + 1);
+        // Durable: WAIT right behind EXEC, in the same write (`durable.rs`).
+        let waits = self.wait_behind(&mut writes);
+        let answer = conn.con.submit(writes, count + 1 + waits);
         // EXEC is on the wire: whatever happens to this future now, the connection leaves the transaction.
         conn.open_transaction = false;
         let (ended, end) = watch::channel(None);
         lane.transactions.queue().last = Some(end.clone());
         // The next turn may check now; it writes only after `ended` says how this one ended.
         drop(turn);
-        let replies = match answer.await {
+        let mut replies = match answer.await {
             Ok(replies) => replies.into_iter().map(reply_of).collect::<Vec<_>>(),
             Err(e) => {
                 lane.discard(generation);
@@ -431,7 +433,8 @@ impl Publisher {
                 return true;
             }
         };
-        settle_exec(lane, &ended, &end, batches, replies, count);
+        let replication = self.wait_reply(&mut replies, waits);
+        settle_exec(lane, &ended, &end, batches, replies, count, &replication);
         true
     }
 }
@@ -439,7 +442,8 @@ impl Publisher {
 /// Settles the batches of a transaction from the replies to its `count` queued `XADD`s and `EXEC`, and sends how
 /// the turn ended on `ended`. The batches of an `EXEC` aborted by `WATCH` go back to the front of the queue, to be checked
 /// again before anything queued after them (up to [`MAX_ATTEMPTS`] transactions each); `end` is the turn's own end,
-/// dropped from the queue if no later turn took it (nobody waits for it then).
+/// dropped from the queue if no later turn took it (nobody waits for it then). The records `EXEC` wrote are Written
+/// only as far as `replication` (the durable producer's `WAIT`) confirms them.
 fn settle_exec(
     lane: &Lane,
     ended: &watch::Sender<Option<TurnEnd>>,
@@ -447,6 +451,7 @@ fn settle_exec(
     batches: Vec<Batch>,
     mut replies: Vec<RedisResult<Value>>,
     count: usize,
+    replication: &Replication,
 ) {
     let settled = || {
         let _ = ended.send(Some(TurnEnd::Settled));
@@ -498,7 +503,7 @@ fn settle_exec(
                     .take(b.records)
                     .map(|item| xadd_outcome(shard, version, Ok(item)))
                     .collect();
-                b.settle(results);
+                b.settle(replication.apply(results));
             }
         }
         Ok(other) => {

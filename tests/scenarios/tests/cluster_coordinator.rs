@@ -526,3 +526,117 @@ async fn a_lossy_failover_opens_the_correction_round_of_the_groups_on_that_maste
         c_answer.map(|r| r.status).map_err(|(code, body)| (code, body.status))
     );
 }
+
+/// Issue 30, the Cluster variant of a lost growth: only the master holding the stream's routing fails over (a
+/// `TAKEOVER` by a replica that missed the growth's commit, and with it shard 0's seal, which shares the routing's
+/// slot), while the other shards' records and seals live on the other masters and survive. The tick restores what
+/// the surviving records confirm (the children up to the first whose record was on that master too) under a
+/// version it never issued, and a producer's report of the lost version and count restores the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_of_the_routing_master_that_loses_a_growth_restores_it_from_the_other_masters() {
+    init_tracing();
+    let cluster = RedisCluster::start_with_replicas().await;
+    // A stream whose routing is on one master while shard 4's record (the tick's probe beyond the routing) is on
+    // another. Shard 0 shares the routing's slot by construction (`keys::shard_slot`), so its fence is lost with it.
+    let (stream, x) = (0..)
+        .map(|i| StreamName::new(format!("orders{i}")).unwrap())
+        .find_map(|s| {
+            let x = initial_master_of(&keys::stream_routing(&s));
+            (initial_master_of(&keys::shard_fence(&s, ShardId(SHARDS))) != x).then_some((s, x))
+        })
+        .unwrap();
+    let replica = x + 3;
+    let coord = Coord::start(&target(&cluster)).await;
+    let api = GroupApi {
+        api: coord.api(),
+        stream: stream.to_string(),
+        group: "g".into(),
+    };
+    api.create(SHARDS).await.expect("created");
+    wait_for(DEADLINE, "the replica of the routing's master to catch up", || async {
+        let master = repl_offset(&cluster, x, "master_repl_offset").await;
+        (repl_offset(&cluster, replica, "slave_repl_offset").await >= master).then_some(())
+    })
+    .await;
+    // As in the failover test above: the replica stopped, and more written on X than the kernel buffers for it, so
+    // what X writes next dies with X.
+    signal(&cluster, replica, "STOP");
+    let resume = Resume(&cluster, replica);
+    let mut on_x = cluster.node(x).server().connection().await;
+    let junk = "x".repeat(JUNK_VALUE_BYTES);
+    let mut written = 0;
+    for i in 0.. {
+        let key = format!("junk-{i}");
+        if initial_master_of(&key) != x {
+            continue;
+        }
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&junk)
+            .query_async(&mut on_x)
+            .await
+            .expect("junk written on X");
+        written += 1;
+        if written == JUNK_VALUES {
+            break;
+        }
+    }
+    let grown = coord
+        .coordinator()
+        .add_shards(&stream, SHARDS, None)
+        .await
+        .expect("grown");
+    assert_eq!(grown.shard_count, 2 * SHARDS);
+    cluster.kill(x);
+    drop(resume);
+    cluster.takeover(replica).await;
+    let promoted = Instant::now();
+
+    // The tick restores what the surviving records show: the children from shard 4 up to the first one whose
+    // record was on X too.
+    let surviving = (SHARDS..2 * SHARDS)
+        .find(|&n| initial_master_of(&keys::shard_fence(&stream, ShardId(n))) == x)
+        .unwrap_or(2 * SHARDS);
+    let by_tick = wait_for(DEADLINE, "the growth restored from the records", || async {
+        let r = coord.coordinator().describe_routing(&stream).await.ok();
+        r.filter(|r| r.shard_count > SHARDS)
+    })
+    .await;
+    let restored_after = promoted.elapsed();
+    assert_eq!(by_tick.shard_count, surviving, "exactly what the records confirm");
+    assert!(
+        by_tick.routing_version > grown.routing_version,
+        "the lost number is retired: {} after {}",
+        by_tick.routing_version,
+        grown.routing_version
+    );
+    // A producer that learned the lost growth reports it: the rest comes back, under another new version.
+    let answer = coord
+        .coordinator()
+        .routing(
+            &stream,
+            protocol::messages::RoutingQuery {
+                routing_version: grown.routing_version,
+                max_observed_version: grown.routing_version,
+                max_shard_count: 2 * SHARDS,
+            },
+        )
+        .await
+        .expect("routing fetch");
+    assert_eq!(answer.status, Status::Ok, "{answer:?}");
+    assert_eq!(answer.shard_count, 2 * SHARDS, "{answer:?}");
+    assert!(answer.routing_version > by_tick.routing_version, "{answer:?}");
+    let restored = coord.coordinator().describe_routing(&stream).await.expect("describe");
+    assert_eq!((restored.shard_count, restored.shards_beyond_routing), (2 * SHARDS, 0));
+    println!(
+        "takeover of the routing's master {x} by {replica}: growth {SHARDS} -> {} lost; the tick restored {} shards \
+         (the records that survived) {restored_after:?} after the promotion at version {}; a producer's report \
+         restored {} at {} (the lost version was {})",
+        2 * SHARDS,
+        by_tick.shard_count,
+        by_tick.routing_version,
+        restored.shard_count,
+        restored.routing_version,
+        grown.routing_version
+    );
+}

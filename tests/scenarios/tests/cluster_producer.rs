@@ -52,6 +52,7 @@ struct Env {
 impl Env {
     async fn start(name: &str, cluster: RedisCluster) -> Env {
         let scenario = Scenario::start(name, SHARDS).await;
+        scenario.copy_shard_records(&mut cluster.connection().await).await;
         Env { scenario, cluster }
     }
 

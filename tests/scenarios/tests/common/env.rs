@@ -223,6 +223,29 @@ impl Scenario {
         keys::shard_stream(&self.stream, ShardId(shard))
     }
 
+    /// Copies every shard's record (its fence hash) from the scenario's Redis to `to`. For tests whose shard
+    /// streams live on another Redis than the coordinator's (a cluster beside a single-node coordinator): fenced
+    /// producers check a shard's record where the shard lives (issue 30), as a coordinator writing there would
+    /// have left it.
+    pub async fn copy_shard_records(&self, to: &mut (impl redis::aio::ConnectionLike + Send)) {
+        let mut from = self.redis.connection().await;
+        for shard in 0..self.shards {
+            let key = keys::shard_fence(&self.stream, ShardId(shard));
+            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut from)
+                .await
+                .expect("HGETALL record");
+            assert!(!fields.is_empty(), "shard {shard} has its record");
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&key);
+            for (f, v) in fields {
+                hset.arg(f).arg(v);
+            }
+            let _: i64 = hset.query_async(to).await.expect("HSET record");
+        }
+    }
+
     pub fn metadata_key(&self) -> String {
         keys::group_metadata(&self.stream, &self.group)
     }
