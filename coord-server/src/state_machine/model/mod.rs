@@ -10,6 +10,8 @@
 //! `MODEL_CHECK_DEPTH`, `MODEL_CHECK_MEMBERS`, `MODEL_CHECK_SHARDS`, `MODEL_CHECK_FAULTS`, `MODEL_CHECK_NET`
 //! and `MODEL_CHECK_LIVENESS_EVERY` (`MODEL_CHECK_PROGRESS=1` prints every layer).
 
+mod routing_check;
+mod routing_world;
 mod world;
 
 use std::cell::Cell;
@@ -27,6 +29,11 @@ pub enum Bug {
     LateRevokedAck,
     /// Members whose lease ran out are never expired: a crashed member keeps its shards (liveness).
     NoExpiry,
+    /// The routing check's producers write into a shard without its record (the fence alone is checked).
+    PublishWithoutRecordCheck,
+    /// A routing version retired after a loss is only one above the stored one: `routing::retired` trusts the
+    /// lower stored value over the fence, the report and Redis time.
+    RetireFromStored,
 }
 
 thread_local! {

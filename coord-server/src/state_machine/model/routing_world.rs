@@ -1,0 +1,1100 @@
+//! The routing world: a stream's routing hash, its shards (each one hash slot: the shard's record and its
+//! stream), producers routing keys by their cached routing, the coordinator's routing decisions, and Redis losing
+//! writes. One [`Action`] is one atomic step; [`RoutingWorld::step`] applies it and checks what concerns that step,
+//! [`RoutingWorld::check`] what concerns a state, [`RoutingWorld::settle`] what must hold after a fair suffix.
+//!
+//! The decisions are the real ones: `routing_section::{grow, restore}` (which call `state_machine::routing::plan`
+//! and `state_machine::add_shards`) decide from a `Loaded` and a `Probed` built from the modelled Redis, and
+//! `state_machine::routing::answer` answers the producers. What the I/O shell does around them is re-stated here,
+//! with the file it comes from: the probe and the tick's look (`routing_section::probe`,
+//! `Coordinator::tend_routing`), the routing fetch (`Coordinator::routing`), the seal and record scripts
+//! (`store_reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
+//! (`routing_section::RoutingSection`), the producer's cache (`stream-producer` `routing_cache.rs`) and its
+//! fenced publish rule (fence and record, `docs/resharding.md` "A write needs a shard the routing knows").
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use protocol::keys::LAYOUT_VERSION;
+use protocol::messages::RoutingQuery;
+use protocol::metadata::StreamRouting;
+use protocol::names::StreamName;
+use protocol::reshard::EntryId;
+use protocol::routing::shard_for_key;
+use protocol::{RoutingVersion, ShardId, Status, StoreRevision};
+
+use super::{injected, Bug};
+use crate::routing_section::{self, Probed, RoutingStep};
+use crate::state_machine::routing::{answer, Birth, Report, SealTodo, Why};
+use crate::stats::Stats;
+use crate::store::{self, Loaded};
+
+/// Redis time at the start, in ms: above the first routing versions (1, 2, …), as Redis time is in a deployment.
+pub const START_MS: u64 = 1_000;
+
+/// What to explore.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingConfig {
+    /// Producers (1-2), each with its own routing cache.
+    pub producers: u8,
+    /// Keys the producers publish (1-2): key `i` moves to a new shard at the `i`-th growth by one shard.
+    pub keys: u8,
+    /// The stream's shard count at the start.
+    pub shards: u32,
+    /// An add-shards adds 1 to `max_grow` shards (each count is its own action).
+    pub max_grow: u32,
+    /// Actions per path, from the start state.
+    pub depth: usize,
+    /// A Redis Cluster: the routing hash and each shard live on masters of their own, which fail over (and lose
+    /// writes) independently. Otherwise one node: a failover loses every write after one point.
+    pub cluster: bool,
+    /// Cluster only: the shards whose master may fail over (bit `s` for shard `s`).
+    pub shard_nodes: u32,
+    /// Redis time moves this much at a failover or a restore (a failover takes time; 0: the new master's clock
+    /// is where the old one was).
+    pub clock_gap: u64,
+    pub budget: RoutingBudget,
+    /// Of the states reached, follow every n-th (by discovery order) with the fair suffix.
+    pub suffix_every: usize,
+    /// After the fair suffix, every producer can publish every key (a refused producer is not stuck).
+    pub availability: bool,
+    /// Redis may fail over (or be restored) while a routing section is between its seals and its commit.
+    pub mid_section_loss: bool,
+    /// A restore of the snapshot keeps Redis's run id (an operator's `RESTORE` into the running server); otherwise
+    /// Redis restarts from the older file (a new run id).
+    pub restore_keeps_run_id: bool,
+    /// A snapshot taken before a failover may be restored after it (two losses, the second going back before
+    /// the first).
+    pub restore_across_loss: bool,
+    /// Accept the documented Cluster limit (docs/resharding.md): a parent whose master failed over and lost its
+    /// seal takes writes of moved keys from producers of the old layout.
+    pub documented_limits: bool,
+}
+
+/// Budgets of what may still happen on this path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoutingBudget {
+    /// Add-shards calls.
+    pub growths: u8,
+    /// Accepted writes (all producers together).
+    pub writes: u8,
+    /// One node: failovers. Cluster: failovers of the routing hash's master.
+    pub failovers: u8,
+    /// Cluster: failovers of a shard's master.
+    pub shard_failovers: u8,
+    /// Restores of an earlier snapshot of the whole Redis (an operator's `RESTORE`: the run id stays).
+    pub restores: u8,
+    /// Routing sections that stop between their writes (the coordinator dies, or Redis fails a write).
+    pub abandons: u8,
+}
+
+impl RoutingBudget {
+    /// Nothing happens.
+    pub const NONE: RoutingBudget = RoutingBudget {
+        growths: 0,
+        writes: 0,
+        failovers: 0,
+        shard_failovers: 0,
+        restores: 0,
+        abandons: 0,
+    };
+}
+
+/// A stream entry: the key, and the routing the producer wrote it with (ghost fields: `producer`, `seq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub id: EntryId,
+    pub key: u8,
+    /// The producer's routing version and shard count.
+    pub version: u64,
+    pub count: u32,
+    pub producer: u8,
+    /// The order of the write among all writes of the path (ghost: per-key order across shards).
+    pub seq: u32,
+}
+
+/// One shard's hash slot: its record (the fence hash: `routingVersion`, `bornVersion`, `bornParents`,
+/// `seal:<v>`) and its stream. On a Cluster they live and are lost together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardSide {
+    /// `routingVersion`: the lowest version a producer must hold to write here (0: no fence).
+    pub fence: u64,
+    /// `bornVersion`, `bornParents`; `None`: no record.
+    pub born: Option<(u64, u32)>,
+    /// `seal:<v>` fields.
+    pub seals: BTreeMap<u64, EntryId>,
+    pub entries: Vec<Entry>,
+}
+
+impl ShardSide {
+    fn last_id(&self) -> EntryId {
+        self.entries.last().map_or(EntryId::ZERO, |e| e.id)
+    }
+}
+
+/// The routing hash: the document, its revision, the run id it was written under, and (ghost) every routing
+/// committed in the line of writes this content comes from: what each version means in this history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingHash {
+    pub routing: StreamRouting,
+    pub revision: u64,
+    pub written_by: u32,
+    pub lineage: BTreeMap<u64, u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redis {
+    pub routing: RoutingHash,
+    pub shards: Vec<ShardSide>,
+}
+
+/// What a failover would keep: `None` where the replica is in sync, else the copy it stopped at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replicas {
+    /// One node: the whole Redis.
+    pub node: Option<Box<Redis>>,
+    /// Cluster: the routing hash's master.
+    pub routing: Option<RoutingHash>,
+    /// Cluster: shard masters.
+    pub shards: BTreeMap<u32, ShardSide>,
+}
+
+/// A producer's routing cache (`routing_cache.rs`): the routing in use and the highest it ever saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Producer {
+    /// Version, shard count, `shardRecords` of the routing in use.
+    pub cache: Option<(u64, u32, bool)>,
+    pub max_version: u64,
+    pub max_count: u32,
+    /// Its routing fetch waits for a restoration in progress.
+    pub waiting: bool,
+}
+
+impl Producer {
+    fn query(&self) -> RoutingQuery {
+        RoutingQuery {
+            routing_version: RoutingVersion(self.cache.map_or(0, |c| c.0)),
+            max_observed_version: RoutingVersion(self.max_version),
+            max_shard_count: self.max_count,
+        }
+    }
+}
+
+/// Who started the routing section in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpKind {
+    /// Add-shards of this many shards.
+    Grow(u32),
+    /// The tick's restoration.
+    Tick,
+    /// A producer's routing fetch, restoring from its report before the answer.
+    Fetch(u8, RoutingQuery),
+}
+
+/// A routing section between its writes: the seals were taken when it started; the records and the commit
+/// remain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub kind: OpKind,
+    /// The routing hash as loaded (the commit's compare-and-set) and the run id the load saw.
+    pub loaded: (u64, StreamRouting),
+    pub loaded_run: u32,
+    pub next: StreamRouting,
+    /// Records still to write; `None` once written.
+    pub records: Option<Vec<Birth>>,
+    pub why: Vec<Why>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingWorld {
+    /// Redis time, ms.
+    pub now: u64,
+    pub redis: Redis,
+    pub replicas: Replicas,
+    /// A snapshot of the whole Redis an operator may restore, and whether Redis lost writes since it was taken.
+    pub backup: Option<Box<Redis>>,
+    pub loss_since_backup: bool,
+    /// Run id of the node holding the routing hash.
+    pub routing_run: u32,
+    pub producers: Vec<Producer>,
+    pub op: Option<Op>,
+    pub budget: RoutingBudget,
+    /// Ghost: every routing ever committed, in any history: version -> shard count.
+    pub ever: BTreeMap<u64, u32>,
+    /// Ghost: restorations from a report in this history of the routing hash.
+    pub reported_restores: u8,
+    /// Ghost: writes accepted so far (the next write's `seq`).
+    pub writes: u32,
+    /// Redis time moves this much at a failover or a restore (the configuration's `clock_gap`).
+    pub clock_gap: u64,
+    /// The shard count the stream started with (which keys the producers publish).
+    pub initial_shards: u32,
+    /// Ghost, Cluster: the shards whose master lost a seal (or fence) in a failover (bit `s` for shard `s`).
+    pub lost_seal: u32,
+    /// `RoutingConfig::documented_limits`.
+    pub documented_limits: bool,
+    /// `RoutingConfig::restore_keeps_run_id`.
+    pub restore_keeps_run_id: bool,
+}
+
+/// One atomic step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Producer `p` fetches the routing, reporting the highest it saw; when that is above the stored routing, a
+    /// restoration starts (seals taken) and the producer waits for its commit.
+    Refresh(u8),
+    /// Producer `p` publishes key `k` with its cached routing (a refused write changes nothing: the producer
+    /// refreshes and routes again, which are actions of their own).
+    Publish(u8, u8),
+    /// Add-shards of `n` shards: load, probe, decide (`routing_section::grow`), seal the parents.
+    Grow(u32),
+    /// The tick's look at the routing; a restoration starts (seals taken) when it shows a loss.
+    Tick,
+    /// The section in progress writes the new shards' records.
+    Records,
+    /// The section in progress commits the routing (compare-and-set on the loaded revision) and answers.
+    Commit,
+    /// The section in progress stops: nothing more of it is written.
+    Abandon,
+    /// One node: the replica stops copying here (a failover keeps what was written before).
+    Lag,
+    /// One node: the replica becomes the primary, with a new run id.
+    Failover,
+    /// Cluster: the routing master's replica stops copying here.
+    LagRouting,
+    /// Cluster: the routing master fails over (new run id for the routing hash).
+    FailoverRouting,
+    /// Cluster: shard `s`'s master's replica stops copying here.
+    LagShard(u32),
+    /// Cluster: shard `s`'s master fails over: its record and stream go back to the replica's copy.
+    FailoverShard(u32),
+    /// An operator takes a snapshot of the whole Redis.
+    Backup,
+    /// An operator restores the snapshot: into the running Redis (the run id stays) or by a restart from the
+    /// older file (a new run id), as configured.
+    Restore,
+}
+
+/// A property violation, with what was seen.
+pub type Violation = String;
+
+static STATS: LazyLock<Stats> = LazyLock::new(Stats::default);
+
+fn stream() -> StreamName {
+    StreamName::new("s").expect("valid stream")
+}
+
+/// The model's keys: key `i` stays on its shard until the stream grows from `shards + i` to `shards + i + 1`
+/// shards, and moves then (so each growth by one shard moves one of them).
+pub fn keys(shards: u32) -> [Vec<u8>; 2] {
+    let mut found: [Option<Vec<u8>>; 2] = [None, None];
+    for i in 0..10_000 {
+        let k = format!("k{i}").into_bytes();
+        let shard = |n: u32| shard_for_key(&k, n).0;
+        for (j, slot) in found.iter_mut().enumerate() {
+            let n = shards + j as u32;
+            let stays = (shards..=n).all(|m| shard(m) == shard(shards));
+            if slot.is_none() && stays && shard(n + 1) == n {
+                *slot = Some(k.clone());
+                break;
+            }
+        }
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found.map(|k| k.expect("a key for every growth among the first 10,000 names"))
+}
+
+fn key_name(k: u8) -> &'static str {
+    ["a", "b"][k as usize]
+}
+
+impl RoutingWorld {
+    /// The stream created with `config.shards` shards (records written first, as `routing_section::ensure`
+    /// does), both producers having fetched it.
+    pub fn new(config: &RoutingConfig) -> RoutingWorld {
+        let loaded = Loaded {
+            revision: None,
+            ..loaded_of(None, 0, START_MS)
+        };
+        let RoutingStep::Prepare(routing, prep) =
+            routing_section::ensure(&STATS, &loaded, &stream(), Some(config.shards), 30_000)
+                .expect("a new stream's routing")
+        else {
+            panic!("a new stream is prepared")
+        };
+        let max_shards = config.shards + u32::from(config.budget.growths) * config.max_grow;
+        let mut shards = vec![ShardSide::default(); max_shards as usize];
+        for b in &prep.records {
+            shards[b.shard.0 as usize].born = Some((b.born.0, b.parents));
+        }
+        let v = routing.routing_version.0;
+        let n = routing.shard_count;
+        let redis = Redis {
+            routing: RoutingHash {
+                routing,
+                revision: 1,
+                written_by: 0,
+                lineage: BTreeMap::from([(v, n)]),
+            },
+            shards,
+        };
+        RoutingWorld {
+            now: START_MS,
+            redis,
+            replicas: Replicas::default(),
+            backup: None,
+            loss_since_backup: false,
+            routing_run: 0,
+            producers: (0..config.producers)
+                .map(|_| Producer {
+                    cache: Some((v, n, true)),
+                    max_version: v,
+                    max_count: n,
+                    waiting: false,
+                })
+                .collect(),
+            op: None,
+            budget: config.budget,
+            ever: BTreeMap::from([(v, n)]),
+            reported_restores: 0,
+            writes: 0,
+            clock_gap: config.clock_gap,
+            initial_shards: config.shards,
+            lost_seal: 0,
+            documented_limits: config.documented_limits,
+            restore_keeps_run_id: config.restore_keeps_run_id,
+        }
+    }
+
+    /// Key `k`'s bytes.
+    fn key(&self, k: u8) -> &'static [u8] {
+        &KEYS[self.initial_shards as usize - 1][k as usize]
+    }
+
+    fn stored(&self) -> &StreamRouting {
+        &self.redis.routing.routing
+    }
+
+    /// The actions enabled in this state, in a fixed order.
+    pub fn actions(&self, config: &RoutingConfig) -> Vec<Action> {
+        let mut out = Vec::new();
+        for (i, p) in self.producers.iter().enumerate() {
+            if p.waiting {
+                continue;
+            }
+            // A fetch that must restore waits for the routing mutex while a section holds it.
+            if self.op.is_none() || !self.reports_above(p) {
+                out.push(Action::Refresh(i as u8));
+            }
+            if p.cache.is_some() && self.budget.writes > 0 {
+                for k in 0..config.keys {
+                    out.push(Action::Publish(i as u8, k));
+                }
+            }
+        }
+        match &self.op {
+            None => {
+                if self.budget.growths > 0 {
+                    for n in 1..=config.max_grow {
+                        if self.stored().shard_count + n <= self.redis.shards.len() as u32 {
+                            out.push(Action::Grow(n));
+                        }
+                    }
+                }
+                out.push(Action::Tick);
+            }
+            Some(op) => {
+                out.push(if op.records.is_some() {
+                    Action::Records
+                } else {
+                    Action::Commit
+                });
+                if self.budget.abandons > 0 {
+                    out.push(Action::Abandon);
+                }
+            }
+        }
+        let loss = config.mid_section_loss || self.op.is_none();
+        if config.cluster {
+            if self.budget.failovers > 0 {
+                if self.replicas.routing.is_none() {
+                    out.push(Action::LagRouting);
+                }
+                if loss {
+                    out.push(Action::FailoverRouting);
+                }
+            }
+            if self.budget.shard_failovers > 0 {
+                for s in 0..self.redis.shards.len() as u32 {
+                    if config.shard_nodes & (1 << s) == 0 {
+                        continue;
+                    }
+                    if !self.replicas.shards.contains_key(&s) {
+                        out.push(Action::LagShard(s));
+                    }
+                    if loss {
+                        out.push(Action::FailoverShard(s));
+                    }
+                }
+            }
+        } else if self.budget.failovers > 0 {
+            if self.replicas.node.is_none() {
+                out.push(Action::Lag);
+            }
+            if loss {
+                out.push(Action::Failover);
+            }
+        }
+        if self.budget.restores > 0 {
+            match self.backup {
+                None => out.push(Action::Backup),
+                Some(_) if loss && (config.restore_across_loss || !self.loss_since_backup) => out.push(Action::Restore),
+                Some(_) => {}
+            }
+        }
+        out
+    }
+
+    /// Applies `action`; returns a line for the trace, or the violated property.
+    pub fn step(&mut self, action: Action) -> Result<String, Violation> {
+        let line = match action {
+            Action::Refresh(p) => self.refresh(p)?,
+            Action::Publish(p, k) => self.publish(p, k),
+            Action::Grow(n) => {
+                self.budget.growths -= 1;
+                let loaded = self.loaded();
+                let probed = self.probe();
+                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None)
+                    .map_err(|e| format!("add-shards refused: {e}"))?;
+                let RoutingStep::Prepare(next, prep) = step else {
+                    return Err("add-shards decided to write nothing".into());
+                };
+                let sealed = self.start(OpKind::Grow(n), next, prep.seals, prep.records, Vec::new());
+                format!("add-shards +{n}: {sealed}")
+            }
+            Action::Tick => self.tick()?,
+            Action::Records => {
+                let op = self.op.as_mut().expect("a section in progress");
+                let records = op.records.take().expect("records to write");
+                let written = write_records(&mut self.redis.shards, &records);
+                format!("section writes records {written}")
+            }
+            Action::Commit => self.commit()?,
+            Action::Abandon => {
+                self.budget.abandons -= 1;
+                let op = self.op.take().expect("a section in progress");
+                if let OpKind::Fetch(p, _) = op.kind {
+                    self.producers[p as usize].waiting = false;
+                }
+                format!("the section of {:?} stops before its commit", op.kind)
+            }
+            Action::Lag => {
+                self.replicas.node = Some(Box::new(self.redis.clone()));
+                "the replica stops copying here".to_owned()
+            }
+            Action::Failover => {
+                self.budget.failovers -= 1;
+                let before = describe(self.stored());
+                if let Some(r) = self.replicas.node.take() {
+                    self.redis = *r;
+                }
+                self.routing_lost();
+                format!("failover: Redis goes back from {before} to {}", self.describe_redis())
+            }
+            Action::LagRouting => {
+                self.replicas.routing = Some(self.redis.routing.clone());
+                "the routing master's replica stops copying here".to_owned()
+            }
+            Action::FailoverRouting => {
+                self.budget.failovers -= 1;
+                let before = describe(self.stored());
+                if let Some(r) = self.replicas.routing.take() {
+                    self.redis.routing = r;
+                }
+                self.routing_lost();
+                format!("routing master fails over: {before} -> {}", describe(self.stored()))
+            }
+            Action::LagShard(s) => {
+                self.replicas.shards.insert(s, self.redis.shards[s as usize].clone());
+                format!("shard {s}'s replica stops copying here")
+            }
+            Action::FailoverShard(s) => {
+                self.budget.shard_failovers -= 1;
+                self.loss_since_backup = true;
+                if let Some(side) = self.replicas.shards.remove(&s) {
+                    let before = &self.redis.shards[s as usize];
+                    if side.fence < before.fence || before.seals.keys().any(|v| !side.seals.contains_key(v)) {
+                        self.lost_seal |= 1 << s;
+                    }
+                    self.redis.shards[s as usize] = side;
+                }
+                self.now += self.clock_gap;
+                format!(
+                    "shard {s}'s master fails over: it holds {}",
+                    describe_side(s, &self.redis.shards[s as usize])
+                )
+            }
+            Action::Backup => {
+                self.backup = Some(Box::new(self.redis.clone()));
+                format!("an operator takes a snapshot of Redis at {}", self.describe_redis())
+            }
+            Action::Restore => {
+                self.budget.restores -= 1;
+                let before = describe(self.stored());
+                self.redis = *self.backup.take().expect("a snapshot");
+                self.loss_since_backup = false;
+                self.replicas = Replicas::default();
+                let how = if self.restore_keeps_run_id {
+                    self.now += self.clock_gap;
+                    // A new history of the routing hash, though Redis's run id stays.
+                    self.reported_restores = 0;
+                    "into the running Redis (same run id)"
+                } else {
+                    self.routing_lost();
+                    "by a restart (new run id)"
+                };
+                format!(
+                    "an operator restores the snapshot {how}: {before} -> {}",
+                    self.describe_redis()
+                )
+            }
+        };
+        self.check()?;
+        Ok(line)
+    }
+
+    /// The routing hash went back (or its node changed): a new history.
+    fn routing_lost(&mut self) {
+        self.loss_since_backup = true;
+        self.routing_run += 1;
+        self.now += self.clock_gap;
+        self.replicas.routing = None;
+        self.reported_restores = 0;
+    }
+
+    /// `routing_section`'s `Loaded` for the routing hash as it is now.
+    fn loaded(&self) -> Loaded {
+        loaded_of(Some(&self.redis.routing), self.routing_run, self.now)
+    }
+
+    /// `routing_section::probe`: shard 0's fence and the records from the stored count on until one is missing.
+    fn probe(&self) -> Probed {
+        let n = self.stored().shard_count;
+        let beyond = (n..self.redis.shards.len() as u32)
+            .map_while(|s| {
+                self.redis.shards[s as usize].born.map(|(born, parents)| Birth {
+                    shard: ShardId(s),
+                    born: RoutingVersion(born),
+                    parents,
+                })
+            })
+            .collect();
+        Probed {
+            beyond,
+            fence: RoutingVersion(self.redis.shards[0].fence),
+        }
+    }
+
+    /// Starts a section: the seals (`SEAL`, in `before_write`), the records and the commit still to come.
+    fn start(
+        &mut self,
+        kind: OpKind,
+        mut next: StreamRouting,
+        seals: Vec<SealTodo>,
+        records: Vec<Birth>,
+        why: Vec<Why>,
+    ) -> String {
+        let mut text = Vec::new();
+        for todo in &seals {
+            let side = &mut self.redis.shards[todo.shard.0 as usize];
+            let v = todo.version.0;
+            if side.fence < v {
+                side.fence = v;
+            }
+            let reused = todo.reuse.and_then(|r| side.seals.get(&r.0).copied());
+            let position = side.seals.get(&v).copied().or(reused).unwrap_or_else(|| side.last_id());
+            side.seals.insert(v, position);
+            if let Some(g) = next.growths.iter_mut().find(|g| g.routing_version == todo.version) {
+                if todo.shard.0 < g.parents {
+                    g.seals.entry(todo.shard).or_insert(position);
+                }
+            }
+            text.push(format!("{}@{}{}", todo.shard.0, v, pos(position)));
+        }
+        let line = format!("{why:?} -> {} after seals [{}]", describe(&next), text.join(" "));
+        self.op = Some(Op {
+            kind,
+            loaded: (self.redis.routing.revision, self.stored().clone()),
+            loaded_run: self.routing_run,
+            next,
+            records: (!records.is_empty()).then_some(records),
+            why,
+        });
+        line
+    }
+
+    /// `Coordinator::tend_routing`: two reads; a restoration only when they show a loss.
+    fn tick(&mut self) -> Result<String, Violation> {
+        let r = self.stored();
+        let n = r.shard_count;
+        let fence = self.redis.shards[0].fence;
+        let beyond = self.redis.shards.get(n as usize).is_some_and(|s| s.born.is_some());
+        if !(fence > r.routing_version.0 || beyond || !r.shard_records) {
+            return Ok("tick: nothing lost".to_owned());
+        }
+        match self.restore(None)? {
+            None => Ok("tick: restores nothing".to_owned()),
+            Some((next, seals, records, why)) => {
+                let line = self.start(OpKind::Tick, next, seals, records, why);
+                Ok(format!("tick restores: {line}"))
+            }
+        }
+    }
+
+    /// `routing_section::restore` on the routing as loaded and probed now.
+    #[allow(clippy::type_complexity)]
+    fn restore(
+        &self,
+        report: Option<Report>,
+    ) -> Result<Option<(StreamRouting, Vec<SealTodo>, Vec<Birth>, Vec<Why>)>, Violation> {
+        let (step, why) = routing_section::restore(&STATS, &self.loaded(), &self.probe(), report)
+            .map_err(|e| format!("restore refused: {e}"))?;
+        Ok(match step {
+            RoutingStep::Keep(_) => None,
+            RoutingStep::Prepare(next, prep) => Some((next, prep.seals, prep.records, why)),
+            RoutingStep::Write(_) => return Err("a restoration wrote without its seals".into()),
+        })
+    }
+
+    fn reports_above(&self, p: &Producer) -> bool {
+        let r = self.stored();
+        let q = p.query();
+        q.max_observed_version.max(q.routing_version) > r.routing_version || q.max_shard_count > r.shard_count
+    }
+
+    /// `Coordinator::routing`: a report above the stored routing restores first (the producer waits for the
+    /// commit), then the answer.
+    fn refresh(&mut self, p: u8) -> Result<String, Violation> {
+        let producer = &self.producers[p as usize];
+        let query = producer.query();
+        let report = Report {
+            version: query.max_observed_version.max(query.routing_version),
+            shard_count: query.max_shard_count,
+        };
+        let asks = format!(
+            "P{p} fetches (v{} seen v{}/{} shards)",
+            query.routing_version, query.max_observed_version, query.max_shard_count
+        );
+        if self.reports_above(producer) {
+            if let Some((next, seals, records, why)) = self.restore(Some(report))? {
+                self.producers[p as usize].waiting = true;
+                let line = self.start(OpKind::Fetch(p, query), next, seals, records, why);
+                return Ok(format!("{asks}: restores {line}"));
+            }
+        }
+        let stored = self.stored().clone();
+        let adopted = self.adopt(p, &stored, &query);
+        Ok(format!("{asks}: {adopted}"))
+    }
+
+    /// The producer applies the answer to `query` (`RoutingCache::apply`).
+    fn adopt(&mut self, p: u8, stored: &StreamRouting, query: &RoutingQuery) -> String {
+        let a = answer(stored, query);
+        let producer = &mut self.producers[p as usize];
+        let fresh = (a.routing_version.0, a.shard_count, a.shard_records);
+        let taken = match (a.status, producer.cache) {
+            (Status::SyncMetadata, _) | (_, None) => true,
+            (Status::Ok, Some(c)) => fresh.0 >= c.0,
+            _ => false,
+        };
+        if taken {
+            producer.cache = Some(fresh);
+        }
+        producer.max_version = producer.max_version.max(fresh.0);
+        producer.max_count = producer.max_count.max(fresh.1);
+        format!(
+            "{} v{} {} shards{}",
+            a.status,
+            fresh.0,
+            fresh.1,
+            if taken { "" } else { " (older: ignored)" }
+        )
+    }
+
+    /// Whether producer `p`'s write of key `k` would be accepted, and where it goes.
+    fn route(&self, p: u8, k: u8) -> Option<(u32, Result<(), String>)> {
+        let (v, n, records) = self.producers[p as usize].cache?;
+        let s = shard_for_key(self.key(k), n).0;
+        let side = &self.redis.shards[s as usize];
+        let record_ok =
+            !records || injected(Bug::PublishWithoutRecordCheck) || side.born.is_some_and(|(born, _)| born <= v);
+        let verdict = if side.fence > v {
+            Err(format!("fenced: fence {} above v{v}", side.fence))
+        } else if !record_ok {
+            Err(match side.born {
+                None => "fenced: no record".to_owned(),
+                Some((born, _)) => format!("fenced: born at v{born}"),
+            })
+        } else {
+            Ok(())
+        };
+        Some((s, verdict))
+    }
+
+    fn publish(&mut self, p: u8, k: u8) -> String {
+        let (v, n, _) = self.producers[p as usize].cache.expect("a routing to publish with");
+        let (s, verdict) = self.route(p, k).expect("a routing to publish with");
+        let what = format!("P{p} publishes {} with v{v}/{n} shards to shard {s}", key_name(k));
+        if let Err(why) = verdict {
+            return format!("{what}: {why}");
+        }
+        let side = &mut self.redis.shards[s as usize];
+        let last = side.last_id();
+        let id = if self.now > last.ms {
+            EntryId { ms: self.now, seq: 0 }
+        } else {
+            EntryId {
+                ms: last.ms,
+                seq: last.seq + 1,
+            }
+        };
+        side.entries.push(Entry {
+            id,
+            key: k,
+            version: v,
+            count: n,
+            producer: p,
+            seq: self.writes,
+        });
+        self.writes += 1;
+        self.budget.writes -= 1;
+        format!("{what}: written as {}-{}", id.ms, id.seq)
+    }
+
+    /// The commit of the section in progress: the compare-and-set on the loaded revision, then the routing.
+    fn commit(&mut self) -> Result<String, Violation> {
+        let op = self.op.take().expect("a section in progress");
+        let hash = &self.redis.routing;
+        if (hash.revision, &hash.routing) != (op.loaded.0, &op.loaded.1) {
+            // The section would load again and decide anew: that is another action of its caller.
+            if let OpKind::Fetch(p, _) = op.kind {
+                self.producers[p as usize].waiting = false;
+            }
+            return Ok(format!(
+                "commit of {:?} conflicts: the routing hash changed since its load (now {})",
+                op.kind,
+                describe(&hash.routing)
+            ));
+        }
+        let next = op.next;
+        let (v, n) = (next.routing_version.0, next.shard_count);
+        // Property 4: versions never go down within a history (the compare-and-set makes this the stored one).
+        if next.routing_version < hash.routing.routing_version {
+            return Err(format!(
+                "the routing version went down within one history: {} -> {}",
+                describe(&hash.routing),
+                describe(&next)
+            ));
+        }
+        // Property 2: a version names one layout, in every history.
+        if let Some(&other) = self.ever.get(&v) {
+            if other != n {
+                return Err(format!(
+                    "version {v} names two layouts: {} in an earlier history, {} now",
+                    shards(other),
+                    shards(n)
+                ));
+            }
+        }
+        if op.why.contains(&Why::Reported) {
+            self.reported_restores += 1;
+            if self.reported_restores > 1 {
+                return Err(format!(
+                    "a report restored the routing {} times in one history of the routing hash",
+                    self.reported_restores
+                ));
+            }
+        }
+        self.ever.insert(v, n);
+        let hash = &mut self.redis.routing;
+        hash.lineage.insert(v, n);
+        hash.routing = next.clone();
+        hash.revision += 1;
+        hash.written_by = op.loaded_run;
+        let mut line = format!("commit {}", describe(&next));
+        if let OpKind::Fetch(p, query) = op.kind {
+            self.producers[p as usize].waiting = false;
+            let adopted = self.adopt(p, &next, &query);
+            let _ = write!(line, "; P{p} gets {adopted}");
+        }
+        Ok(line)
+    }
+
+    /// What holds in every state.
+    ///
+    /// * Property 2 (a version names one layout, for the writes): an entry written with version `v` on shard `s`
+    ///   where this history's routing hash committed `v`: the key maps to `s` under the shard count `v` has in
+    ///   this history. (Versions this history never committed name no layout here: the write was made with a
+    ///   routing Redis lost, and property 1 and 3 judge it.)
+    /// * Property 3 (per-key order across a growth): for every growth the stored routing records and each of its
+    ///   parents sealed at position `p`: (a) every entry of the parent after `p` has a key the growth's layout
+    ///   keeps on the parent (no moved key is written into a sealed parent), and (b) every entry of a key in the
+    ///   parent up to `p` was written before every entry of that key in the growth's children (groups read the
+    ///   parent up to the seal, then the children).
+    /// * Every growth the stored routing records has a seal for every parent (sealed before the commit).
+    pub fn check(&self) -> Result<(), Violation> {
+        let routing = self.stored();
+        let lineage = &self.redis.routing.lineage;
+        for (s, side) in self.redis.shards.iter().enumerate() {
+            for e in &side.entries {
+                if let Some(&n) = lineage.get(&e.version) {
+                    let meant = shard_for_key(self.key(e.key), n).0;
+                    if meant != s as u32 {
+                        return Err(format!(
+                            "an entry of {} written with v{}/{} shards is on shard {s}, but v{} means {n} shards in this history: shard {meant}",
+                            key_name(e.key), e.version, e.count, e.version
+                        ));
+                    }
+                }
+            }
+        }
+        for g in &routing.growths {
+            if !g.sealed() {
+                return Err(format!("committed growth v{} has unsealed parents", g.routing_version));
+            }
+            for (&parent, &seal) in &g.seals {
+                let side = &self.redis.shards[parent.0 as usize];
+                for e in side.entries.iter().filter(|e| e.id > seal) {
+                    let to = shard_for_key(self.key(e.key), g.shard_count).0;
+                    if to != parent.0 {
+                        if self.documented(parent.0) {
+                            continue;
+                        }
+                        let kept = match side.seals.get(&g.routing_version.0) {
+                            Some(p) => format!("the parent still records seal {}", pos(*p)),
+                            None => "the parent no longer records the seal".to_owned(),
+                        };
+                        return Err(format!(
+                            "key {} written by P{} with v{}/{} shards into parent {} at {} after its seal {} for v{} \
+                             (the growth moves it to shard {to}; fence now {}, {kept})",
+                            key_name(e.key),
+                            e.producer,
+                            e.version,
+                            e.count,
+                            parent.0,
+                            pos(e.id),
+                            pos(seal),
+                            g.routing_version,
+                            side.fence
+                        ));
+                    }
+                }
+                for e in side
+                    .entries
+                    .iter()
+                    .filter(|e| e.id <= seal && !self.documented(parent.0))
+                {
+                    for c in g.parents..g.shard_count {
+                        let child = &self.redis.shards[c as usize];
+                        if let Some(later) = child.entries.iter().find(|x| x.key == e.key && x.seq < e.seq) {
+                            return Err(format!(
+                                "key {}: write #{} (P{} v{}/{}) on child {c} of v{} precedes write #{} (P{} v{}/{}) \
+                                 on parent {} up to its seal {}: groups read them in the other order",
+                                key_name(e.key),
+                                later.seq,
+                                later.producer,
+                                later.version,
+                                later.count,
+                                g.routing_version,
+                                e.seq,
+                                e.producer,
+                                e.version,
+                                e.count,
+                                parent.0,
+                                pos(seal)
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the documented Cluster limit excuses a broken order around `parent` (docs/resharding.md, "Limits":
+    /// a failover of a parent's master that loses its seal lets producers of the old layout write moved keys into
+    /// it).
+    fn documented(&self, parent: u32) -> bool {
+        self.documented_limits && self.lost_seal & (1 << parent) != 0
+    }
+
+    /// The fair, fault-free suffix: the section in progress finishes, then three rounds of a tick and a refresh
+    /// of every producer (each with the section it starts). Property 1 after it: every accepted write still in
+    /// Redis is on a shard below the stored shard count (some group reads it). With `availability`: every
+    /// producer can publish every key.
+    pub fn settle(&self, config: &RoutingConfig, log: &mut Vec<String>) -> Result<(), Violation> {
+        let mut w = self.clone();
+        w.finish(log)?;
+        for _ in 0..3 {
+            w.logged(Action::Tick, log)?;
+            w.finish(log)?;
+            for p in 0..w.producers.len() as u8 {
+                w.logged(Action::Refresh(p), log)?;
+                w.finish(log)?;
+            }
+        }
+        let n = w.stored().shard_count;
+        for (s, side) in w.redis.shards.iter().enumerate().skip(n as usize) {
+            if let Some(e) = side.entries.first() {
+                return Err(format!(
+                    "stranded: shard {s} holds {} accepted write(s) (first: {} by P{} with v{}/{} shards) but the \
+                     routing settled at {} with record {:?} on shard {s}",
+                    side.entries.len(),
+                    key_name(e.key),
+                    e.producer,
+                    e.version,
+                    e.count,
+                    describe(w.stored()),
+                    side.born
+                ));
+            }
+        }
+        if config.availability {
+            for p in 0..w.producers.len() as u8 {
+                for k in 0..config.keys {
+                    if let Some((s, Err(why))) = w.route(p, k) {
+                        return Err(format!(
+                            "unavailable: after the fair suffix P{p} ({:?}) cannot publish {} to shard {s}: {why} \
+                             (routing {})",
+                            w.producers[p as usize].cache,
+                            key_name(k),
+                            describe(w.stored())
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, log: &mut Vec<String>) -> Result<(), Violation> {
+        while let Some(op) = &self.op {
+            let a = if op.records.is_some() {
+                Action::Records
+            } else {
+                Action::Commit
+            };
+            self.logged(a, log)?;
+        }
+        Ok(())
+    }
+
+    fn logged(&mut self, a: Action, log: &mut Vec<String>) -> Result<(), Violation> {
+        match self.step(a) {
+            Ok(line) => {
+                log.push(line);
+                Ok(())
+            }
+            Err(v) => {
+                log.push(format!("{a:?}: VIOLATION"));
+                Err(v)
+            }
+        }
+    }
+
+    pub fn describe_redis(&self) -> String {
+        let sides: Vec<String> = self
+            .redis
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s != ShardSide::default())
+            .map(|(i, s)| describe_side(i as u32, s))
+            .collect();
+        format!("{}; {}", describe(self.stored()), sides.join("; "))
+    }
+}
+
+/// The keys for streams starting with 1 to 4 shards.
+static KEYS: LazyLock<Vec<[Vec<u8>; 2]>> = LazyLock::new(|| (1..=4).map(keys).collect());
+
+fn loaded_of(hash: Option<&RoutingHash>, run: u32, now: u64) -> Loaded {
+    Loaded {
+        now_ms: now,
+        revision: hash.map(|h| StoreRevision(h.revision)),
+        liveness_revision: 0,
+        schema_version: Some(store::schema_of_routing()),
+        layout_version: Some(LAYOUT_VERSION),
+        aggregate: hash.map(|h| h.routing.encode().into_bytes()),
+        aggregate_digest: String::new(),
+        cache_hit: false,
+        liveness: Vec::new(),
+        stored_run_id: hash.map_or(String::new(), |h| run_name(h.written_by)),
+        run_id: run_name(run),
+        liveness_missing: false,
+    }
+}
+
+fn run_name(run: u32) -> String {
+    format!("{run:040x}")
+}
+
+/// `store_reshard::RECORD`: a record is never rewritten.
+fn write_records(shards: &mut [ShardSide], records: &[Birth]) -> String {
+    let mut text = Vec::new();
+    for b in records {
+        let side = &mut shards[b.shard.0 as usize];
+        if side.born.is_none() {
+            side.born = Some((b.born.0, b.parents));
+            text.push(format!("{}:born v{}", b.shard.0, b.born.0));
+        } else {
+            text.push(format!("{}:kept", b.shard.0));
+        }
+    }
+    format!("[{}]", text.join(" "))
+}
+
+fn shards(n: u32) -> String {
+    format!("{n} shard{}", if n == 1 { "" } else { "s" })
+}
+
+fn pos(p: EntryId) -> String {
+    if p == EntryId::ZERO {
+        "(0-0)".to_owned()
+    } else {
+        format!("({}-{})", p.ms, p.seq)
+    }
+}
+
+pub fn describe(r: &StreamRouting) -> String {
+    let growths: Vec<String> = r
+        .growths
+        .iter()
+        .map(|g| format!("v{}:{}->{}", g.routing_version, g.parents, g.shard_count))
+        .collect();
+    format!(
+        "v{} {} [{}]{}",
+        r.routing_version,
+        shards(r.shard_count),
+        growths.join(","),
+        if r.reports_settled { " settled" } else { "" }
+    )
+}
+
+fn describe_side(s: u32, side: &ShardSide) -> String {
+    let entries: Vec<String> = side
+        .entries
+        .iter()
+        .map(|e| format!("{}#{}(v{}/{})", key_name(e.key), e.seq, e.version, e.count))
+        .collect();
+    format!(
+        "shard {s}: fence {} born {:?} seals {:?} entries [{}]",
+        side.fence,
+        side.born,
+        side.seals.keys().collect::<Vec<_>>(),
+        entries.join(" ")
+    )
+}
