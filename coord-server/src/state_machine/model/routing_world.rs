@@ -636,14 +636,26 @@ impl RoutingWorld {
         line
     }
 
-    /// `Coordinator::tend_routing`: two reads; a restoration only when they show a loss.
+    /// `Coordinator::tend_routing`: two reads; a restoration only when they show a loss, else the sweep that
+    /// writes again the records of listed shards Redis lost (`sweep_records`; the model sweeps every shard at
+    /// once, the shell 64 per tick).
     fn tick(&mut self) -> Result<String, Violation> {
-        let r = self.stored();
+        let r = self.stored().clone();
         let n = r.shard_count;
         let fence = self.redis.shards[0].fence;
         let beyond = self.redis.shards.get(n as usize).is_some_and(|s| s.born.is_some());
         if !(fence > r.routing_version.0 || beyond || !r.shard_records) {
-            return Ok("tick: nothing lost".to_owned());
+            let lost: Vec<Birth> = routing_section::migration_records(&r)
+                .into_iter()
+                .filter(|b| self.redis.shards[b.shard.0 as usize].born.is_none())
+                .collect();
+            if lost.is_empty() {
+                return Ok("tick: nothing lost".to_owned());
+            }
+            return Ok(format!(
+                "tick: records written again {}",
+                write_records(&mut self.redis.shards, &lost)
+            ));
         }
         match self.restore(None)? {
             None => Ok("tick: restores nothing".to_owned()),
