@@ -144,6 +144,10 @@ pub(crate) fn restore(
     if !current.shard_records {
         prep.records.splice(0..0, migration_records(&current));
         next.shard_records = true;
+        if why.is_empty() {
+            // As a new routing: reports are evidence only after a loss the coordinator saw.
+            next.reports_settled = true;
+        }
     }
     Ok((RoutingStep::Prepare(next, prep), why))
 }
@@ -175,6 +179,9 @@ pub(crate) fn ensure(
     let mut r = StreamRouting::new(stream.clone(), n, loaded.now_ms);
     r.routing_lease_ms = lease_ms;
     r.shard_records = true;
+    // Nothing of a new routing was lost: a client's report is evidence only after the coordinator saw this
+    // routing's Redis change (a new run id), never before (a hostile report would grow the stream).
+    r.reports_settled = true;
     let prep = Prep {
         seals: Vec::new(),
         records: migration_records(&r),

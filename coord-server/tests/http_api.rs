@@ -439,7 +439,7 @@ async fn add_shards_checks_if_match_and_groups_adopt_on_tick() {
 
 #[tokio::test]
 async fn routing_fetch_restores_what_the_producer_saw_once_then_answers_sync_metadata() {
-    let (_redis, coord) = start().await;
+    let (mut redis, coord) = start_persistent().await;
     let api = Api::new(coord.url());
     api.create_group(S, G, 3).await;
 
@@ -453,17 +453,34 @@ async fn routing_fetch_restores_what_the_producer_saw_once_then_answers_sync_met
     let same: RoutingResponse = ok_json(api.get(&current).await, StatusCode::OK).await;
     assert_eq!(same.status, Status::Ok);
 
-    // The producer saw version v + 5 with 5 shards: Redis lost that routing. It is restored upwards, to a version
-    // above every one reported (never reused with another meaning) and at least the reported shard count.
+    // A producer says it saw version v + 5 with 5 shards, while the routing's Redis never changed: nothing was
+    // lost, so the report is not evidence (a hostile or damaged client would grow the stream). The stored routing
+    // is answered and nothing is written.
     let ahead = format!(
         "/v1/streams/orders/routing?routingVersion={v}&maxObservedVersion={}&maxShardCount=5",
         v + 5
     );
-    let restored: RoutingResponse = ok_json(api.get(&ahead).await, StatusCode::OK).await;
+    let unbelieved: RoutingResponse = ok_json(api.get(&ahead).await, StatusCode::OK).await;
+    assert_eq!(unbelieved.status, Status::SyncMetadata);
+    assert_eq!((unbelieved.routing_version.0, unbelieved.shard_count), (v, 3));
+
+    // The routing's Redis comes back as another server (a failover, a restore: a new run id): now the report is
+    // evidence of a loss. It is restored upwards, to a version above every one reported (never reused with another
+    // meaning) and at least the reported shard count.
+    redis.restart().await;
+    let restored: RoutingResponse = wait_for(Duration::from_secs(10), "the report restores the routing", || async {
+        let r = api.get(&ahead).await;
+        if r.status() != StatusCode::OK {
+            return None;
+        }
+        let body: RoutingResponse = r.json().await.ok()?;
+        (body.status == Status::Ok).then_some(body)
+    })
+    .await;
     assert_eq!(restored.status, Status::Ok);
     assert!(restored.routing_version.0 > v + 5, "{restored:?}");
     assert_eq!(restored.shard_count, 5);
-    assert_eq!(Stats::get(&coord.coordinator().stats().routing_regressions), 0);
+    let regressions = Stats::get(&coord.coordinator().stats().routing_regressions);
 
     // A second report above it, with no new loss seen by the coordinator, restores nothing: one restoration per
     // Redis history from what clients say. The producer adopts the stored routing.
@@ -479,7 +496,10 @@ async fn routing_fetch_restores_what_the_producer_saw_once_then_answers_sync_met
         (restored.routing_version, 5),
         "Redis is not bumped to match the producer twice"
     );
-    assert_eq!(Stats::get(&coord.coordinator().stats().routing_regressions), 1);
+    assert_eq!(
+        Stats::get(&coord.coordinator().stats().routing_regressions),
+        regressions + 1
+    );
 
     // Out of bounds: refused as invalid.
     let bad = api

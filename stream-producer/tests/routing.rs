@@ -232,7 +232,7 @@ async fn second_coordinator_url_takes_over_when_the_first_is_gone() {
 
 #[tokio::test]
 async fn a_routing_rollback_is_restored_upwards_from_the_producers_report() {
-    let env = Env::start(4, SHORT_LEASE).await;
+    let mut env = Env::start_persistent(4, SHORT_LEASE).await;
     let routing_key = keys::stream_routing(&stream());
     let v1 = env.redis.snapshot_keys(&routing_key).await;
     assert_eq!(v1.len(), 1);
@@ -257,6 +257,9 @@ async fn a_routing_rollback_is_restored_upwards_from_the_producers_report() {
             .await
             .expect("DEL fence");
     }
+    // A failover promotes another server: the same data (as lost), another run id.
+    drop(con);
+    env.redis.restart().await;
     // The producer's next refresh reports version 2 and 6 shards: the coordinator restores the growth under a
     // version it never issued (2 may have been seen with another meaning), and the producer adopts it.
     wait_until(DEADLINE, "the growth is restored under a new version", || {
@@ -273,7 +276,11 @@ async fn a_routing_rollback_is_restored_upwards_from_the_producers_report() {
 
     // A key of shard 5 (of 6) stays on shard 5, at the restored version.
     let key = key_on(5, 6);
-    let published = producer.send(&key, &[("f", "v")]).await.unwrap();
+    // (The connections the restart broke may fail the first sends: not written.)
+    let published = test_support::wait_for(DEADLINE, "a send after the restart", || async {
+        producer.send(&key, &[("f", "v")]).await.ok()
+    })
+    .await;
     assert_eq!(published.shard, ShardId(5));
     assert_eq!(published.routing_version, stored.routing_version);
     producer.close().await.unwrap();
@@ -281,7 +288,7 @@ async fn a_routing_rollback_is_restored_upwards_from_the_producers_report() {
 
 #[tokio::test]
 async fn highest_observed_version_survives_a_producer_restart_through_the_version_store() {
-    let env = Env::start(4, SHORT_LEASE).await;
+    let mut env = Env::start_persistent(4, SHORT_LEASE).await;
     let dir = tempfile::tempdir().unwrap();
     let routing_key = keys::stream_routing(&stream());
     let v1 = env.redis.snapshot_keys(&routing_key).await;
@@ -306,6 +313,9 @@ async fn highest_observed_version_survives_a_producer_restart_through_the_versio
             .await
             .expect("DEL fence");
     }
+    // A failover promotes another server: the same data (as lost), another run id.
+    drop(con);
+    env.redis.restart().await;
     let second = Arc::new(
         env.producer()
             .version_store(FileVersionStore::new(dir.path()).unwrap())

@@ -35,6 +35,16 @@ pub async fn start() -> (RedisServer, CoordinatorHandle) {
     (redis, coord)
 }
 
+/// As [`start`], on a Redis with an append-only file: [`RedisServer::restart`] keeps the data under a new run id
+/// (what a coordinator sees after a failover or a restore).
+pub async fn start_persistent() -> (RedisServer, CoordinatorHandle) {
+    let redis = RedisServer::builder().persistence(true).start().await;
+    let coord = CoordinatorHandle::spawn(config(&redis.url()))
+        .await
+        .expect("coordinator starts");
+    (redis, coord)
+}
+
 /// A client for one coordinator URL, with an optional bearer token.
 #[derive(Clone)]
 pub struct Api {

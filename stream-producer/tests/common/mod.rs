@@ -51,6 +51,12 @@ impl Env {
         Env::start_on(RedisServer::start().await, shards, lease).await
     }
 
+    /// As [`Env::start`], on a Redis with an append-only file: [`RedisServer::restart`] keeps its data under a new
+    /// run id, which is how a coordinator tells that the routing's Redis lost writes (a failover, a restore).
+    pub async fn start_persistent(shards: u32, lease: Duration) -> Env {
+        Env::start_on(RedisServer::builder().persistence(true).start().await, shards, lease).await
+    }
+
     /// As [`Env::start`], on a Redis the test configured itself.
     pub async fn start_on(redis: RedisServer, shards: u32, lease: Duration) -> Env {
         let coordinator = CoordinatorHandle::spawn(coordinator_config(&redis.url(), lease, any_port()))

@@ -15,6 +15,7 @@ use scenario_tests::History;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use stream_producer::Producer;
+use test_support::{wait_for, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_recreated_in_the_same_process_after_a_rollback_reports_its_predecessors_version() {
@@ -57,7 +58,7 @@ async fn a_consumer_recreated_in_the_same_process_after_a_rollback_reports_its_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_recreated_in_the_same_process_after_a_routing_rollback_gets_the_growth_restored() {
-    let s = Scenario::start("procproducer", 2).await;
+    let mut s = Scenario::on(RedisServer::builder().persistence(true).start().await, "procproducer", 2).await;
     let routing_key = keys::stream_routing(&s.stream);
     let snap = s.redis.snapshot_keys(&routing_key).await;
     assert_eq!(snap.len(), 1, "the routing hash is in the snapshot");
@@ -73,6 +74,12 @@ async fn a_producer_recreated_in_the_same_process_after_a_routing_rollback_gets_
     // reports version 2 with 3 shards (the process's version store): the coordinator restores the growth
     // (issue 30: corrected upwards, never by adopting the lower stored value) under a version it never issued.
     s.redis.restore_snapshot(&snap).await;
+    // As a failover would: another server (run id) with the data as lost.
+    s.redis.restart().await;
+    wait_for(DEADLINE, "the coordinator to reach the restarted Redis", || async {
+        s.coordinator().describe_routing(&s.stream).await.ok()
+    })
+    .await;
     let second = s.producer().build().unwrap();
     let routing = second.ready().await.unwrap();
     assert_eq!(routing.shard_count, 3, "the growth is restored");
