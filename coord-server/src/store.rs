@@ -184,6 +184,13 @@ if rev ~= ARGV[2] or (ARGV[4] ~= '' and live ~= ARGV[3]) then
   release()
   return {0, rev}
 end
+-- A decision is written only to the server it was loaded from: after a failover between the load and here, what
+-- the section wrote elsewhere before its commit (a growth's seals and records) may be lost while the revision
+-- still matches. A conflict: the section loads again and sees the new run id.
+if ARGV[4] ~= '' and ARGV[8] ~= '' and (string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '') ~= ARGV[8] then
+  release()
+  return {0, rev}
+end
 if rev == '' and redis.call('EXISTS', KEYS[1]) == 1 then
   return corrupt('the hash exists without a revision')
 end

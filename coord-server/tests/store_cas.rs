@@ -101,3 +101,62 @@ async fn a_writer_that_outlived_its_mutex_loses_the_compare_and_set() {
     let again = coordinator.heartbeat(&stream, &group, &join("a")).await.unwrap();
     assert_eq!(again.status, Status::Ok);
 }
+
+/// Issue 30 (the routing model checker's defect 1): a decision loaded from one server is never committed to
+/// another. Across a failover between a section's load and its commit the revision can still match while what
+/// the section wrote before its commit (a growth's seals and records) was lost; here the server restarts from its
+/// append-only file between the two (same data, new run id). The commit is a conflict, nothing is written, and the
+/// coordinator's own next decision, loaded again, goes through.
+#[tokio::test]
+async fn a_decision_loaded_from_another_server_is_a_conflict() {
+    let mut redis = RedisServer::builder().persistence(true).start().await;
+    let (stream, group) = (StreamName::new("s").unwrap(), GroupName::new("g").unwrap());
+    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    coordinator
+        .create_group(
+            &stream,
+            &group,
+            &CreateGroupRequest {
+                shard_count: Some(2),
+                timings: None,
+            },
+        )
+        .await
+        .unwrap();
+    let store = Store::new(redis.connection_manager().await);
+    let keys = SectionKeys::group(&stream, &group);
+    let loaded = store
+        .try_load(&keys, "before-restart", Duration::from_secs(30), None, LivenessScope::None)
+        .await
+        .unwrap()
+        .expect("mutex free");
+    redis.restart().await;
+    let write = Write {
+        aggregate: Some("{\"stale\":true}"),
+        now_ms: loaded.now_ms,
+        run_id: &loaded.run_id,
+        ..Write::default()
+    };
+    let outcome = test_support::wait_for(Duration::from_secs(10), "the commit to reach the restarted server", || {
+        let (store, keys, write) = (&store, &keys, &write);
+        let loaded = &loaded;
+        async move {
+            store
+                .commit(keys, "before-restart", loaded.revision, loaded.liveness_revision, write)
+                .await
+                .ok()
+        }
+    })
+    .await;
+    assert_eq!(outcome, Committed::Conflict, "same revision, another server");
+    let description = test_support::wait_for(Duration::from_secs(10), "a describe", || async {
+        coordinator.describe_group(&stream, &group).await.ok()
+    })
+    .await;
+    assert_eq!(description.shards.len(), 2, "the stored group is intact");
+    let joined = test_support::wait_for(Duration::from_secs(10), "a join after the restart", || async {
+        coordinator.heartbeat(&stream, &group, &join("a")).await.ok()
+    })
+    .await;
+    assert_eq!(joined.status, Status::Ok);
+}

@@ -790,13 +790,14 @@ impl RoutingWorld {
     fn commit(&mut self) -> Result<String, Violation> {
         let op = self.op.take().expect("a section in progress");
         let hash = &self.redis.routing;
-        if (hash.revision, &hash.routing) != (op.loaded.0, &op.loaded.1) {
+        // `store::COMMIT` refuses a decision loaded from another server (run id) as it refuses another revision.
+        if (hash.revision, &hash.routing) != (op.loaded.0, &op.loaded.1) || op.loaded_run != self.routing_run {
             // The section would load again and decide anew: that is another action of its caller.
             if let OpKind::Fetch(p, _) = op.kind {
                 self.producers[p as usize].waiting = false;
             }
             return Ok(format!(
-                "commit of {:?} conflicts: the routing hash changed since its load (now {})",
+                "commit of {:?} conflicts: the routing hash or its server changed since its load (now {})",
                 op.kind,
                 describe(&hash.routing)
             ));
