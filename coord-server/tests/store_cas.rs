@@ -126,7 +126,13 @@ async fn a_decision_loaded_from_another_server_is_a_conflict() {
     let store = Store::new(redis.connection_manager().await);
     let keys = SectionKeys::group(&stream, &group);
     let loaded = store
-        .try_load(&keys, "before-restart", Duration::from_secs(30), None, LivenessScope::None)
+        .try_load(
+            &keys,
+            "before-restart",
+            Duration::from_secs(30),
+            None,
+            LivenessScope::None,
+        )
         .await
         .unwrap()
         .expect("mutex free");
@@ -137,16 +143,20 @@ async fn a_decision_loaded_from_another_server_is_a_conflict() {
         run_id: &loaded.run_id,
         ..Write::default()
     };
-    let outcome = test_support::wait_for(Duration::from_secs(10), "the commit to reach the restarted server", || {
-        let (store, keys, write) = (&store, &keys, &write);
-        let loaded = &loaded;
-        async move {
-            store
-                .commit(keys, "before-restart", loaded.revision, loaded.liveness_revision, write)
-                .await
-                .ok()
-        }
-    })
+    let outcome = test_support::wait_for(
+        Duration::from_secs(10),
+        "the commit to reach the restarted server",
+        || {
+            let (store, keys, write) = (&store, &keys, &write);
+            let loaded = &loaded;
+            async move {
+                store
+                    .commit(keys, "before-restart", loaded.revision, loaded.liveness_revision, write)
+                    .await
+                    .ok()
+            }
+        },
+    )
     .await;
     assert_eq!(outcome, Committed::Conflict, "same revision, another server");
     let description = test_support::wait_for(Duration::from_secs(10), "a describe", || async {
@@ -158,5 +168,9 @@ async fn a_decision_loaded_from_another_server_is_a_conflict() {
         coordinator.heartbeat(&stream, &group, &join("a")).await.ok()
     })
     .await;
-    assert_eq!(joined.status, Status::Ok);
+    // Answered: in the correction round a new run id opens, so REVOKE_PENDING, not an error.
+    assert!(
+        matches!(joined.status, Status::Ok | Status::RevokePending),
+        "{joined:?}"
+    );
 }

@@ -58,7 +58,12 @@ async fn a_consumer_recreated_in_the_same_process_after_a_rollback_reports_its_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_recreated_in_the_same_process_after_a_routing_rollback_gets_the_growth_restored() {
-    let mut s = Scenario::on(RedisServer::builder().persistence(true).start().await, "procproducer", 2).await;
+    let mut s = Scenario::on(
+        RedisServer::builder().persistence(true).start().await,
+        "procproducer",
+        2,
+    )
+    .await;
     let routing_key = keys::stream_routing(&s.stream);
     let snap = s.redis.snapshot_keys(&routing_key).await;
     assert_eq!(snap.len(), 1, "the routing hash is in the snapshot");
