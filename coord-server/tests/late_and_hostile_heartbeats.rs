@@ -237,3 +237,34 @@ async fn a_late_revoked_ack_from_before_the_drain_instruction_frees_nothing() {
     assert_eq!(owners, vec![Some("a"), Some("a")], "a still reads both until it drains");
     coord.shutdown().await;
 }
+
+/// Every number a heartbeat carries has the bound the OpenAPI document states, enforced before anything is done:
+/// a stranger's report of a higher metadata version with an out-of-range routing report, shard count or
+/// incarnation is refused (400) and opens no round (found by the OpenAPI negative run: such a request was accepted
+/// and its version report opened a correction round).
+#[tokio::test]
+async fn out_of_range_report_fields_are_refused_and_change_nothing() {
+    let (_redis, coord) = start().await;
+    let api = Api::new(coord.url());
+    api.create_group(S, G, 2).await;
+    let before = api.describe(S, G).await;
+    let bad: [fn(&mut HeartbeatRequest); 3] = [
+        |r| r.max_shard_count = 65_537,
+        |r| r.max_routing_version = protocol::RoutingVersion(1 << 53),
+        |r| r.incarnation = protocol::Incarnation(1 << 53),
+    ];
+    for (i, set) in bad.iter().enumerate() {
+        let mut r = stranger_leave(before.metadata_version.0 + 50);
+        set(&mut r);
+        let (status, body) = api.heartbeat(S, G, &r).await.expect_err("refused");
+        assert_eq!(
+            (status, body.status),
+            (StatusCode::BAD_REQUEST, Status::InvalidRequest),
+            "case {i}"
+        );
+    }
+    let after = api.describe(S, G).await;
+    assert_eq!(after.metadata_version, before.metadata_version);
+    assert!(after.correction.is_none(), "{:?}", after.correction);
+    coord.shutdown().await;
+}

@@ -181,6 +181,14 @@ fn validate(req: &HeartbeatRequest) -> Result<(), String> {
             "metadataVersion and maxObservedVersion must be at most {limit} (2^53 - 1)"
         ));
     }
+    if req.incarnation.0 > limit.0 || req.max_routing_version.0 > limit.0 {
+        return Err(format!(
+            "incarnation and maxRoutingVersion must be at most {limit} (2^53 - 1)"
+        ));
+    }
+    if req.max_shard_count > MAX_SHARDS {
+        return Err(format!("maxShardCount must be at most {MAX_SHARDS}"));
+    }
     let too_many = (MAX_SHARDS as usize) * 2;
     if req.owned.len() + req.revoking.len() > too_many {
         return Err("too many shards reported".into());
