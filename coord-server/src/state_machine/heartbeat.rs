@@ -35,14 +35,23 @@ pub(super) fn heartbeat(
     if let Err(message) = validate(req) {
         return tx.finish(None, Answer::reject(Status::InvalidRequest, message, None), now);
     }
+    // An incarnation no coordinator of this group can have minted names nothing: the request is taken as naming
+    // none (a join is then a new process's, anything else is not recorded). Not a 400: the number is well formed.
     let ceiling = incarnation::ceiling(meta, now);
-    if req.incarnation > ceiling {
-        let msg = format!(
-            "incarnation {} is beyond any this group can have minted (at most {ceiling} now)",
-            req.incarnation
-        );
-        return tx.finish(None, Answer::reject(Status::InvalidRequest, msg, None), now);
-    }
+    let sanitized;
+    let req = if req.incarnation > ceiling {
+        tx.events.push(Event::ImplausibleIncarnationIgnored {
+            named: req.incarnation,
+            ceiling,
+        });
+        sanitized = HeartbeatRequest {
+            incarnation: protocol::Incarnation::NONE,
+            ..req.clone()
+        };
+        &sanitized
+    } else {
+        req
+    };
     tx.open_round_if_suspected(clock);
     let stored = meta.metadata_version;
     let reported = req.max_observed_version.max(req.metadata_version);

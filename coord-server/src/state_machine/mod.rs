@@ -181,6 +181,13 @@ pub enum Event {
         /// The stored version.
         stored: MetadataVersion,
     },
+    /// A request named an incarnation no coordinator of the group can have minted; it was taken as naming none.
+    ImplausibleIncarnationIgnored {
+        /// The incarnation named.
+        named: protocol::Incarnation,
+        /// The highest one that would have counted.
+        ceiling: protocol::Incarnation,
+    },
     /// A client reported a version no lost history can have produced; it was ignored.
     ImplausibleVersionIgnored {
         /// The client's version.

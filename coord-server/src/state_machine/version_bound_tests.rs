@@ -149,3 +149,24 @@ fn a_member_that_never_adopts_the_stored_version_is_fenced_after_the_rebalance_t
         "a synced: it is not fenced"
     );
 }
+
+/// A join naming an incarnation no coordinator of the group can have minted (well formed, so not a 400: the
+/// OpenAPI positive run sends such numbers) is taken as naming none: a new process's join, with a fresh
+/// incarnation that stays within what the group can mint.
+#[test]
+fn an_implausible_incarnation_names_nothing() {
+    let mut h = Harness::new(2);
+    let ceiling = super::incarnation::ceiling(&h.meta, h.now);
+    let mut join = req("a", 0, MetadataVersion(0), &[], &[]);
+    join.incarnation = protocol::Incarnation(ceiling.0 + 1);
+    let t = h.apply(Input::Heartbeat(&join));
+    assert!(t.events.contains(&Event::ImplausibleIncarnationIgnored {
+        named: join.incarnation,
+        ceiling
+    }));
+    let Outcome::Heartbeat(r) = &t.outcome else {
+        panic!("answered: {:?}", t.outcome)
+    };
+    assert_eq!(r.status, Status::Ok);
+    assert!(r.incarnation <= ceiling, "{:?} above {ceiling:?}", r.incarnation);
+}
