@@ -15,7 +15,7 @@
 #   idem    the same script with idempotence on (the state is written by every call)
 #   pipe    plain XADD again, but sent like the two below: one connection, `redis-cli --pipe` (their baseline)
 #   multi   MULTI, 128 plain XADDs, EXEC (a transaction with no check at all)
-#   watch   WATCH fence, HGET fence, MULTI, 128 plain XADDs, EXEC: the cost to Redis of a fence checked by the
+#   watch   WATCH fence, HMGET fence (fence and birth), MULTI, 128 plain XADDs, EXEC: the cost to Redis of a fence checked by the
 #           client between WATCH and EXEC (the transaction design of BENCHMARKS.md, issue 17; not what the SDK
 #           sends)
 # Prints instructions per record and native / variant (the share of a raw loop's rate the variant can reach
@@ -37,7 +37,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 awk '/^const LUA: &str = r#"$/{on=1; next} /^"#;$/{on=0} on' stream-producer/src/publish_script.rs >"$work/publish.lua"
 [ -s "$work/publish.lua" ] || { echo "script-cost.sh: the publish script was not found" >&2; exit 1; }
-echo "local c=redis.call local k=KEYS[1] local A=ARGV for i=10,#A,2 do c('XADD',k,'*',A[i],A[i+1]) end return 1" \
+echo "local c=redis.call local k=KEYS[1] local A=ARGV for i=11,#A,2 do c('XADD',k,'*',A[i],A[i+1]) end return 1" \
   >"$work/floor.lua"
 
 records=64000
@@ -60,7 +60,7 @@ with open(f"{work}/pipe.resp", "wb") as f:
 with open(f"{work}/multi.resp", "wb") as f:
     f.write((cmd("MULTI") + batch + cmd("EXEC")) * calls)
 with open(f"{work}/watch.resp", "wb") as f:
-    check = cmd("WATCH", "{s}:fence") + cmd("HGET", "{s}:fence", "routingVersion")
+    check = cmd("WATCH", "{s}:fence") + cmd("HMGET", "{s}:fence", "routingVersion", "bornVersion")
     f.write((check + cmd("MULTI") + batch + cmd("EXEC")) * calls)
 PY
 calls=$((records / per_call))
@@ -91,17 +91,20 @@ measure() {
     native) redis-benchmark -p "$port" -n "$records" -P 32 -c 8 -q XADD '{s}:stream' '*' p "$payload" >/dev/null ;;
     floor)
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor.lua")")"
-      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 \
+      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 1 \
         "${fields[@]}" >/dev/null ;;
     fenced)
+      # The shard's record, as the coordinator writes it: the call checks the fence and the birth (issue 30).
+      redis-cli -p "$port" HSET '{s}:fence' bornVersion 1 >/dev/null
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
-      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 \
+      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 1 \
         "${fields[@]}" >/dev/null ;;
     idem)
       # A new epoch per call (redis-benchmark replaces __rand_int__): every call writes the state.
+      redis-cli -p "$port" HSET '{s}:fence' bornVersion 1 >/dev/null
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
       redis-benchmark -p "$port" -n "$calls" -c 8 -r 100000000 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' 0 \
-        e__rand_int__ 0 60000 "$per_call" 1 "${fields[@]}" >/dev/null ;;
+        e__rand_int__ 0 60000 "$per_call" 1 1 "${fields[@]}" >/dev/null ;;
     pipe | multi | watch) redis-cli -p "$port" --pipe <"$work/$variant.resp" >/dev/null ;;
   esac
   if [ "$variant" != empty ]; then
