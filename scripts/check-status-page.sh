@@ -64,7 +64,7 @@ call "/v1/streams/$STREAM/groups/$GROUP" '{"shardCount": 8}' >/dev/null
 cat >"$WORK/members.py" <<'PY'
 import json, sys, time, urllib.request
 base, token, path = sys.argv[1:4]
-state = {m: {"memberEpoch": 0, "metadataVersion": 0} for m in ("worker-1", "worker-2")}
+state = {m: {"memberEpoch": 0, "metadataVersion": 0, "incarnation": 0} for m in ("worker-1", "worker-2")}
 def beat(member):
     body = {"memberId": member, "instanceId": member + "-i", "maxObservedVersion": 0, "owned": [], "revoking": [],
             **state[member]}
@@ -72,7 +72,8 @@ def beat(member):
         "Authorization": "Bearer " + token, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as r:
         resp = json.load(r)
-    state[member] = {"memberEpoch": resp["memberEpoch"], "metadataVersion": resp["metadataVersion"]}
+    state[member] = {"memberEpoch": resp["memberEpoch"], "metadataVersion": resp["metadataVersion"],
+                     "incarnation": resp["incarnation"]}
 for m in state:
     beat(m)
 print("joined", flush=True)
