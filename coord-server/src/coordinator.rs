@@ -469,7 +469,14 @@ impl Coordinator {
         if report.version > r.routing_version || report.shard_count > r.shard_count {
             // The producer saw more than Redis stores: restore before answering, so it never adopts a routing
             // that lost a growth it wrote by (see `state_machine::routing`).
-            r = self.restore_routing(stream, Some(report)).await?;
+            match self.restore_routing(stream, Some(report)).await {
+                Ok(restored) => r = restored,
+                // Another section holds the routing (a large growth being sealed): answer what is stored. A
+                // believed report is sent again by the producer's next refresh (it keeps what it saw), and a
+                // fenced producer cannot write by a layout a shard does not know meanwhile.
+                Err(Error::Store(crate::error::StoreError::MutexBusy { .. })) => {}
+                Err(e) => return Err(e),
+            }
         }
         let answer = state_machine::routing::answer(&r, &query);
         if answer.status == Status::SyncMetadata {
