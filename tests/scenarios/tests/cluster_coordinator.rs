@@ -427,6 +427,33 @@ impl Drop for Resume<'_> {
     }
 }
 
+/// Cuts `replica` off its master `x` so that what `x` writes next is lost with it: waits until the replica caught
+/// up, stops it, then writes on `x` more than the kernel can buffer for the stopped replica. Stopping alone is not
+/// enough (X's stream would wait in the replica's socket buffer and be applied after SIGCONT); loopback TCP
+/// buffers are at most tcp_rmem + tcp_wmem, 36 MB here, so what follows stays in X's own output buffer and dies
+/// with X. The replica runs again when the returned guard is dropped.
+async fn cut_off(cluster: &RedisCluster, x: usize, replica: usize) -> Resume<'_> {
+    wait_for(DEADLINE, "the replica to catch up", || async {
+        let master = repl_offset(cluster, x, "master_repl_offset").await;
+        (repl_offset(cluster, replica, "slave_repl_offset").await >= master).then_some(())
+    })
+    .await;
+    signal(cluster, replica, "STOP");
+    let resume = Resume(cluster, replica);
+    let mut on_x = cluster.node(x).server().connection().await;
+    let junk = "x".repeat(JUNK_VALUE_BYTES);
+    let keys = (0..).map(|i| format!("junk-{i}")).filter(|k| initial_master_of(k) == x);
+    for key in keys.take(JUNK_VALUES) {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&junk)
+            .query_async(&mut on_x)
+            .await
+            .expect("junk written on X");
+    }
+    resume
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lossy_failover_opens_the_correction_round_of_the_groups_on_that_master_only() {
     init_tracing();
@@ -447,36 +474,8 @@ async fn a_lossy_failover_opens_the_correction_round_of_the_groups_on_that_maste
     let (mut a, mut b) = (a.remove(0), b.remove(0));
     let stored_before = api_a.describe().await.expect("describe A").metadata_version;
 
-    wait_for(DEADLINE, "the replica of A's master to catch up", || async {
-        let master = repl_offset(&cluster, x, "master_repl_offset").await;
-        (repl_offset(&cluster, replica, "slave_repl_offset").await >= master).then_some(())
-    })
-    .await;
-    // The replica misses what follows: c's join is written on X only, then X dies. Stopping the replica is not
-    // enough (X's stream would wait in the replica's socket buffer and be applied after SIGCONT), so X first writes
-    // more than the kernel can buffer for the stopped replica (loopback TCP buffers are at most tcp_rmem +
-    // tcp_wmem, 36 MB here): c's join then stays in X's own output buffer and dies with X.
-    signal(&cluster, replica, "STOP");
-    let resume = Resume(&cluster, replica);
-    let mut on_x = cluster.node(x).server().connection().await;
-    let junk = "x".repeat(JUNK_VALUE_BYTES);
-    let mut written = 0;
-    for i in 0.. {
-        let key = format!("junk-{i}");
-        if initial_master_of(&key) != x {
-            continue;
-        }
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg(&junk)
-            .query_async(&mut on_x)
-            .await
-            .expect("junk written on X");
-        written += 1;
-        if written == JUNK_VALUES {
-            break;
-        }
-    }
+    // The replica misses what follows: c's join is written on X only, then X dies.
+    let resume = cut_off(&cluster, x, replica).await;
     let mut c = WireMember::new("c");
     let joined = c.ok(&api_a).await;
     assert_eq!(joined.status, Status::Ok, "{joined:?}");
@@ -553,34 +552,8 @@ async fn a_takeover_of_the_routing_master_that_loses_a_growth_restores_it_from_t
         group: "g".into(),
     };
     api.create(SHARDS).await.expect("created");
-    wait_for(DEADLINE, "the replica of the routing's master to catch up", || async {
-        let master = repl_offset(&cluster, x, "master_repl_offset").await;
-        (repl_offset(&cluster, replica, "slave_repl_offset").await >= master).then_some(())
-    })
-    .await;
-    // As in the failover test above: the replica stopped, and more written on X than the kernel buffers for it, so
-    // what X writes next dies with X.
-    signal(&cluster, replica, "STOP");
-    let resume = Resume(&cluster, replica);
-    let mut on_x = cluster.node(x).server().connection().await;
-    let junk = "x".repeat(JUNK_VALUE_BYTES);
-    let mut written = 0;
-    for i in 0.. {
-        let key = format!("junk-{i}");
-        if initial_master_of(&key) != x {
-            continue;
-        }
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg(&junk)
-            .query_async(&mut on_x)
-            .await
-            .expect("junk written on X");
-        written += 1;
-        if written == JUNK_VALUES {
-            break;
-        }
-    }
+    // What X writes next (the growth's commit, shard 0's seal) dies with X.
+    let resume = cut_off(&cluster, x, replica).await;
     let grown = coord
         .coordinator()
         .add_shards(&stream, SHARDS, None)
