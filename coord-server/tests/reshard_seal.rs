@@ -216,19 +216,7 @@ async fn add_shards_seals_every_parent_and_records_the_positions() {
 async fn an_add_shards_whose_seal_fails_commits_nothing_and_its_retry_grows_the_stream() {
     let redis = RedisServer::start().await;
     let mut conn = redis.connection().await;
-    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
-    let group = GroupName::new("g").unwrap();
-    coordinator
-        .create_group(
-            &stream(),
-            &group,
-            &CreateGroupRequest {
-                shard_count: Some(2),
-                timings: None,
-            },
-        )
-        .await
-        .unwrap();
+    let coordinator = coordinator_with(&redis, 2).await;
     let routing = || async {
         let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
         protocol::metadata::StreamRouting::decode(&json).unwrap()
@@ -279,19 +267,8 @@ async fn an_add_shards_whose_seal_fails_commits_nothing_and_its_retry_grows_the_
 async fn a_tick_finishes_the_seals_of_a_growth_recorded_unsealed() {
     let redis = RedisServer::start().await;
     let mut conn = redis.connection().await;
-    let coordinator = Coordinator::connect(Config::new(redis.url())).await.unwrap();
+    let coordinator = coordinator_with(&redis, 2).await;
     let group = GroupName::new("g").unwrap();
-    coordinator
-        .create_group(
-            &stream(),
-            &group,
-            &CreateGroupRequest {
-                shard_count: Some(2),
-                timings: None,
-            },
-        )
-        .await
-        .unwrap();
     coordinator.add_shards(&stream(), 2, None).await.unwrap();
     let routing = || async {
         let (_, json) = coordinator.store().read_routing(&stream()).await.unwrap().unwrap();
