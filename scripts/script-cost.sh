@@ -5,7 +5,7 @@
 #
 #   scripts/script-cost.sh            # 64,000 records of 100 B per variant, about a minute (seven variants)
 #   scripts/script-cost.sh --check    # the same, and fails if a variant falls below its floor (scripts/test.sh):
-#                                     # fenced >= 0.66, idem >= 0.62 of native (measured 0.695 and 0.647;
+#                                     # fenced >= 0.66, idem >= 0.62 of native (measured 0.685 and 0.643;
 #                                     # SCRIPT_COST_FLOOR_FENCED / _IDEM override the floors)
 #
 # Variants, the same 64,000 one-field records each:
@@ -15,7 +15,7 @@
 #   idem    the same script with idempotence on (the state is written by every call)
 #   pipe    plain XADD again, but sent like the two below: one connection, `redis-cli --pipe` (their baseline)
 #   multi   MULTI, 128 plain XADDs, EXEC (a transaction with no check at all)
-#   watch   WATCH fence, HMGET fence (fence and birth), MULTI, 128 plain XADDs, EXEC: the cost to Redis of a fence checked by the
+#   watch   WATCH fence, HMGET fence (fence, birth, their counts), MULTI, 128 plain XADDs, EXEC: the cost to Redis of a fence checked by the
 #           client between WATCH and EXEC (the transaction design of BENCHMARKS.md, issue 17; not what the SDK
 #           sends)
 # Prints instructions per record and native / variant (the share of a raw loop's rate the variant can reach
@@ -60,7 +60,7 @@ with open(f"{work}/pipe.resp", "wb") as f:
 with open(f"{work}/multi.resp", "wb") as f:
     f.write((cmd("MULTI") + batch + cmd("EXEC")) * calls)
 with open(f"{work}/watch.resp", "wb") as f:
-    check = cmd("WATCH", "{s}:fence") + cmd("HMGET", "{s}:fence", "routingVersion", "bornVersion")
+    check = cmd("WATCH", "{s}:fence") + cmd("HMGET", "{s}:fence", "routingVersion", "bornVersion", "fenceCount", "bornCount")
     f.write((check + cmd("MULTI") + batch + cmd("EXEC")) * calls)
 PY
 calls=$((records / per_call))
@@ -86,6 +86,7 @@ measure() {
     sleep 0.2
   done
   local keys=('{s}:stream' '{s}:fence' '{s}:seq')
+  local record=(routingVersion 5 fenceCount 4 bornVersion 1 bornCount 2)
   case "$variant" in
     empty) ;;
     native) redis-benchmark -p "$port" -n "$records" -P 32 -c 8 -q XADD '{s}:stream' '*' p "$payload" >/dev/null ;;
@@ -94,17 +95,18 @@ measure() {
       redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 1 \
         "${fields[@]}" >/dev/null ;;
     fenced)
-      # The shard's record, as the coordinator writes it: the call checks the fence and the birth (issue 30).
-      redis-cli -p "$port" HSET '{s}:fence' bornVersion 1 >/dev/null
+      # The shard's record, as the coordinator writes it for a sealed parent: the call checks the fence, the
+      # birth and both layouts' shard counts against its routing's 4 shards (the last header argument, issue 30).
+      redis-cli -p "$port" HSET '{s}:fence' "${record[@]}" >/dev/null
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
-      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 1 \
+      redis-benchmark -p "$port" -n "$calls" -c 8 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' '' '' 0 0 "$per_call" 1 4 \
         "${fields[@]}" >/dev/null ;;
     idem)
       # A new epoch per call (redis-benchmark replaces __rand_int__): every call writes the state.
-      redis-cli -p "$port" HSET '{s}:fence' bornVersion 1 >/dev/null
+      redis-cli -p "$port" HSET '{s}:fence' "${record[@]}" >/dev/null
       sha="$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/publish.lua")")"
       redis-benchmark -p "$port" -n "$calls" -c 8 -r 100000000 -q EVALSHA "$sha" 3 "${keys[@]}" 5 '' '' 0 \
-        e__rand_int__ 0 60000 "$per_call" 1 1 "${fields[@]}" >/dev/null ;;
+        e__rand_int__ 0 60000 "$per_call" 1 4 "${fields[@]}" >/dev/null ;;
     pipe | multi | watch) redis-cli -p "$port" --pipe <"$work/$variant.resp" >/dev/null ;;
   esac
   if [ "$variant" != empty ]; then

@@ -102,7 +102,11 @@ pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) 
 /// The records every shard of `routing` must have, for a routing written before shard records existed: each
 /// shard's birth as the recorded growths tell it (`1` and no parents for the shards a stream started with, or
 /// grew to before the oldest growth it remembers).
+///
+/// Each record's `bornCount` is the growth's shard count; for the shards before the oldest remembered growth it
+/// is that growth's parents (the stream had at least as many shards then), or the stream's count without growths.
 pub(crate) fn migration_records(routing: &StreamRouting) -> Vec<Birth> {
+    let first = routing.growths.first().map_or(routing.shard_count, |g| g.parents);
     (0..routing.shard_count)
         .map(|shard| {
             let g = routing
@@ -113,6 +117,7 @@ pub(crate) fn migration_records(routing: &StreamRouting) -> Vec<Birth> {
                 shard: ShardId(shard),
                 born: g.map_or(RoutingVersion(1), |g| g.routing_version),
                 parents: g.map_or(0, |g| g.parents),
+                count: g.map_or(first, |g| g.shard_count),
             }
         })
         .collect()
@@ -228,11 +233,13 @@ pub(crate) fn grow(
         version: g.routing_version,
         shard: ShardId(p),
         reuse: None,
+        count: g.shard_count,
     }));
     prep.records.extend((g.parents..g.shard_count).map(|c| Birth {
         shard: ShardId(c),
         born: g.routing_version,
         parents: g.parents,
+        count: g.shard_count,
     }));
     Ok(RoutingStep::Prepare(next, prep))
 }
@@ -354,8 +361,15 @@ where
                 let mut conn = conn.clone();
                 let stream = &stream;
                 async move {
-                    let s =
-                        store_reshard::seal_reusing(&mut conn, stream, todo.shard, todo.version, todo.reuse).await?;
+                    let s = store_reshard::seal_reusing(
+                        &mut conn,
+                        stream,
+                        todo.shard,
+                        todo.version,
+                        todo.count,
+                        todo.reuse,
+                    )
+                    .await?;
                     Ok::<_, Error>((todo, s.position))
                 }
             })

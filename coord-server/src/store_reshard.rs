@@ -18,10 +18,12 @@ use crate::state_machine::routing::Birth;
 /// can be written between the two: every entry after the position was written by a producer holding at least
 /// that version. A seal of the same growth again answers the recorded position (the first one stays). With a
 /// fourth argument (the seal field of a lost growth this one restores), that growth's recorded position is
-/// taken when the shard has it: after it the fence already refused every producer of an older layout.
+/// taken when the shard has it: after it the fence already refused every producer of an older layout. Raising
+/// the fence writes the shard count of the growth's layout beside it (`fenceCount`; a count of 0 removes it: not
+/// known), so a producer presenting the version with another layout is refused too.
 ///
 /// KEYS: shard stream, shard record (fence hash). ARGV: routing version, fence field, seal field of the version,
-/// [seal field to reuse].
+/// count field, count, [seal field to reuse].
 /// Answers `{seal position, fence before (or false)}`.
 const SEAL: &str = r#"
 local v = ARGV[1]
@@ -31,9 +33,14 @@ if cur and not (#cur <= 16 and string.find(cur, '^%d+$')) then
 end
 if not cur or tonumber(cur) < tonumber(v) then
   redis.call('HSET', KEYS[2], ARGV[2], v)
+  if ARGV[5] == '0' then
+    redis.call('HDEL', KEYS[2], ARGV[4])
+  else
+    redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+  end
 end
 local pos = redis.call('HGET', KEYS[2], ARGV[3])
-if not pos and ARGV[4] then pos = redis.call('HGET', KEYS[2], ARGV[4]) end
+if not pos and ARGV[6] then pos = redis.call('HGET', KEYS[2], ARGV[6]) end
 if not pos then
   pos = '0-0'
   if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -48,15 +55,17 @@ return {pos, cur or false}
 "#;
 
 /// Writes a shard's birth into its record unless it has one (a record is never rewritten: the first birth is the
-/// shard's), and answers the record's birth either way.
+/// shard's), with the shard count of the layout that created it (`bornCount`, when known), and answers the
+/// record's birth either way.
 ///
-/// KEYS: shard record (fence hash). ARGV: born field, parents field, routing version, parents.
-/// Answers `{born, parents}`.
+/// KEYS: shard record (fence hash). ARGV: born field, parents field, routing version, parents, count field, count.
+/// Answers `{born, parents, count}`.
 const RECORD: &str = r#"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[2], ARGV[4])
+  if ARGV[6] ~= '0' then redis.call('HSET', KEYS[1], ARGV[5], ARGV[6]) end
 end
-return redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2], ARGV[5])
 "#;
 
 /// Reads, in one instant, what decides whether a group drained a parent up to its seal: the fence, the group's
@@ -100,7 +109,7 @@ pub struct Sealed {
     pub fence_before: RoutingVersion,
 }
 
-/// Seals one parent for growth `version`: see [`SEAL`].
+/// Seals one parent for growth `version`, whose layout has `count` shards: see [`SEAL`].
 ///
 /// # Errors
 /// [`StoreError::Redis`] when the script fails, [`StoreError::Corrupt`] for a fence or an answer that does not
@@ -110,8 +119,9 @@ pub async fn seal(
     stream: &StreamName,
     shard: ShardId,
     version: RoutingVersion,
+    count: u32,
 ) -> Result<Sealed, StoreError> {
-    seal_reusing(conn, stream, shard, version, None).await
+    seal_reusing(conn, stream, shard, version, count, None).await
 }
 
 /// Seals one parent for growth `version`, taking the position the lost growth `reuse` recorded when the parent
@@ -124,13 +134,16 @@ pub async fn seal_reusing(
     stream: &StreamName,
     shard: ShardId,
     version: RoutingVersion,
+    count: u32,
     reuse: Option<RoutingVersion>,
 ) -> Result<Sealed, StoreError> {
     let mut call = SEAL_SCRIPT.key(keys::shard_stream(stream, shard));
     call.key(keys::shard_fence(stream, shard))
         .arg(version.0)
         .arg(shard_fence_fields::ROUTING_VERSION)
-        .arg(shard_fence_fields::seal(version));
+        .arg(shard_fence_fields::seal(version))
+        .arg(shard_fence_fields::FENCE_COUNT)
+        .arg(count);
     if let Some(lost) = reuse {
         call.arg(shard_fence_fields::seal(lost));
     }
@@ -203,10 +216,11 @@ pub async fn record(
         .arg(shard_fence_fields::BORN_PARENTS)
         .arg(birth.born.0)
         .arg(birth.parents)
+        .arg(shard_fence_fields::BORN_COUNT)
+        .arg(birth.count)
         .invoke_async(conn)
         .await?;
-    parse_birth(birth.shard, reply.first(), reply.get(1))?
-        .ok_or_else(|| StoreError::Protocol("the record script answered no birth".into()))
+    parse_birth(birth.shard, &reply)?.ok_or_else(|| StoreError::Protocol("the record script answered no birth".into()))
 }
 
 /// The birth one shard's record holds (`None`: no record).
@@ -222,9 +236,10 @@ pub async fn birth(
         .arg(keys::shard_fence(stream, shard))
         .arg(shard_fence_fields::BORN_VERSION)
         .arg(shard_fence_fields::BORN_PARENTS)
+        .arg(shard_fence_fields::BORN_COUNT)
         .query_async(conn)
         .await?;
-    parse_birth(shard, reply.first(), reply.get(1))
+    parse_birth(shard, &reply)
 }
 
 /// The births of `shards`' records (`None`: no record), read concurrently (on a Cluster each record is on the
@@ -268,24 +283,28 @@ pub async fn fence_of(
     fence(Some(&v))
 }
 
-fn parse_birth(shard: ShardId, born: Option<&Value>, parents: Option<&Value>) -> Result<Option<Birth>, StoreError> {
-    let (Some(born), parents) = (text(born)?, text(parents)?) else {
+/// `{born, parents, count}` as `HMGET` answers them.
+fn parse_birth(shard: ShardId, reply: &[Value]) -> Result<Option<Birth>, StoreError> {
+    let (Some(born), parents, count) = (text(reply.first())?, text(reply.get(1))?, text(reply.get(2))?) else {
         return Ok(None);
     };
     let corrupt = || {
         StoreError::Corrupt(format!(
-            "the record of shard {shard} holds born {born:?}, parents {parents:?}"
+            "the record of shard {shard} holds born {born:?}, parents {parents:?}, count {count:?}"
         ))
     };
     let born: u64 = born.parse().map_err(|_| corrupt())?;
     let parents: u32 = parents.as_deref().unwrap_or("0").parse().map_err(|_| corrupt())?;
-    if born == 0 || parents > shard.0 {
+    let count: u32 = count.as_deref().unwrap_or("0").parse().map_err(|_| corrupt())?;
+    // A layout that created shard `shard` has more shards than its index (0: written before counts were).
+    if born == 0 || parents > shard.0 || (count != 0 && count <= shard.0) {
         return Err(corrupt());
     }
     Ok(Some(Birth {
         shard,
         born: RoutingVersion(born),
         parents,
+        count,
     }))
 }
 

@@ -39,18 +39,24 @@ async fn seal_sets_the_fence_and_answers_the_last_entry() {
     let mut cm = redis.connection_manager().await;
     let mut conn = redis.connection().await;
     // An empty (missing) shard seals at 0-0.
-    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2), 4)
+        .await
+        .unwrap();
     assert_eq!((s.position, s.fence_before), (EntryId::ZERO, RoutingVersion(0)));
     assert_eq!(fence_of(&mut conn, 0).await.as_deref(), Some("2"));
 
     let key = keys::shard_stream(&stream(), ShardId(1));
     let _: String = conn.xadd(&key, "5-1", &[("k", "a")]).await.unwrap();
     let _: String = conn.xadd(&key, "7-3", &[("k", "b")]).await.unwrap();
-    let s = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(3)).await.unwrap();
+    let s = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(3), 4)
+        .await
+        .unwrap();
     assert_eq!(s.position, EntryId { ms: 7, seq: 3 });
     // A deleted last entry still counts: the position is the last id generated, not the last one left.
     let _: i64 = conn.xdel(&key, &["7-3"]).await.unwrap();
-    let again = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(2)).await.unwrap();
+    let again = seal(&mut cm, &stream(), ShardId(1), RoutingVersion(2), 4)
+        .await
+        .unwrap();
     assert_eq!(again.position, EntryId { ms: 7, seq: 3 });
     assert_eq!(again.fence_before, RoutingVersion(3));
     assert_eq!(
@@ -70,7 +76,7 @@ async fn a_corrupt_fence_is_refused_and_left_as_it_was() {
         .hset(&fence, shard_fence_fields::ROUTING_VERSION, "2x")
         .await
         .unwrap();
-    let err = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(3))
+    let err = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(3), 4)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("CORRUPT"), "{err}");
@@ -111,7 +117,9 @@ async fn every_entry_after_the_seal_was_written_with_the_new_routing() {
         async move { conn.xlen::<_, u64>(&key).await.unwrap() > 500 }
     })
     .await;
-    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2), 4)
+        .await
+        .unwrap();
     for w in writers {
         w.await.unwrap();
     }
@@ -144,7 +152,9 @@ async fn drain_state_sees_delivery_and_acknowledgement_up_to_the_seal() {
     for i in 1..=3 {
         let _: String = conn.xadd(&key, format!("{i}-0"), &[("k", "a")]).await.unwrap();
     }
-    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2)).await.unwrap();
+    let s = seal(&mut cm, &stream(), ShardId(0), RoutingVersion(2), 4)
+        .await
+        .unwrap();
     assert_eq!(s.position, EntryId { ms: 3, seq: 0 });
     let _: String = conn.xadd(&key, "4-0", &[("k", "new")]).await.unwrap();
     let st = stream();

@@ -146,6 +146,15 @@ pub mod shard_fence_fields {
     /// The shard count before the growth that created the shard (decimal; `0` for the first shards): with
     /// [`BORN_VERSION`], what a lost growth was, recoverable from the shards themselves.
     pub const BORN_PARENTS: &str = "bornParents";
+    /// The shard count of the routing at [`ROUTING_VERSION`] (decimal), written with the fence whenever it is
+    /// raised. A producer that presents that version or a later one with fewer shards routes by a layout from
+    /// another history of the routing (a version issued again after a restore, or a lost history's higher number)
+    /// and is refused: with jump consistent hashing a layout is its shard count, so counts tell layouts apart
+    /// where version numbers cannot. Absent (records written before it existed): not checked.
+    pub const FENCE_COUNT: &str = "fenceCount";
+    /// The shard count of the routing at [`BORN_VERSION`] (decimal), written with the birth: a producer at or
+    /// above the birth with fewer shards is refused, as for [`FENCE_COUNT`]. Absent: not checked.
+    pub const BORN_COUNT: &str = "bornCount";
     /// Prefix of the fields `seal:<routing version>`: where the growth of that version sealed this shard (an
     /// entry id), recorded with the fence in one script.
     pub const SEAL_PREFIX: &str = "seal:";

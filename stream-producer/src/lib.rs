@@ -182,6 +182,7 @@ pub fn publish_script_call(
         fence::Presented {
             version: routing_version,
             records: false,
+            count: 0,
         },
         publish_script::ScriptTrim::None,
         sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {

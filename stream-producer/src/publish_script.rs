@@ -6,7 +6,8 @@
 //!    [`ScriptReply::Duplicate`] with the original entry ids and writes nothing; this comes first so that a batch
 //!    written just before a seal is still recognised as written when its retry arrives after it.
 //! 2. *Fence*: the producer's routing version against the shard's record ([`keys::shard_fence`]): its fence and,
-//!    when the routing promises shard records, its birth (the rule of [`crate::fence`]). A refusal answers
+//!    when the routing promises shard records, its birth and the shard counts of both layouts (the rule of
+//!    [`crate::fence`]). A refusal answers
 //!    [`ScriptReply::Fenced`] and writes nothing.
 //! 3. The shard key's type (a key that is not a stream fails the whole batch before anything is written).
 //!
@@ -97,7 +98,7 @@ if A[4] ~= '' then
   end
 end
 local version = tonumber(A[1])
-local record = redis.call('HMGET', KEYS[2], 'routingVersion', 'bornVersion')
+local record = redis.call('HMGET', KEYS[2], 'routingVersion', 'bornVersion', 'fenceCount', 'bornCount')
 local fence = 0
 if record[1] then
   fence = tonumber(record[1])
@@ -105,12 +106,25 @@ if record[1] then
   if not fence then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number') end
 end
 if version < fence then return {'FENCED', string.format('%.0f', fence)} end
--- The routing promises shard records (crate::fence): the shard must exist at the producer's routing.
-if A[10] == '1' then
-  if not record[2] then return {'FENCED', string.format('%.0f', version + 1)} end
+-- A[10] > 0: the routing promises shard records and has that many shards (crate::fence): the shard must exist
+-- at the producer's routing, and neither its fence nor its birth may name a layout with more shards.
+local shards = tonumber(A[10])
+if shards and shards > 0 then
+  local newer = {'FENCED', string.format('%.0f', version + 1)}
+  if record[3] then
+    local c = tonumber(record[3])
+    if not c then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number count') end
+    if c > shards then return newer end
+  end
+  if not record[2] then return newer end
   local born = tonumber(record[2])
   if not born then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number birth') end
   if born > version then return {'FENCED', string.format('%.0f', born)} end
+  if record[4] then
+    local c = tonumber(record[4])
+    if not c then return redis.error_reply('CORRUPT fence ' .. KEYS[2] .. ' holds a non-number count') end
+    if c > shards then return newer end
+  end
 end
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
@@ -278,7 +292,9 @@ impl PublishScript {
         let mut fields = records.clone().map(|r| r.fields().len());
         let uniform = fields.next().filter(|&f| fields.all(|g| g == f)).unwrap_or(0);
         cmd.arg(uniform);
-        cmd.arg(if presented.records { "1" } else { "0" });
+        // The record check's flag is the routing's shard count (at least 1): the script compares it with the
+        // counts the record holds. 0: no record check.
+        cmd.arg(if presented.records { presented.count.max(1) } else { 0 });
         for r in records {
             if uniform == 0 {
                 cmd.arg(r.fields().len());
@@ -530,10 +546,15 @@ mod tests {
         }
 
         async fn fence(&mut self, version: u64) {
+            self.set(keys::shard_fence_fields::ROUTING_VERSION, &version.to_string())
+                .await;
+        }
+
+        async fn set(&mut self, field: &str, value: &str) {
             let () = redis::cmd("HSET")
                 .arg(keys::shard_fence(&self.stream, ShardId(0)))
-                .arg(keys::shard_fence_fields::ROUTING_VERSION)
-                .arg(version)
+                .arg(field)
+                .arg(value)
                 .query_async::<u64>(&mut self.con)
                 .await
                 .map(drop)
@@ -578,6 +599,7 @@ mod tests {
         let checked = |v: u64| Presented {
             version: RoutingVersion(v),
             records: true,
+            count: 4,
         };
         assert_eq!(
             shard.call_as(checked(4), None, 2).await,
@@ -607,6 +629,60 @@ mod tests {
             Some(ScriptReply::Duplicate(_))
         ));
         assert_eq!(shard.len().await, 6);
+    }
+
+    /// Issue 30: a record whose fence or birth names a layout with more shards than the producer's refuses it
+    /// (a version issued again after a restore, or a lost history's higher number), as `crate::fence` says; a
+    /// count the script cannot read fails the call closed.
+    #[tokio::test]
+    async fn a_layout_with_fewer_shards_than_the_record_names_takes_nothing() {
+        let redis = test_support::RedisServer::start().await;
+        let mut shard = Shard::new(&redis).await;
+        let with = |v: u64, count: u32| Presented {
+            version: RoutingVersion(v),
+            records: true,
+            count,
+        };
+        shard.born(1).await;
+        shard.fence(2).await;
+        shard.set(keys::shard_fence_fields::FENCE_COUNT, "8").await;
+        assert_eq!(
+            shard.call_as(with(2, 4), None, 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(3))),
+            "v2 of 4 shards against a fence for v2 of 8"
+        );
+        assert_eq!(
+            shard.call_as(with(9, 4), None, 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(10)))
+        );
+        assert_eq!(ids(shard.call_as(with(2, 8), None, 1).await).len(), 1);
+        assert_eq!(ids(shard.call(2, None, 1).await).len(), 1, "not promised: not checked");
+        shard.set(keys::shard_fence_fields::BORN_COUNT, "12").await;
+        assert_eq!(
+            shard.call_as(with(2, 8), None, 1).await,
+            Some(ScriptReply::Fenced(RoutingVersion(3))),
+            "born into 12 shards"
+        );
+        assert_eq!(ids(shard.call_as(with(2, 12), None, 1).await).len(), 1);
+        assert_eq!(shard.len().await, 3, "the refused calls wrote nothing");
+        shard.set(keys::shard_fence_fields::BORN_COUNT, "many").await;
+        let mut pipe = redis::pipe();
+        let records = [crate::Record::with_key("k").field("n", "x")];
+        shard.script.add_call(
+            &mut pipe,
+            &shard.stream,
+            ShardId(0),
+            with(2, 12),
+            ScriptTrim::None,
+            None,
+            records.iter(),
+        );
+        let err = pipe
+            .query_async::<Vec<Value>>(&mut shard.con)
+            .await
+            .expect_err("a corrupt count fails the call");
+        assert!(err.to_string().contains("non-number count"), "{err}");
+        assert_eq!(shard.len().await, 3);
     }
 
     #[tokio::test]

@@ -812,6 +812,7 @@ impl Publisher {
         let presented = Presented {
             version: routing.version,
             records: routing.shard_records,
+            count: routing.shard_count,
         };
         let pipelines = groups.iter().map(|&(shard, indices)| async move {
             if let Some(scripted) = &self.scripted {

@@ -152,7 +152,12 @@ impl Coordinator {
             .map(|(version, shard)| {
                 let mut conn = conn.clone();
                 async move {
-                    let s = store_reshard::seal(&mut conn, stream, shard, version).await?;
+                    let count = routing
+                        .growths
+                        .iter()
+                        .find(|g| g.routing_version == version)
+                        .map_or(0, |g| g.shard_count);
+                    let s = store_reshard::seal(&mut conn, stream, shard, version, count).await?;
                     Ok::<_, Error>(Seal {
                         routing_version: version,
                         shard,
@@ -192,8 +197,12 @@ impl Coordinator {
         let mut observed = Vec::new();
         for need in needs {
             match need {
-                Need::Seal { routing_version, shard } => {
-                    let s = store_reshard::seal(&mut conn, stream, shard, routing_version).await?;
+                Need::Seal {
+                    routing_version,
+                    shard,
+                    shard_count,
+                } => {
+                    let s = store_reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
                     observed.push(Observation::Sealed(Seal {
                         routing_version,
                         shard,
@@ -204,6 +213,7 @@ impl Coordinator {
                     routing_version,
                     shard,
                     seal,
+                    shard_count,
                 } => {
                     let d = store_reshard::drain_state(&mut conn, stream, group, shard, seal).await?;
                     if d.fence < routing_version {
@@ -211,7 +221,7 @@ impl Coordinator {
                         // after the recorded seal. Seal again; the parent drains up to the new position.
                         warn!(stream = %stream, group = %group, shard = %shard, version = %routing_version,
                             fence = %d.fence, "parent fence lost; sealing again");
-                        let s = store_reshard::seal(&mut conn, stream, shard, routing_version).await?;
+                        let s = store_reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
                         observed.push(Observation::Resealed(Seal {
                             routing_version,
                             shard,

@@ -105,6 +105,8 @@ pub enum Need {
         routing_version: RoutingVersion,
         /// The parent.
         shard: ShardId,
+        /// The shard count of the growth's layout (the seal writes it beside the fence).
+        shard_count: u32,
     },
     /// Check whether the group drained the parent up to `seal` (and that the fence still holds).
     Drain {
@@ -114,6 +116,8 @@ pub enum Need {
         shard: ShardId,
         /// The seal recorded in the group.
         seal: EntryId,
+        /// The shard count of the growth's layout (a seal taken again writes it beside the fence).
+        shard_count: u32,
     },
 }
 
@@ -127,10 +131,12 @@ pub fn needs(meta: &GroupMetadata) -> Vec<Need> {
                     routing_version: r.routing_version,
                     shard: p,
                     seal,
+                    shard_count: r.shard_count,
                 },
                 None => Need::Seal {
                     routing_version: r.routing_version,
                     shard: p,
+                    shard_count: r.shard_count,
                 },
             });
         }

@@ -114,7 +114,8 @@ fn one_drained_parent_is_not_enough() {
         vec![Need::Drain {
             routing_version: RoutingVersion(2),
             shard: ShardId(1),
-            seal: id(20)
+            seal: id(20),
+            shard_count: 4
         }]
     );
 }
@@ -398,13 +399,14 @@ mod property {
                     let mut observed = Vec::new();
                     for need in reshard::needs(&self.h.meta) {
                         match need {
-                            Need::Seal { routing_version, shard } => {
-                                observed.push(Observation::Sealed(self.seal(routing_version, shard.0)))
-                            }
+                            Need::Seal {
+                                routing_version, shard, ..
+                            } => observed.push(Observation::Sealed(self.seal(routing_version, shard.0))),
                             Need::Drain {
                                 routing_version,
                                 shard,
                                 seal: at,
+                                ..
                             } => {
                                 if self.fence[shard.index()] < routing_version.0 {
                                     observed.push(Observation::Resealed(self.seal(routing_version, shard.0)));

@@ -15,7 +15,12 @@
 //!   the routing hash (`reportsSettled`), and only within what a lost history can have produced.
 //! * **Numbers are retired**: after any evidence of a loss, including a new Redis run id on the routing hash, the
 //!   next version is `max(stored + 1, everything reported or recorded + 1, Redis now in ms)`, so a version (and the
-//!   hash's revision) never names two layouts. Fences compare numbers, and a number has one meaning.
+//!   hash's revision) never names two layouts after a loss the coordinator saw.
+//! * **Layouts are fenced, not only numbers**: a restore the coordinator cannot see (into the running server, or
+//!   to before a failover) can still make a number name two layouts, so every seal and birth records its layout's
+//!   shard count (`fenceCount`, `bornCount`) and a producer with fewer shards is refused (with jump consistent
+//!   hashing a layout is its count, and a later version of one history never has fewer shards). A restoration
+//!   seals every shard of the layout it commits that no growth of it seals, so every fence names its count.
 //!
 //! Pure: the shell reads the evidence under the routing mutex, asks [`plan`], then seals and writes records
 //! ([`Plan::seals`], [`Plan::records`]) before it commits the routing.
@@ -55,6 +60,8 @@ pub struct Birth {
     pub born: RoutingVersion,
     /// The shard count before that growth (0 for a stream's first shards).
     pub parents: u32,
+    /// The shard count of the layout that created it (`bornCount`; 0: a record written before counts were).
+    pub count: u32,
 }
 
 /// A client's report of the highest routing it saw.
@@ -118,6 +125,8 @@ pub struct SealTodo {
     pub shard: ShardId,
     /// The lost growth's version, whose recorded seal is reused when the parent has it.
     pub reuse: Option<RoutingVersion>,
+    /// The shard count of the layout at `version` (`fenceCount`, written when the fence is raised).
+    pub count: u32,
 }
 
 /// A restoration: the routing to commit once the seals and records are written.
@@ -178,6 +187,25 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
         }
         end += 1;
     }
+    // The last run may end at a missing record (the probe stops there: a Cluster master, or the order Redis
+    // applied the concurrent record writes in, lost it) before the count its records say the growth had
+    // (`bornCount`): the growth is restored whole, and the missing records are written again as it made them.
+    let mut gap = Vec::new();
+    if let (Some(last), Some(b)) = (
+        growths.last_mut(),
+        (end - n).checked_sub(1).and_then(|i| evidence.beyond.get(i as usize)),
+    ) {
+        if b.born == last.0 && b.count > end && b.count <= MAX_SHARDS {
+            gap.extend((end..b.count).map(|c| Birth {
+                shard: ShardId(c),
+                born: last.0,
+                parents: last.1,
+                count: b.count,
+            }));
+            last.2 = b.count;
+            end = b.count;
+        }
+    }
     if !growths.is_empty() {
         why.push(Why::RecordsBeyond);
     }
@@ -212,7 +240,7 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     let first = retired(stored.routing_version, floor, evidence.now_ms);
     let mut next = stored.clone();
     let mut seals = Vec::new();
-    let mut records = Vec::new();
+    let mut records = gap;
     let mut version = first;
     let restored = growths
         .iter()
@@ -232,12 +260,14 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
             version,
             shard: ShardId(p),
             reuse: lost,
+            count,
         }));
         if lost.is_none() {
             records.extend((parents..count).map(|c| Birth {
                 shard: ShardId(c),
                 born: version,
                 parents,
+                count,
             }));
         }
         next.shard_count = count;
@@ -249,6 +279,18 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
             version,
             shard: ShardId(p),
             reuse: None,
+            count: n,
+        }));
+    } else if let Some(last) = next.growths.last() {
+        // The last growth's children too: a section that stopped after its seals may have fenced one of them for
+        // a layout it never committed, with more shards (`fenceCount`), which would refuse this layout's
+        // producers there for good. Sealed at this version, every shard's fence names this layout.
+        let (parents, count) = (last.parents, last.shard_count);
+        seals.extend((parents..count).map(|c| SealTodo {
+            version,
+            shard: ShardId(c),
+            reuse: None,
+            count,
         }));
     }
     next.routing_version = version;
@@ -328,6 +370,7 @@ mod tests {
                 shard: ShardId(s),
                 born: RoutingVersion(born),
                 parents,
+                count: to,
             })
             .collect()
     }
@@ -379,14 +422,54 @@ mod tests {
         );
         assert_eq!(p.next.routing_version, RoutingVersion(NOW + 1));
         assert!(p.records.is_empty(), "the children have their records");
-        // Every parent sealed again, reusing the lost growth's recorded seal.
-        assert_eq!(p.seals.len(), 4 + 8);
+        // Every parent sealed again, reusing the lost growth's recorded seal, then the last growth's children
+        // (their fences name this layout: 12 shards).
+        assert_eq!(p.seals.len(), 4 + 8 + 4);
         assert!(p.seals[..4]
             .iter()
-            .all(|s| s.version == RoutingVersion(NOW) && s.reuse == Some(RoutingVersion(4))));
-        assert!(p.seals[4..]
+            .all(|s| s.version == RoutingVersion(NOW) && s.reuse == Some(RoutingVersion(4)) && s.count == 8));
+        assert!(p.seals[4..12]
             .iter()
-            .all(|s| s.version == RoutingVersion(NOW + 1) && s.reuse == Some(RoutingVersion(5))));
+            .all(|s| s.version == RoutingVersion(NOW + 1) && s.reuse == Some(RoutingVersion(5)) && s.count == 12));
+        let children: Vec<u32> = p.seals[12..].iter().map(|s| s.shard.0).collect();
+        assert_eq!(children, vec![8, 9, 10, 11]);
+        assert!(p.seals[12..]
+            .iter()
+            .all(|s| s.version == RoutingVersion(NOW + 1) && s.reuse.is_none() && s.count == 12));
+    }
+
+    #[test]
+    fn a_lost_growth_with_a_missing_record_is_restored_whole() {
+        // 4 -> 8 at version 4 was lost from the routing, and so was shard 6's record: the probe stops there, but
+        // the records say the growth had 8 shards.
+        let e = Evidence {
+            beyond: births(4, 6, 4, 4)
+                .into_iter()
+                .map(|b| Birth { count: 8, ..b })
+                .collect(),
+            ..evidence()
+        };
+        let p = plan(&stored(3), &e).expect("restored");
+        assert_eq!(p.next.shard_count, 8);
+        let written: Vec<(u32, u64, u32, u32)> = p
+            .records
+            .iter()
+            .map(|b| (b.shard.0, b.born.0, b.parents, b.count))
+            .collect();
+        assert_eq!(
+            written,
+            vec![(6, 4, 4, 8), (7, 4, 4, 8)],
+            "written again as the growth made them"
+        );
+        // A record without a count (written before counts were) restores only what the records show.
+        let e = Evidence {
+            beyond: births(4, 6, 4, 4)
+                .into_iter()
+                .map(|b| Birth { count: 0, ..b })
+                .collect(),
+            ..evidence()
+        };
+        assert_eq!(plan(&stored(3), &e).expect("restored").next.shard_count, 6);
     }
 
     #[test]

@@ -54,7 +54,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::fence::Presented;
+use crate::fence::{Presented, ShardRecord};
 use bytes::Bytes;
 use protocol::keys::{self, shard_fence_fields};
 use protocol::{RoutingVersion, ShardId};
@@ -329,7 +329,9 @@ impl Publisher {
                 .cmd("HMGET")
                 .arg(*f)
                 .arg(shard_fence_fields::ROUTING_VERSION)
-                .arg(shard_fence_fields::BORN_VERSION);
+                .arg(shard_fence_fields::BORN_VERSION)
+                .arg(shard_fence_fields::FENCE_COUNT)
+                .arg(shard_fence_fields::BORN_COUNT);
         }
         check.cmd("MULTI");
         let fences: Vec<String> = fences.into_iter().map(str::to_owned).collect();
@@ -390,7 +392,7 @@ impl Publisher {
                         source: Arc::new(e.clone()),
                     });
                 }
-                Fence::Read { fence, born } => match b.presented.refusal(*fence, *born) {
+                Fence::Read(record) => match b.presented.refusal(*record) {
                     Some(fence) => {
                         let (shard, routing_version) = (b.shard, b.presented.version);
                         b.fail(PublishError::Fenced {
@@ -575,11 +577,8 @@ impl Drop for TurnConnection<'_> {
 /// A fence as the check read it.
 #[derive(Debug)]
 enum Fence {
-    /// The fence (0 when absent) and the shard's birth (`None`: no record).
-    Read {
-        fence: RoutingVersion,
-        born: Option<RoutingVersion>,
-    },
+    /// The shard's record: its fence (0 when absent), birth (`None`: no record) and their layouts' counts.
+    Read(ShardRecord),
     /// The fence holds something that is not a routing version: refused, fail closed.
     Unreadable(RedisError),
 }
@@ -604,14 +603,15 @@ fn check_reply(replies: Vec<RedisResult<Value>>, fences: usize) -> Result<Vec<Fe
     values.into_iter().map(|v| read_fence(v?)).collect()
 }
 
-/// One `HMGET <fence> routingVersion bornVersion` answer. A field that holds something other than a version is
-/// [`Fence::Unreadable`]: refused, fail closed.
+/// One `HMGET <fence> routingVersion bornVersion fenceCount bornCount` answer. A field that holds something other
+/// than a version (or a count) is [`Fence::Unreadable`]: refused, fail closed.
 fn read_fence(v: Value) -> Result<Fence, RedisError> {
     let unexpected = |detail: String| RedisError::from((redis::ErrorKind::UnexpectedReturnType, "fence check", detail));
     let Value::Array(fields) = v else {
         return Err(unexpected(format!("HMGET answered {v:?}")));
     };
-    let [fence, born] = <[Value; 2]>::try_from(fields).map_err(|f| unexpected(format!("HMGET answered {f:?}")))?;
+    let [fence, born, fence_count, born_count] =
+        <[Value; 4]>::try_from(fields).map_err(|f| unexpected(format!("HMGET answered {f:?}")))?;
     let field = |v: Value| -> Result<Result<Option<RoutingVersion>, RedisError>, RedisError> {
         match v {
             Value::Nil => Ok(Ok(None)),
@@ -625,13 +625,25 @@ fn read_fence(v: Value) -> Result<Fence, RedisError> {
             other => Err(unexpected(format!("HMGET answered {other:?}"))),
         }
     };
-    Ok(match (field(fence)?, field(born)?) {
-        (Ok(fence), Ok(born)) => Fence::Read {
-            fence: fence.unwrap_or(RoutingVersion(0)),
-            born,
+    // A count is a version's digits that fit a shard count.
+    let count = |v: Value| -> Result<Result<u32, RedisError>, RedisError> {
+        Ok(field(v)?.and_then(|c| {
+            c.map_or(Ok(0), |c| {
+                u32::try_from(c.0).map_err(|_| RedisError::from((redis::ErrorKind::Parse, "CORRUPT fence count")))
+            })
+        }))
+    };
+    Ok(
+        match (field(fence)?, field(born)?, count(fence_count)?, count(born_count)?) {
+            (Ok(fence), Ok(born), Ok(fence_count), Ok(born_count)) => Fence::Read(ShardRecord {
+                fence: fence.unwrap_or(RoutingVersion(0)),
+                fence_count,
+                born,
+                born_count,
+            }),
+            (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => Fence::Unreadable(e),
         },
-        (Err(e), _) | (_, Err(e)) => Fence::Unreadable(e),
-    })
+    )
 }
 
 /// A fence value as the coordinator's seal writes it: decimal digits, at most 15 (the seal script's own bound).
@@ -649,6 +661,7 @@ mod tests {
     const V1: Presented = Presented {
         version: RoutingVersion(1),
         records: false,
+        count: 1,
     };
 
     fn ok(v: Value) -> RedisResult<Value> {
@@ -657,7 +670,7 @@ mod tests {
 
     fn hmget(fence: Option<&[u8]>, born: Option<&[u8]>) -> RedisResult<Value> {
         let field = |f: Option<&[u8]>| f.map_or(Value::Nil, |b| Value::BulkString(b.to_vec()));
-        ok(Value::Array(vec![field(fence), field(born)]))
+        ok(Value::Array(vec![field(fence), field(born), Value::Nil, Value::Nil]))
     }
 
     fn status() -> RedisResult<Value> {
@@ -708,6 +721,7 @@ mod tests {
         let version = Presented {
             version: RoutingVersion(1),
             records: false,
+            count: 1,
         };
         let mut b_out = p.queue_batches(lane, ShardId(0), &b, version, None);
         // The previous turn, which carried `a`, has sent its EXEC; its end is not known yet.
@@ -840,22 +854,39 @@ mod tests {
             4,
         )
         .unwrap();
-        assert!(matches!(
-            read[0],
-            Fence::Read {
-                fence: RoutingVersion(0),
-                born: None
-            }
-        ));
+        assert!(matches!(read[0], Fence::Read(r) if r == ShardRecord::default()));
         assert!(matches!(
             read[1],
-            Fence::Read {
+            Fence::Read(ShardRecord {
                 fence: RoutingVersion(7),
-                born: Some(RoutingVersion(3))
-            }
+                born: Some(RoutingVersion(3)),
+                fence_count: 0,
+                born_count: 0,
+            })
         ));
         assert!(matches!(read[2], Fence::Unreadable(_)));
         assert!(matches!(read[3], Fence::Unreadable(_)), "a birth that is not a version");
+    }
+
+    #[test]
+    fn the_layout_counts_are_read_and_one_that_is_not_a_count_is_refused() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk("8"), bulk("4")])).unwrap();
+        assert!(matches!(
+            read,
+            Fence::Read(ShardRecord {
+                fence: RoutingVersion(7),
+                born: Some(RoutingVersion(3)),
+                fence_count: 8,
+                born_count: 4,
+            })
+        ));
+        for bad in ["x", "-1", "4294967296"] {
+            let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk("8"), bulk(bad)])).unwrap();
+            assert!(matches!(read, Fence::Unreadable(_)), "{bad}");
+            let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk(bad), Value::Nil])).unwrap();
+            assert!(matches!(read, Fence::Unreadable(_)), "{bad}");
+        }
     }
 
     #[test]

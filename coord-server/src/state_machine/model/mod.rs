@@ -31,6 +31,9 @@ pub enum Bug {
     NoExpiry,
     /// The routing check's producers write into a shard without its record (the fence alone is checked).
     PublishWithoutRecordCheck,
+    /// The routing check's producers are not refused for a layout with fewer shards than the record's
+    /// `fenceCount` / `bornCount` (versions alone are compared).
+    PublishWithoutCountCheck,
     /// A routing version retired after a loss is only one above the stored one: `routing::retired` trusts the
     /// lower stored value over the fence, the report and Redis time.
     RetireFromStored,

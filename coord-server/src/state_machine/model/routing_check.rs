@@ -452,65 +452,75 @@ mod tests {
         );
     }
 
-    /// Open defect 4 (one node). An operator restores a snapshot into the running Redis (same run id, as
+    /// Defect 4 (one node), fixed. An operator restores a snapshot into the running Redis (same run id, as
     /// docs/failure-handling.md lists for group metadata): nothing tells the coordinator numbers were lost, so
-    /// the next add-shards takes the stored version + 1 again, with another count. A producer still holding the
-    /// lost v2 (2 shards) then writes by a layout v2 no longer means, past every fence (they compare numbers).
-    /// Found at depth 6 with growths of up to 2 shards.
+    /// the next add-shards takes the stored version + 1 again, with another count, and a producer still holding
+    /// the lost v2 (2 shards) wrote by a layout v2 no longer meant, past every fence (they compared numbers).
+    /// Found at depth 6 with growths of up to 2 shards. Fixed by the counts in the shards' records
+    /// (`fenceCount`, `bornCount`): with jump consistent hashing a layout is its shard count, and a producer with
+    /// fewer shards than the record's is refused, so the reused number places no key. The number itself may
+    /// still be issued again (the commit-time property 2 forgets numbers lost where the coordinator cannot see
+    /// it); without the count check the lost layout's write breaks the order again.
     #[test]
-    fn a_restore_that_keeps_the_run_id_lets_a_version_name_two_layouts() {
+    fn a_restore_that_keeps_the_run_id_issues_a_version_again_but_no_write_follows_the_lost_layout() {
         use Action::*;
         let config = RoutingConfig {
             max_grow: 2,
             restore_keeps_run_id: true,
             ..RoutingConfig::ci_node()
         };
+        // Key b is on shard 0 with 2 shards and moves to shard 2 with 3: P0 routes it by the lost v2 (2 shards).
+        let path = [
+            Backup,
+            Grow(1),
+            Records,
+            Commit,
+            Refresh(0),
+            Restore,
+            Grow(2),
+            Records,
+            Commit,
+            Publish(0, 1),
+            Publish(0, 0),
+        ];
+        holds(&config, &path);
+        inject(Bug::PublishWithoutCountCheck);
         finds(
             &config,
-            &[
-                Backup,
-                Grow(1),
-                Records,
-                Commit,
-                Refresh(0),
-                Restore,
-                Grow(2),
-                Records,
-                Commit,
-            ],
-            "version 2 names two layouts: 2 shards in an earlier history, 3 shards now",
+            &path,
+            "an entry of b written with v2/2 shards is on shard 0, but v2 means 3 shards",
         );
     }
 
-    /// Open defect 5 (one node, two losses). A failover loses a growth whose parent kept its fence; the tick
+    /// Defect 5 (one node, two losses), fixed. A failover loses a growth whose parent kept its fence; the tick
     /// retires the version (v2000, one shard) and a producer adopts it. An operator then restores a snapshot
     /// taken before the failover (the growth, v2, is back). The producer's lost version is above every fence of
-    /// the restored Redis, so it writes key a into parent 0 by its one-shard layout, after v2's seal, until its
-    /// next refresh reports v2000. Fences compare numbers, and a restore can bring back lower numbers than a
-    /// later, lost, history issued. Found at depth 11 (1.65 million states through depth 10, release).
+    /// the restored Redis, so it wrote key a into parent 0 by its one-shard layout, after v2's seal. Found at
+    /// depth 11 (1.65 million states through depth 10, release). Fixed by the counts: parent 0's fence says v2
+    /// had 2 shards, and the producer's v2000 has 1, so it is refused, refreshes (reporting v2000) and routes
+    /// by the restored layout.
     #[test]
-    fn a_restore_to_before_a_failover_lets_a_lost_higher_version_pass_every_fence() {
+    fn a_restore_to_before_a_failover_refuses_the_lost_higher_version() {
         use Action::*;
         let config = RoutingConfig {
             restore_across_loss: true,
             ..RoutingConfig::ci_node()
         };
-        finds(
-            &config,
-            &[
-                Grow(1),
-                Lag,
-                Records,
-                Commit,
-                Backup,
-                Failover,
-                Tick,
-                Commit,
-                Refresh(0),
-                Restore,
-                Publish(0, 0),
-            ],
-            "written by P0 with v2000/1 shards into parent 0",
-        );
+        let path = [
+            Grow(1),
+            Lag,
+            Records,
+            Commit,
+            Backup,
+            Failover,
+            Tick,
+            Commit,
+            Refresh(0),
+            Restore,
+            Publish(0, 0),
+        ];
+        holds(&config, &path);
+        inject(Bug::PublishWithoutCountCheck);
+        finds(&config, &path, "written by P0 with v2000/1 shards into parent 0");
     }
 }

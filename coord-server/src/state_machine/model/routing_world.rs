@@ -112,6 +112,9 @@ pub struct Entry {
     pub producer: u8,
     /// The order of the write among all writes of the path (ghost: per-key order across shards).
     pub seq: u32,
+    /// Ghost: the shard count `version` had in the history of the routing hash when the write was made (`None`:
+    /// that history had not committed it; a restore the coordinator cannot see lets a later growth issue it).
+    pub meant: Option<u32>,
 }
 
 /// One shard's hash slot: its record (the fence hash: `routingVersion`, `bornVersion`, `bornParents`,
@@ -120,6 +123,10 @@ pub struct Entry {
 pub struct ShardSide {
     /// `routingVersion`: the lowest version a producer must hold to write here (0: no fence).
     pub fence: u64,
+    /// `fenceCount`: the shard count of the layout at the fence (0: none).
+    pub fence_count: u32,
+    /// `bornCount`: the shard count of the layout that created the shard (0: no record).
+    pub born_count: u32,
     /// `bornVersion`, `bornParents`; `None`: no record.
     pub born: Option<(u64, u32)>,
     /// `seal:<v>` fields.
@@ -327,9 +334,7 @@ impl RoutingWorld {
         };
         let max_shards = config.shards + u32::from(config.budget.growths) * config.max_grow;
         let mut shards = vec![ShardSide::default(); max_shards as usize];
-        for b in &prep.records {
-            shards[b.shard.0 as usize].born = Some((b.born.0, b.parents));
-        }
+        write_records(&mut shards, &prep.records);
         let v = routing.routing_version.0;
         let n = routing.shard_count;
         let redis = Redis {
@@ -544,11 +549,21 @@ impl RoutingWorld {
             Action::Restore => {
                 self.budget.restores -= 1;
                 let before = describe(self.stored());
+                let lost: Vec<u64> = self.redis.routing.lineage.keys().copied().collect();
                 self.redis = *self.backup.take().expect("a snapshot");
                 self.loss_since_backup = false;
                 self.replicas = Replicas::default();
                 let how = if self.restore_keeps_run_id {
                     self.now += self.clock_gap;
+                    // Nothing tells the coordinator that numbers were lost, so property 2 (at the commit) cannot
+                    // hold for them: the next growth issues them again, with another count. The writes are
+                    // judged instead (`check`, the stranded and order properties): the records' counts refuse a
+                    // producer that still routes by the lost layout.
+                    for v in lost {
+                        if !self.redis.routing.lineage.contains_key(&v) {
+                            self.ever.remove(&v);
+                        }
+                    }
                     // A new history of the routing hash, though Redis's run id stays.
                     self.reported_restores = 0;
                     "into the running Redis (same run id)"
@@ -585,10 +600,12 @@ impl RoutingWorld {
         let n = self.stored().shard_count;
         let beyond = (n..self.redis.shards.len() as u32)
             .map_while(|s| {
-                self.redis.shards[s as usize].born.map(|(born, parents)| Birth {
+                let side = &self.redis.shards[s as usize];
+                side.born.map(|(born, parents)| Birth {
                     shard: ShardId(s),
                     born: RoutingVersion(born),
                     parents,
+                    count: side.born_count,
                 })
             })
             .collect();
@@ -613,6 +630,7 @@ impl RoutingWorld {
             let v = todo.version.0;
             if side.fence < v {
                 side.fence = v;
+                side.fence_count = todo.count;
             }
             let reused = todo.reuse.and_then(|r| side.seals.get(&r.0).copied());
             let position = side.seals.get(&v).copied().or(reused).unwrap_or_else(|| side.last_id());
@@ -743,8 +761,14 @@ impl RoutingWorld {
         let side = &self.redis.shards[s as usize];
         let record_ok =
             !records || injected(Bug::PublishWithoutRecordCheck) || side.born.is_some_and(|(born, _)| born <= v);
+        // `crate::fence` of the SDK: a layout with fewer shards than the record's is from another history.
+        let counted = !records || injected(Bug::PublishWithoutCountCheck);
         let verdict = if side.fence > v {
             Err(format!("fenced: fence {} above v{v}", side.fence))
+        } else if !counted && side.fence_count > n {
+            Err(format!("fenced: fence v{} of {} shards", side.fence, side.fence_count))
+        } else if !counted && record_ok && side.born_count > n {
+            Err(format!("fenced: born in a layout of {} shards", side.born_count))
         } else if !record_ok {
             Err(match side.born {
                 None => "fenced: no record".to_owned(),
@@ -773,6 +797,8 @@ impl RoutingWorld {
                 seq: last.seq + 1,
             }
         };
+        let meant = self.redis.routing.lineage.get(&v).copied();
+        let side = &mut self.redis.shards[s as usize];
         side.entries.push(Entry {
             id,
             key: k,
@@ -780,6 +806,7 @@ impl RoutingWorld {
             count: n,
             producer: p,
             seq: self.writes,
+            meant,
         });
         self.writes += 1;
         self.budget.writes -= 1;
@@ -849,9 +876,10 @@ impl RoutingWorld {
     /// What holds in every state.
     ///
     /// * Property 2 (a version names one layout, for the writes): an entry written with version `v` on shard `s`
-    ///   where this history's routing hash committed `v`: the key maps to `s` under the shard count `v` has in
-    ///   this history. (Versions this history never committed name no layout here: the write was made with a
-    ///   routing Redis lost, and property 1 and 3 judge it.)
+    ///   when this history's routing hash had committed `v`: the key maps to `s` under the shard count `v` had.
+    ///   (A version the history had not committed named no layout here: the write was made with a routing Redis
+    ///   lost, and property 1 and 3 judge it, also when a restore the coordinator cannot see lets a later
+    ///   growth issue the number again.)
     /// * Property 3 (per-key order across a growth): for every growth the stored routing records and each of its
     ///   parents sealed at position `p`: (a) every entry of the parent after `p` has a key the growth's layout
     ///   keeps on the parent (no moved key is written into a sealed parent), and (b) every entry of a key in the
@@ -860,10 +888,9 @@ impl RoutingWorld {
     /// * Every growth the stored routing records has a seal for every parent (sealed before the commit).
     pub fn check(&self) -> Result<(), Violation> {
         let routing = self.stored();
-        let lineage = &self.redis.routing.lineage;
         for (s, side) in self.redis.shards.iter().enumerate() {
             for e in &side.entries {
-                if let Some(&n) = lineage.get(&e.version) {
+                if let Some(n) = e.meant {
                     let meant = shard_for_key(self.key(e.key), n).0;
                     if meant != s as u32 {
                         return Err(format!(
@@ -1062,6 +1089,7 @@ fn write_records(shards: &mut [ShardSide], records: &[Birth]) -> String {
         let side = &mut shards[b.shard.0 as usize];
         if side.born.is_none() {
             side.born = Some((b.born.0, b.parents));
+            side.born_count = b.count;
             text.push(format!("{}:born v{}", b.shard.0, b.born.0));
         } else {
             text.push(format!("{}:kept", b.shard.0));
@@ -1104,9 +1132,11 @@ fn describe_side(s: u32, side: &ShardSide) -> String {
         .map(|e| format!("{}#{}(v{}/{})", key_name(e.key), e.seq, e.version, e.count))
         .collect();
     format!(
-        "shard {s}: fence {} born {:?} seals {:?} entries [{}]",
+        "shard {s}: fence {}/{} born {:?}/{} seals {:?} entries [{}]",
         side.fence,
+        side.fence_count,
         side.born,
+        side.born_count,
         side.seals.keys().collect::<Vec<_>>(),
         entries.join(" ")
     )
