@@ -67,36 +67,54 @@ impl Probed {
 }
 
 /// Reads the shards' evidence of a routing of `shard_count` shards: shard 0's fence and the records from
-/// `shard_count` on until one is missing.
+/// `shard_count` on until one is missing; past that one, when shard 0's `fenceCount` says a layout with more
+/// shards sealed it, every record up to that count (the records after a gap, see
+/// [`state_machine::routing::plan`]).
 ///
 /// # Errors
 /// A Redis failure; a record that does not parse.
 pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) -> Result<Probed, Error> {
     let mut conn = store.connection();
-    let fence = store_reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
+    let (fence, sealed_for) = store_reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
     let mut beyond = Vec::new();
     let mut next = shard_count;
     // Usually none: one read says so. A lost growth is read in batches.
     let mut batch = 1u32;
+    let mut gap = None;
     while next < MAX_SHARDS {
         let end = next.saturating_add(batch).min(MAX_SHARDS);
-        let found: Vec<Option<Birth>> = futures::stream::iter(next..end)
-            .map(|shard| {
-                let mut conn = conn.clone();
-                async move { store_reshard::birth(&mut conn, stream, ShardId(shard)).await }
-            })
-            .buffered(DATA_PLANE_IN_FLIGHT)
-            .try_collect()
-            .await?;
+        let found = births(&conn, stream, next..end).await?;
         let missing = found.iter().position(Option::is_none);
         beyond.extend(found.into_iter().flatten().take(missing.unwrap_or(usize::MAX)));
-        if missing.is_some() {
+        if let Some(m) = missing {
+            gap = Some(next + m as u32);
             break;
         }
         next = end;
         batch = (batch * 4).min(DATA_PLANE_IN_FLIGHT as u32 * 4);
     }
+    let limit = sealed_for.min(MAX_SHARDS);
+    if let Some(m) = gap.filter(|&m| m + 1 < limit) {
+        // Rare (a layout that sealed shard 0 has more shards than the records show): read the rest at once.
+        beyond.extend(births(&conn, stream, m + 1..limit).await?.into_iter().flatten());
+    }
     Ok(Probed { beyond, fence })
+}
+
+/// The records of `shards` (`None`: no record), `DATA_PLANE_IN_FLIGHT` reads at a time.
+async fn births(
+    conn: &redis_link::Connection,
+    stream: &StreamName,
+    shards: std::ops::Range<u32>,
+) -> Result<Vec<Option<Birth>>, Error> {
+    Ok(futures::stream::iter(shards)
+        .map(|shard| {
+            let mut conn = conn.clone();
+            async move { store_reshard::birth(&mut conn, stream, ShardId(shard)).await }
+        })
+        .buffered(DATA_PLANE_IN_FLIGHT)
+        .try_collect()
+        .await?)
 }
 
 /// The records every shard of `routing` must have, for a routing written before shard records existed: each

@@ -68,6 +68,30 @@ end
 return redis.call('HMGET', KEYS[1], ARGV[1], ARGV[2], ARGV[5])
 "#;
 
+/// Lowers the layout counts of a record that names a layout with more shards than the routing it is listed by,
+/// at or below that routing's version (a seal or a birth of a layout Redis lost, left by a Cluster master that
+/// lost the retirement's seal): without it, every producer of the routing would be refused there for good. The
+/// fence itself is left as it is (it still refuses what it refused; no seal position is recorded).
+///
+/// KEYS: shard record. ARGV: routing version, shard count, fence field, fence count field, born field, born
+/// count field. Answers 1 when it lowered a count, else 0.
+const RECOUNT: &str = r#"
+local v, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local r = redis.call('HMGET', KEYS[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local changed = 0
+local fence, fc = tonumber(r[1] or '0'), tonumber(r[2] or '0')
+if fence and fc and fc > n and fence <= v then
+  redis.call('HSET', KEYS[1], ARGV[4], ARGV[2])
+  changed = 1
+end
+local born, bc = tonumber(r[3] or '0'), tonumber(r[4] or '0')
+if born and bc and bc > n and born <= v then
+  redis.call('HSET', KEYS[1], ARGV[6], ARGV[2])
+  changed = 1
+end
+return changed
+"#;
+
 /// Reads, in one instant, what decides whether a group drained a parent up to its seal: the fence, the group's
 /// last-delivered id, and whether any entry up to the seal is still pending.
 ///
@@ -99,6 +123,7 @@ pub fn script_sources() -> [(&'static str, &'static str); 3] {
 static SEAL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SEAL));
 static DRAIN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DRAIN));
 static RECORD_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RECORD));
+static RECOUNT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RECOUNT));
 
 /// What the seal script did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,28 +267,86 @@ pub async fn birth(
     parse_birth(shard, &reply)
 }
 
-/// The births of `shards`' records (`None`: no record), read concurrently (on a Cluster each record is on the
-/// master of its own slot, so one pipeline cannot carry them).
+/// One shard's record as the tick's sweep reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweptRecord {
+    /// Its birth (`None`: no record).
+    pub birth: Option<Birth>,
+    /// Its fence (0 for none).
+    pub fence: RoutingVersion,
+    /// The shard count of the layout at the fence (0 for none).
+    pub fence_count: u32,
+}
+
+impl SweptRecord {
+    /// Whether the record names a layout with more shards than `routing` (`version`, `count`) at or below its
+    /// version: see [`recount`].
+    pub fn names_more_shards(&self, version: RoutingVersion, count: u32) -> bool {
+        (self.fence_count > count && self.fence <= version)
+            || self.birth.is_some_and(|b| b.count > count && b.born <= version)
+    }
+}
+
+/// The records of `shards` for the tick's sweep, read concurrently (one `HMGET` each).
 ///
 /// # Errors
 /// As [`record`].
-pub async fn births<C>(conn: &C, stream: &StreamName, shards: &[ShardId]) -> Result<Vec<Option<Birth>>, StoreError>
+pub async fn swept<C>(conn: &C, stream: &StreamName, shards: &[ShardId]) -> Result<Vec<SweptRecord>, StoreError>
 where
     C: redis::aio::ConnectionLike + Clone + Send + 'static,
 {
-    futures::future::try_join_all(
-        shards
-            .iter()
-            .map(|&shard| owned_birth(conn.clone(), stream.clone(), shard)),
-    )
+    futures::future::try_join_all(shards.iter().map(|&shard| {
+        let mut conn = conn.clone();
+        let stream = stream.clone();
+        async move {
+            let reply: Vec<Value> = redis::cmd("HMGET")
+                .arg(keys::shard_fence(&stream, shard))
+                .arg(shard_fence_fields::BORN_VERSION)
+                .arg(shard_fence_fields::BORN_PARENTS)
+                .arg(shard_fence_fields::BORN_COUNT)
+                .arg(shard_fence_fields::ROUTING_VERSION)
+                .arg(shard_fence_fields::FENCE_COUNT)
+                .query_async(&mut conn)
+                .await?;
+            let fence_count = match text(reply.get(4))? {
+                None => 0,
+                Some(c) => c
+                    .parse()
+                    .map_err(|_| StoreError::Corrupt(format!("the record of shard {shard} holds fence count {c:?}")))?,
+            };
+            Ok::<_, StoreError>(SweptRecord {
+                birth: parse_birth(shard, &reply[..3.min(reply.len())])?,
+                fence: fence(reply.get(3))?,
+                fence_count,
+            })
+        }
+    }))
     .await
 }
 
-async fn owned_birth<C>(mut conn: C, stream: StreamName, shard: ShardId) -> Result<Option<Birth>, StoreError>
-where
-    C: redis::aio::ConnectionLike + Send,
-{
-    birth(&mut conn, &stream, shard).await
+/// Lowers `shard`'s layout counts to `count` where its record names more shards at or below `version`: see
+/// [`RECOUNT`]. Answers whether it changed anything.
+///
+/// # Errors
+/// As [`seal`].
+pub async fn recount(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+    version: RoutingVersion,
+    count: u32,
+) -> Result<bool, StoreError> {
+    let changed: i64 = RECOUNT_SCRIPT
+        .key(keys::shard_fence(stream, shard))
+        .arg(version.0)
+        .arg(count)
+        .arg(shard_fence_fields::ROUTING_VERSION)
+        .arg(shard_fence_fields::FENCE_COUNT)
+        .arg(shard_fence_fields::BORN_VERSION)
+        .arg(shard_fence_fields::BORN_COUNT)
+        .invoke_async(conn)
+        .await?;
+    Ok(changed == 1)
 }
 
 /// The fence one shard's record holds (0 for none).
@@ -284,6 +367,31 @@ pub async fn fence_of(
 }
 
 /// `{born, parents, count}` as `HMGET` answers them.
+/// The fence one shard's record holds (0 for none) and the shard count of the layout at it (`fenceCount`, 0 for
+/// none).
+///
+/// # Errors
+/// As [`record`].
+pub async fn fence_and_count(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+) -> Result<(RoutingVersion, u32), StoreError> {
+    let reply: Vec<Value> = redis::cmd("HMGET")
+        .arg(keys::shard_fence(stream, shard))
+        .arg(shard_fence_fields::ROUTING_VERSION)
+        .arg(shard_fence_fields::FENCE_COUNT)
+        .query_async(conn)
+        .await?;
+    let count = match text(reply.get(1))? {
+        None => 0,
+        Some(c) => c
+            .parse()
+            .map_err(|_| StoreError::Corrupt(format!("the record of shard {shard} holds fence count {c:?}")))?,
+    };
+    Ok((fence(reply.first())?, count))
+}
+
 fn parse_birth(shard: ShardId, reply: &[Value]) -> Result<Option<Birth>, StoreError> {
     let (Some(born), parents, count) = (text(reply.first())?, text(reply.get(1))?, text(reply.get(2))?) else {
         return Ok(None);

@@ -415,3 +415,93 @@ async fn a_shard_record_redis_lost_is_written_again_from_the_routing() {
         "the parent's fence is kept"
     );
 }
+
+/// Issue 30: the records carry their layouts' shard counts. A growth writes them (the parents' `fenceCount`, the
+/// children's `bornCount`); a record that names more shards than the routing at or below its version (left by a
+/// Cluster master that lost the retirement's seal) gets the routing's count from the tick's sweep, its fence
+/// kept.
+#[tokio::test]
+async fn the_records_hold_their_layouts_counts_and_the_sweep_lowers_one_above_the_routing() {
+    let redis = RedisServer::start().await;
+    let coordinator = coordinator_with(&redis, 2).await;
+    let grown = coordinator.add_shards(&stream(), 2, None).await.unwrap();
+    let mut conn = redis.connection().await;
+    let reader = conn.clone();
+    let field = |shard: u32, field: &'static str| {
+        let key = keys::shard_fence(&stream(), ShardId(shard));
+        let mut conn = reader.clone();
+        async move {
+            let v: Option<String> = conn.hget(key, field).await.unwrap();
+            v
+        }
+    };
+    assert_eq!(
+        field(0, shard_fence_fields::FENCE_COUNT).await.as_deref(),
+        Some("4"),
+        "a parent"
+    );
+    assert_eq!(
+        field(3, shard_fence_fields::BORN_COUNT).await.as_deref(),
+        Some("4"),
+        "a child"
+    );
+    assert_eq!(
+        field(1, shard_fence_fields::BORN_COUNT).await.as_deref(),
+        Some("2"),
+        "a first shard"
+    );
+    let _: () = conn
+        .hset(
+            keys::shard_fence(&stream(), ShardId(1)),
+            shard_fence_fields::FENCE_COUNT,
+            8,
+        )
+        .await
+        .unwrap();
+    let _: () = conn
+        .hset(
+            keys::shard_fence(&stream(), ShardId(3)),
+            shard_fence_fields::BORN_COUNT,
+            8,
+        )
+        .await
+        .unwrap();
+    coordinator.tend_routing(&stream()).await.unwrap();
+    assert_eq!(field(1, shard_fence_fields::FENCE_COUNT).await.as_deref(), Some("4"));
+    assert_eq!(field(3, shard_fence_fields::BORN_COUNT).await.as_deref(), Some("4"));
+    assert_eq!(
+        field(1, shard_fence_fields::ROUTING_VERSION).await,
+        Some(grown.routing_version.to_string()),
+        "the fence is kept"
+    );
+}
+
+/// Issue 30: a fence above the routing on a shard other than shard 0 (shard 0's master lost that seal too) is
+/// found by the tick's sweep, which restores the routing past it: its version above the fence, every shard's
+/// fence with it.
+#[tokio::test]
+async fn a_fence_above_the_routing_on_any_listed_shard_restores_it_past_that_fence() {
+    let redis = RedisServer::start().await;
+    let coordinator = coordinator_with(&redis, 4).await;
+    let before = coordinator.describe_routing(&stream()).await.unwrap();
+    let mut conn = redis.connection().await;
+    let _: () = conn
+        .hset(
+            keys::shard_fence(&stream(), ShardId(2)),
+            shard_fence_fields::ROUTING_VERSION,
+            77,
+        )
+        .await
+        .unwrap();
+    coordinator.tend_routing(&stream()).await.unwrap();
+    let after = coordinator.describe_routing(&stream()).await.unwrap();
+    assert!(after.routing_version.0 > 77, "{after:?}");
+    assert_eq!(after.shard_count, before.shard_count);
+    for shard in 0..4 {
+        assert_eq!(
+            fence_of(&mut conn, shard).await,
+            Some(after.routing_version.to_string()),
+            "shard {shard}"
+        );
+    }
+}

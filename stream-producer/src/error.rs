@@ -248,7 +248,10 @@ pub enum PublishError {
         shard: ShardId,
         /// The routing version the record was routed with.
         routing_version: RoutingVersion,
-        /// The lowest routing version the shard accepts.
+        /// The lowest routing version the shard accepts: its fence or its birth; one above `routing_version` when
+        /// the shard has no record at the producer's routing or its record names a layout with more shards than
+        /// the producer's (a routing Redis lost or restored over). The refresh this starts brings the routing
+        /// Redis stores, and the next send routes by it.
         fence: RoutingVersion,
     },
     /// The idempotent producer's sequence number leaves a gap after the last one the shard has seen from it (its

@@ -5,7 +5,7 @@
 
 use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
-use protocol::ShardId;
+use protocol::{RoutingVersion, ShardId};
 use tracing::{info, warn, Instrument};
 
 use futures::{StreamExt, TryStreamExt};
@@ -40,6 +40,18 @@ impl Coordinator {
         stream: &StreamName,
         report: Option<Report>,
     ) -> Result<StreamRouting, Error> {
+        self.restore_routing_above(stream, report, RoutingVersion(0)).await
+    }
+
+    /// As [`Coordinator::restore_routing`], with `fence_seen` as evidence besides shard 0's fence: the highest
+    /// fence the tick's sweep found on the shards the routing lists (a growth that sealed them was lost while
+    /// shard 0's master lost its seal too).
+    async fn restore_routing_above(
+        &self,
+        stream: &StreamName,
+        report: Option<Report>,
+        fence_seen: RoutingVersion,
+    ) -> Result<StreamRouting, Error> {
         let stats = &self.inner.stats;
         let mut why = Vec::new();
         let mut before = None;
@@ -48,7 +60,11 @@ impl Coordinator {
                 before = store::decode_routing(loaded.aggregate.as_deref().unwrap_or_default())
                     .ok()
                     .map(|r| (r.routing_version, r.shard_count));
-                let (step, w) = routing_section::restore(stats, loaded, probed, report)?;
+                let probed = routing_section::Probed {
+                    fence: probed.fence.max(fence_seen),
+                    ..probed.clone()
+                };
+                let (step, w) = routing_section::restore(stats, loaded, &probed, report)?;
                 why = w;
                 Ok(step)
             })
@@ -84,8 +100,8 @@ impl Coordinator {
             .shards_beyond_routing(stream, u32::from(beyond.is_some()));
         if fence > r.routing_version || beyond.is_some() || !r.shard_records {
             self.restore_routing(stream, None).await?;
-        } else {
-            self.sweep_records(stream, &r).await?;
+        } else if let Some(seen) = self.sweep_records(stream, &r).await? {
+            self.restore_routing_above(stream, None, seen).await?;
         }
         Ok(())
     }
@@ -94,8 +110,13 @@ impl Coordinator {
     /// the master of its own slot, and a failover there loses it while the routing keeps the shard): without it,
     /// every fenced publish to the shard would be refused. Looks at [`RECORD_SWEEP`] shards per call, resuming
     /// where the last call stopped. A record is written only where none is (never overwriting one), with the
-    /// birth the routing's growths give the shard.
-    async fn sweep_records(&self, stream: &StreamName, r: &StreamRouting) -> Result<(), Error> {
+    /// birth the routing's growths give the shard. A record that names a layout with more shards than the routing
+    /// at or below its version (a Cluster master that lost the retirement's seal kept a lost layout's) gets the
+    /// routing's count ([`store_reshard::recount`]), else that layout's producers would be refused there for good.
+    ///
+    /// Answers the highest fence above the routing's version it saw (`None`: none): a growth that sealed those
+    /// shards was lost, and the caller restores the routing past it.
+    async fn sweep_records(&self, stream: &StreamName, r: &StreamRouting) -> Result<Option<RoutingVersion>, Error> {
         let start = {
             let sweep = self.inner.record_sweep.lock().expect("record sweep lock");
             sweep.get(stream).copied().unwrap_or(0) % r.shard_count.max(1)
@@ -105,14 +126,28 @@ impl Coordinator {
         let conn = self.inner.store.connection();
         let window: Vec<Birth> = births[start as usize..end as usize].to_vec();
         let shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
-        let found = store_reshard::births(&conn, stream, &shards).await?;
+        let found = store_reshard::swept(&conn, stream, &shards).await?;
+        let fence_above = found.iter().map(|f| f.fence).filter(|&f| f > r.routing_version).max();
+        let recount: Vec<ShardId> = found
+            .iter()
+            .zip(&shards)
+            .filter(|(f, _)| f.names_more_shards(r.routing_version, r.shard_count))
+            .map(|(_, &s)| s)
+            .collect();
         let lost: Vec<Birth> = window
             .into_iter()
             .zip(found)
-            .filter_map(|(b, f)| f.is_none().then_some(b))
+            .filter_map(|(b, f)| f.birth.is_none().then_some(b))
             .collect();
         for b in &lost {
             store_reshard::record(&mut conn.clone(), stream, *b).await?;
+        }
+        for &s in &recount {
+            store_reshard::recount(&mut conn.clone(), stream, s, r.routing_version, r.shard_count).await?;
+        }
+        if !recount.is_empty() {
+            warn!(stream = %stream, shards = ?recount.iter().map(|s| s.0).collect::<Vec<_>>(),
+                "shard records named a layout with more shards than the routing: counts lowered to it");
         }
         if !lost.is_empty() {
             self.inner
@@ -127,7 +162,7 @@ impl Coordinator {
             .lock()
             .expect("record sweep lock")
             .insert(stream.clone(), if end >= r.shard_count { 0 } else { end });
-        Ok(())
+        Ok(fence_above)
     }
 
     /// Seals every parent of `routing`'s growths still unsealed and records the positions in the routing.

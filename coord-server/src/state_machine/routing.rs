@@ -206,7 +206,34 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
             end = b.count;
         }
     }
-    if !growths.is_empty() {
+    // Past a missing record the probe reads on, up to shard 0's `fenceCount` (the last layout that sealed it), when
+    // that is above: a record that names its growth (a count) restores that growth too, its missing records
+    // written again, and the shards between what is believed so far and that growth's parents (every record of
+    // theirs lost) come back as one new growth, as a report's growth would.
+    let mut after_gap: Vec<(Option<RoutingVersion>, u32, u32)> = Vec::new();
+    let mut last_born = growths.last().map_or(stored.routing_version, |g| g.0);
+    for b in &evidence.beyond {
+        if b.shard.0 < end {
+            continue;
+        }
+        let names_growth = b.count > b.shard.0 && b.count <= MAX_SHARDS && b.parents <= b.shard.0;
+        if !names_growth || b.born <= last_born || b.parents < end {
+            break;
+        }
+        if b.parents > end {
+            after_gap.push((None, end, b.parents));
+        }
+        after_gap.push((Some(b.born), b.parents, b.count));
+        gap.extend((b.parents..b.count).map(|c| Birth {
+            shard: ShardId(c),
+            born: b.born,
+            parents: b.parents,
+            count: b.count,
+        }));
+        end = b.count;
+        last_born = b.born;
+    }
+    if !growths.is_empty() || !after_gap.is_empty() {
         why.push(Why::RecordsBeyond);
     }
     let fence_above = evidence.fence > stored.routing_version;
@@ -229,14 +256,10 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     let reported = report.unwrap_or_default();
     // A growth only a report knows of (Redis lost its records too): its children are new, sealed now.
     let reported_only = (reported.shard_count > end).then_some((end, reported.shard_count));
-    let floor = [
-        reported.version,
-        evidence.fence,
-        growths.last().map_or(RoutingVersion(0), |g| g.0),
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or_default();
+    let floor = [reported.version, evidence.fence, last_born]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
     let first = retired(stored.routing_version, floor, evidence.now_ms);
     let mut next = stored.clone();
     let mut seals = Vec::new();
@@ -245,6 +268,7 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     let restored = growths
         .iter()
         .map(|&(lost, parents, count)| (Some(lost), parents, count))
+        .chain(after_gap)
         .chain(reported_only.map(|(parents, count)| (None, parents, count)));
     for (i, (lost, parents, count)) in restored.enumerate() {
         if i > 0 {
@@ -473,9 +497,77 @@ mod tests {
     }
 
     #[test]
+    fn records_past_a_gap_that_name_their_growth_restore_it_and_what_came_before() {
+        // 4 -> 6 at v4 and 6 -> 8 at v5 were lost; every record of 4 -> 6 was lost too, 6 -> 8 kept shard 7's.
+        // The probe read past the gap (shard 0's fenceCount said 8).
+        let e = Evidence {
+            beyond: vec![Birth {
+                shard: ShardId(7),
+                born: RoutingVersion(5),
+                parents: 6,
+                count: 8,
+            }],
+            fence: RoutingVersion(5),
+            ..evidence()
+        };
+        let p = plan(&stored(3), &e).expect("restored");
+        assert_eq!(p.why, vec![Why::RecordsBeyond, Why::FenceAbove]);
+        let g: Vec<(u64, u32, u32)> = p
+            .next
+            .growths
+            .iter()
+            .map(|g| (g.routing_version.0, g.parents, g.shard_count))
+            .collect();
+        assert_eq!(
+            g,
+            vec![(NOW, 4, 6), (NOW + 1, 6, 8)],
+            "the unknown growth first, then the recorded one"
+        );
+        let mut written: Vec<(u32, u64)> = p.records.iter().map(|b| (b.shard.0, b.born.0)).collect();
+        written.sort_unstable();
+        assert_eq!(
+            written,
+            vec![(4, NOW), (5, NOW), (6, 5), (7, 5)],
+            "new records for the unknown growth; the recorded growth's as it made them (an existing one is kept)"
+        );
+        // The recorded growth reuses its parents' seals.
+        assert!(p
+            .seals
+            .iter()
+            .filter(|s| s.version == RoutingVersion(NOW + 1) && s.shard.0 < 6)
+            .all(|s| s.reuse == Some(RoutingVersion(5))));
+        // A record past the gap without a count, or born at or below the stored version, is not believed.
+        for b in [
+            Birth {
+                shard: ShardId(7),
+                born: RoutingVersion(5),
+                parents: 6,
+                count: 0,
+            },
+            Birth {
+                shard: ShardId(7),
+                born: RoutingVersion(3),
+                parents: 6,
+                count: 8,
+            },
+        ] {
+            let e = Evidence {
+                beyond: vec![b],
+                ..evidence()
+            };
+            assert_eq!(plan(&stored(3), &e), None, "{b:?}");
+        }
+    }
+
+    #[test]
     fn records_that_do_not_follow_the_routing_are_not_believed() {
-        // A gap, a record not born of a growth from the stored count, a birth at or below the stored version.
-        for beyond in [births(5, 8, 4, 4), births(4, 8, 4, 3), births(4, 8, 2, 4)] {
+        // A gap before records that do not name their growth (no count), a record not born of a growth from the
+        // stored count, a birth at or below the stored version.
+        let uncounted: Vec<Birth> = births(5, 8, 4, 4)
+            .into_iter()
+            .map(|b| Birth { count: 0, ..b })
+            .collect();
+        for beyond in [uncounted, births(4, 8, 4, 3), births(4, 8, 2, 4)] {
             let e = Evidence {
                 beyond: beyond.clone(),
                 ..evidence()

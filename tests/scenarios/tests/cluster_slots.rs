@@ -210,6 +210,8 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
                 .arg(2)
                 .arg(keys::shard_fence_fields::ROUTING_VERSION)
                 .arg(keys::shard_fence_fields::seal(RoutingVersion(2)))
+                .arg(keys::shard_fence_fields::FENCE_COUNT)
+                .arg(2)
                 .invoke_async(&mut con)
                 .await,
         );
@@ -222,6 +224,8 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
                 .arg(keys::shard_fence_fields::BORN_PARENTS)
                 .arg(1)
                 .arg(0)
+                .arg(keys::shard_fence_fields::BORN_COUNT)
+                .arg(2)
                 .invoke_async(&mut con)
                 .await,
         );

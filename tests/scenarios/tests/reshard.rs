@@ -719,6 +719,76 @@ async fn a_snapshot_restore_from_before_a_growth_strands_nothing() {
     g.stop().await;
 }
 
+/// Issue 30, defect 4 of the routing model check, with real processes: an operator restores a snapshot into the
+/// running server (same run id), so nothing tells the coordinator a growth was lost, and the next add-shards issues
+/// the lost version number again with another shard count. A producer still holding the lost layout (v2, 8 shards)
+/// must not write a key into the shard that layout gives it when the new layout (v2, 12 shards) moved the key:
+/// the parent's record names 12 shards (`fenceCount`), so the write is refused (`Fenced`, not written), and the
+/// producer's next send routes by the layout Redis stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_into_the_running_server_reissues_a_version_but_no_write_follows_the_lost_layout() {
+    let g = Grow::start("inplace", 4).await;
+    let stale = g.producer().await;
+    let snapshot = g.s.redis.snapshot_keys("*").await;
+    let lost = g.add_shards(4).await;
+    hint(std::slice::from_ref(&stale), lost).await;
+    assert_eq!(stale.routing().map(|r| r.shard_count), Some(8));
+    g.s.redis.restore_snapshot(&snapshot).await;
+    let again = g.add_shards(8).await;
+    assert_eq!(
+        again, lost,
+        "nothing told the coordinator the number was lost: it is issued again"
+    );
+    let stored = g.s.coordinator().describe_routing(&g.s.stream).await.expect("routing");
+    assert_eq!(stored.shard_count, 12);
+    // A key the lost layout keeps on a parent that the stored layout moves to a child.
+    let (key, parent, child) = (0..10_000)
+        .map(|i| format!("k{i}"))
+        .find_map(|k| {
+            let (old, new) = (
+                protocol::routing::shard_for_key(k.as_bytes(), 8).0,
+                protocol::routing::shard_for_key(k.as_bytes(), 12).0,
+            );
+            (old < 4 && new >= 8).then_some((k, old, new))
+        })
+        .expect("a key that moved");
+    let first = stale.send(&key, &[("n", "first")]).await;
+    let second = stale
+        .send(&key, &[("n", "second")])
+        .await
+        .expect("the second send is written");
+    assert_eq!(second.shard.0, child, "routed by the stored layout: {second:?}");
+    match &first {
+        Ok(p) => assert_eq!(p.shard.0, child, "re-routed, not written by the lost layout: {p:?}"),
+        Err(e) => assert!(e.is_fenced(), "refused as Fenced, not written: {e}"),
+    }
+    let mut con = g.s.redis.connection().await;
+    let on_parent: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(keys::shard_stream(&g.s.stream, ShardId(parent)))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut con)
+        .await
+        .expect("XRANGE");
+    assert!(
+        on_parent
+            .iter()
+            .all(|(_, fields)| fields.iter().all(|(_, v)| v != "first" && v != "second")),
+        "nothing of {key} on parent {parent} (the lost layout's shard)"
+    );
+    println!(
+        "in-place restore: v{} issued again with 12 shards (lost: 8); {key} (lost layout: shard {parent}, stored: \
+         shard {child}): first send {}, second written to shard {}",
+        again,
+        match &first {
+            Ok(p) => format!("written to shard {}", p.shard),
+            Err(e) => format!("refused ({e})"),
+        },
+        second.shard
+    );
+    g.stop().await;
+}
+
 fn reshard_parents_not_drained(m: &GroupMetadata) -> usize {
     m.reshards.iter().map(|r| r.parents as usize - r.drained.len()).sum()
 }

@@ -595,20 +595,26 @@ impl RoutingWorld {
         loaded_of(Some(&self.redis.routing), self.routing_run, self.now)
     }
 
-    /// `routing_section::probe`: shard 0's fence and the records from the stored count on until one is missing.
+    /// `routing_section::probe`: shard 0's fence and the records from the stored count on until one is missing,
+    /// then, when shard 0's `fenceCount` is above the missing one, every record up to that count.
     fn probe(&self) -> Probed {
         let n = self.stored().shard_count;
-        let beyond = (n..self.redis.shards.len() as u32)
-            .map_while(|s| {
-                let side = &self.redis.shards[s as usize];
-                side.born.map(|(born, parents)| Birth {
-                    shard: ShardId(s),
-                    born: RoutingVersion(born),
-                    parents,
-                    count: side.born_count,
-                })
+        let total = self.redis.shards.len() as u32;
+        let birth = |s: u32| {
+            let side = &self.redis.shards[s as usize];
+            side.born.map(|(born, parents)| Birth {
+                shard: ShardId(s),
+                born: RoutingVersion(born),
+                parents,
+                count: side.born_count,
             })
-            .collect();
+        };
+        let mut beyond: Vec<Birth> = (n..total).map_while(birth).collect();
+        let gap = n + beyond.len() as u32;
+        let limit = self.redis.shards[0].fence_count.min(total);
+        if gap + 1 < limit {
+            beyond.extend((gap + 1..limit).filter_map(birth));
+        }
         Probed {
             beyond,
             fence: RoutingVersion(self.redis.shards[0].fence),
@@ -667,13 +673,51 @@ impl RoutingWorld {
                 .into_iter()
                 .filter(|b| self.redis.shards[b.shard.0 as usize].born.is_none())
                 .collect();
-            if lost.is_empty() {
-                return Ok("tick: nothing lost".to_owned());
+            // `store_reshard::RECOUNT`: a record naming more shards than the routing at or below its version.
+            let (v, mut recounted) = (r.routing_version.0, Vec::new());
+            let recount = !injected(Bug::SweepWithoutRecount);
+            for (s, side) in self.redis.shards.iter_mut().enumerate().take(n as usize) {
+                if !recount {
+                    break;
+                }
+                let mut changed = false;
+                if side.fence_count > n && side.fence <= v {
+                    side.fence_count = n;
+                    changed = true;
+                }
+                if side.born_count > n && side.born.is_some_and(|(born, _)| born <= v) {
+                    side.born_count = n;
+                    changed = true;
+                }
+                if changed {
+                    recounted.push(s.to_string());
+                }
             }
-            return Ok(format!(
-                "tick: records written again {}",
-                write_records(&mut self.redis.shards, &lost)
-            ));
+            // The fences the sweep read: one above the routing (shard 0's master lost that seal too) restores.
+            let seen = self.redis.shards[..n as usize]
+                .iter()
+                .map(|s| s.fence)
+                .max()
+                .unwrap_or(0);
+            let swept = if lost.is_empty() && recounted.is_empty() {
+                "tick: nothing lost".to_owned()
+            } else {
+                format!(
+                    "tick: records written again {}, counts lowered to {n} on [{}]",
+                    write_records(&mut self.redis.shards, &lost),
+                    recounted.join(" ")
+                )
+            };
+            if seen <= v || injected(Bug::SweepIgnoresFences) {
+                return Ok(swept);
+            }
+            return match self.restore_above(None, RoutingVersion(seen))? {
+                None => Ok(format!("{swept}; restores nothing")),
+                Some((next, seals, records, why)) => {
+                    let line = self.start(OpKind::Tick, next, seals, records, why);
+                    Ok(format!("{swept}; fence v{seen} swept: restores {line}"))
+                }
+            };
         }
         match self.restore(None)? {
             None => Ok("tick: restores nothing".to_owned()),
@@ -690,7 +734,19 @@ impl RoutingWorld {
         &self,
         report: Option<Report>,
     ) -> Result<Option<(StreamRouting, Vec<SealTodo>, Vec<Birth>, Vec<Why>)>, Violation> {
-        let (step, why) = routing_section::restore(&STATS, &self.loaded(), &self.probe(), report)
+        self.restore_above(report, RoutingVersion(0))
+    }
+
+    /// As `restore`, with a fence the sweep saw (`Coordinator::restore_routing_above`).
+    #[allow(clippy::type_complexity)]
+    fn restore_above(
+        &self,
+        report: Option<Report>,
+        fence_seen: RoutingVersion,
+    ) -> Result<Option<(StreamRouting, Vec<SealTodo>, Vec<Birth>, Vec<Why>)>, Violation> {
+        let mut probed = self.probe();
+        probed.fence = probed.fence.max(fence_seen);
+        let (step, why) = routing_section::restore(&STATS, &self.loaded(), &probed, report)
             .map_err(|e| format!("restore refused: {e}"))?;
         Ok(match step {
             RoutingStep::Keep(_) => None,
