@@ -12,6 +12,7 @@
 use futures::{StreamExt, TryStreamExt};
 use protocol::metadata::{GroupMetadata, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
+use protocol::reshard::MAX_RECORDED_GROWTHS;
 use protocol::{RoutingVersion, ShardId, StoreRevision};
 
 use crate::error::Error;
@@ -68,7 +69,7 @@ impl Probed {
 
 /// Reads the shards' evidence of a routing of `shard_count` shards: shard 0's fence and the records from
 /// `shard_count` on until one is missing; past that one, when shard 0's `fenceCount` says a layout with more
-/// shards sealed it, every record up to that count (the records after a gap, see
+/// shards sealed it, the last record of each growth up to that count, walking back from it (see
 /// [`state_machine::routing::plan`]).
 ///
 /// # Errors
@@ -93,10 +94,17 @@ pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) 
         next = end;
         batch = (batch * 4).min(DATA_PLANE_IN_FLIGHT as u32 * 4);
     }
-    let limit = sealed_for.min(MAX_SHARDS);
-    if let Some(m) = gap.filter(|&m| m + 1 < limit) {
-        // Rare (a layout that sealed shard 0 has more shards than the records show): read the rest at once.
-        beyond.extend(births(&conn, stream, m + 1..limit).await?.into_iter().flatten());
+    if let Some(m) = gap {
+        // Rare (a layout that sealed shard 0 has more shards than the records show): one read per lost growth,
+        // from that layout's last shard back (`state_machine::routing::first_past_gap`).
+        let mut past = Vec::new();
+        let mut next = state_machine::routing::first_past_gap(m, sealed_for);
+        while let Some(shard) = next.filter(|_| past.len() <= MAX_RECORDED_GROWTHS) {
+            let found = store_reshard::birth(&mut conn, stream, ShardId(shard)).await?;
+            next = found.and_then(|b| state_machine::routing::next_past_gap(m, &b));
+            past.extend(found);
+        }
+        beyond.extend(past.into_iter().rev());
     }
     Ok(Probed { beyond, fence })
 }

@@ -163,6 +163,20 @@ pub fn retired(stored: RoutingVersion, floor: RoutingVersion, now_ms: u64) -> Ro
     v.min(RoutingVersion(MetadataVersion::MAX_SAFE.0))
 }
 
+/// The probe's walk past a missing record at shard `gap`, when shard 0's `fenceCount` says the last layout that
+/// sealed it had `sealed_for` shards: the first record to read is that layout's last shard. `None`: no walk.
+pub fn first_past_gap(gap: u32, sealed_for: u32) -> Option<u32> {
+    (sealed_for > gap.saturating_add(1) && sealed_for <= MAX_SHARDS).then(|| sealed_for - 1)
+}
+
+/// The next record of the walk after `found` (the last shard of the growth before the one `found` names), or
+/// `None` when that growth starts at or next to the gap (or `found` names no growth). One read per lost growth:
+/// [`plan`] restores each growth a record names and one new growth for the shards between.
+pub fn next_past_gap(gap: u32, found: &Birth) -> Option<u32> {
+    let names_growth = found.count > found.shard.0 && found.parents <= found.shard.0;
+    (names_growth && found.parents > gap.saturating_add(1)).then(|| found.parents - 1)
+}
+
 /// The restoration `evidence` calls for, or `None` when the stored routing stands.
 pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     let n = stored.shard_count;
@@ -557,6 +571,31 @@ mod tests {
             };
             assert_eq!(plan(&stored(3), &e), None, "{b:?}");
         }
+    }
+
+    #[test]
+    fn the_walk_past_a_gap_reads_one_record_per_lost_growth() {
+        let b = |shard: u32, parents: u32, count: u32| Birth {
+            shard: ShardId(shard),
+            born: RoutingVersion(9),
+            parents,
+            count,
+        };
+        // Nothing to walk: shard 0's last layout ends at or next to the gap.
+        assert_eq!(first_past_gap(4, 4), None);
+        assert_eq!(first_past_gap(4, 5), None);
+        assert_eq!(first_past_gap(4, MAX_SHARDS + 1), None, "a count no stream can have");
+        // Gap at 4, the last layout had 12 shards: read 11, then the last shard before its growth, and so on.
+        assert_eq!(first_past_gap(4, 12), Some(11));
+        assert_eq!(next_past_gap(4, &b(11, 8, 12)), Some(7));
+        assert_eq!(next_past_gap(4, &b(7, 6, 8)), Some(5));
+        assert_eq!(next_past_gap(4, &b(5, 5, 6)), None, "the growth starts next to the gap");
+        assert_eq!(next_past_gap(4, &b(7, 2, 8)), None, "the growth spans the gap");
+        assert_eq!(
+            next_past_gap(4, &b(7, 6, 0)),
+            None,
+            "a record without a count names no growth"
+        );
     }
 
     #[test]

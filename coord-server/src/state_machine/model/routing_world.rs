@@ -26,7 +26,7 @@ use protocol::{RoutingVersion, ShardId, Status, StoreRevision};
 
 use super::{injected, Bug};
 use crate::routing_section::{self, Probed, RoutingStep};
-use crate::state_machine::routing::{answer, Birth, Report, SealTodo, Why};
+use crate::state_machine::routing::{self, answer, Birth, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded};
 
@@ -596,7 +596,8 @@ impl RoutingWorld {
     }
 
     /// `routing_section::probe`: shard 0's fence and the records from the stored count on until one is missing,
-    /// then, when shard 0's `fenceCount` is above the missing one, every record up to that count.
+    /// then, when shard 0's `fenceCount` is above the missing one, the walk back over the last record of each
+    /// growth up to that count.
     fn probe(&self) -> Probed {
         let n = self.stored().shard_count;
         let total = self.redis.shards.len() as u32;
@@ -611,9 +612,15 @@ impl RoutingWorld {
         };
         let mut beyond: Vec<Birth> = (n..total).map_while(birth).collect();
         let gap = n + beyond.len() as u32;
-        let limit = self.redis.shards[0].fence_count.min(total);
-        if gap + 1 < limit {
-            beyond.extend((gap + 1..limit).filter_map(birth));
+        if gap < total {
+            let mut past = Vec::new();
+            let mut next = routing::first_past_gap(gap, self.redis.shards[0].fence_count);
+            while let Some(s) = next.filter(|&s| s < total) {
+                let found = birth(s);
+                next = found.and_then(|b| routing::next_past_gap(gap, &b));
+                past.extend(found);
+            }
+            beyond.extend(past.into_iter().rev());
         }
         Probed {
             beyond,
