@@ -308,16 +308,10 @@ where
                 .arg(shard_fence_fields::FENCE_COUNT)
                 .query_async(&mut conn)
                 .await?;
-            let fence_count = match text(reply.get(4))? {
-                None => 0,
-                Some(c) => c
-                    .parse()
-                    .map_err(|_| StoreError::Corrupt(format!("the record of shard {shard} holds fence count {c:?}")))?,
-            };
             Ok::<_, StoreError>(SweptRecord {
                 birth: parse_birth(shard, &reply[..3.min(reply.len())])?,
                 fence: fence(reply.get(3))?,
-                fence_count,
+                fence_count: fence_count(shard, reply.get(4))?,
             })
         }
     }))
@@ -366,6 +360,16 @@ pub async fn fence_of(
     fence(Some(&v))
 }
 
+/// A record's `fenceCount` (0 for none).
+fn fence_count(shard: ShardId, v: Option<&Value>) -> Result<u32, StoreError> {
+    match text(v)? {
+        None => Ok(0),
+        Some(c) => c
+            .parse()
+            .map_err(|_| StoreError::Corrupt(format!("the record of shard {shard} holds fence count {c:?}"))),
+    }
+}
+
 /// `{born, parents, count}` as `HMGET` answers them.
 /// The fence one shard's record holds (0 for none) and the shard count of the layout at it (`fenceCount`, 0 for
 /// none).
@@ -383,13 +387,7 @@ pub async fn fence_and_count(
         .arg(shard_fence_fields::FENCE_COUNT)
         .query_async(conn)
         .await?;
-    let count = match text(reply.get(1))? {
-        None => 0,
-        Some(c) => c
-            .parse()
-            .map_err(|_| StoreError::Corrupt(format!("the record of shard {shard} holds fence count {c:?}")))?,
-    };
-    Ok((fence(reply.first())?, count))
+    Ok((fence(reply.first())?, fence_count(shard, reply.get(1))?))
 }
 
 fn parse_birth(shard: ShardId, reply: &[Value]) -> Result<Option<Birth>, StoreError> {

@@ -378,38 +378,24 @@ mod tests {
             budget: parse_budget("growths=2,writes=2,failovers=1,shard_failovers=2"),
             ..RoutingConfig::ci_cluster()
         };
-        holds(
-            &config,
-            &[
-                Grow(1),
-                LagRouting,
-                LagShard(0),
-                LagShard(1),
-                Records,
-                Commit,
-                FailoverRouting,
-                FailoverShard(1),
-                Tick,
-                Commit,
-                FailoverShard(0),
-            ],
-        );
+        let path = [
+            Grow(1),
+            LagRouting,
+            LagShard(0),
+            LagShard(1),
+            Records,
+            Commit,
+            FailoverRouting,
+            FailoverShard(1),
+            Tick,
+            Commit,
+            FailoverShard(0),
+        ];
+        holds(&config, &path);
         inject(Bug::SweepWithoutRecount);
         finds(
             &config,
-            &[
-                Grow(1),
-                LagRouting,
-                LagShard(0),
-                LagShard(1),
-                Records,
-                Commit,
-                FailoverRouting,
-                FailoverShard(1),
-                Tick,
-                Commit,
-                FailoverShard(0),
-            ],
+            &path,
             "cannot publish a to shard 0: fenced: fence v2 of 2 shards",
         );
     }
@@ -426,42 +412,23 @@ mod tests {
             budget: parse_budget("growths=2,writes=2,failovers=1,shard_failovers=2"),
             ..RoutingConfig::ci_cluster()
         };
-        holds(
-            &config,
-            &[
-                Grow(1),
-                Records,
-                Commit,
-                LagRouting,
-                LagShard(0),
-                Grow(1),
-                LagShard(2),
-                Records,
-                Commit,
-                FailoverRouting,
-                FailoverShard(0),
-                FailoverShard(2),
-            ],
-        );
+        let path = [
+            Grow(1),
+            Records,
+            Commit,
+            LagRouting,
+            LagShard(0),
+            Grow(1),
+            LagShard(2),
+            Records,
+            Commit,
+            FailoverRouting,
+            FailoverShard(0),
+            FailoverShard(2),
+        ];
+        holds(&config, &path);
         inject(Bug::SweepIgnoresFences);
-        finds(
-            &config,
-            &[
-                Grow(1),
-                Records,
-                Commit,
-                LagRouting,
-                LagShard(0),
-                Grow(1),
-                LagShard(2),
-                Records,
-                Commit,
-                FailoverRouting,
-                FailoverShard(0),
-                FailoverShard(2),
-            ],
-            "fenced: fence 3 above v2",
-        );
+        finds(&config, &path, "fenced: fence 3 above v2");
     }
 
     /// Replays `actions`; the violation it finds must contain `expected`.

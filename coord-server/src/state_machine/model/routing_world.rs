@@ -11,6 +11,9 @@
 //! (`store_reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
 //! (`routing_section::RoutingSection`), the producer's cache (`stream-producer` `routing_cache.rs`) and its
 //! fenced publish rule (fence and record, `docs/resharding.md` "A write needs a shard the routing knows").
+//!
+//! Files: this one holds the world and its actions (the coordinator's side); `modelled_redis.rs` the modelled
+//! Redis; `producers.rs` the producers (cache, fetch, publish rule); `properties.rs` what is checked.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,6 +32,15 @@ use crate::routing_section::{self, Probed, RoutingStep};
 use crate::state_machine::routing::{self, answer, Birth, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded};
+
+mod modelled_redis;
+mod producers;
+mod properties;
+
+pub use modelled_redis::describe;
+use modelled_redis::{describe_side, loaded_of, pos, shards, write_records};
+pub use modelled_redis::{Entry, Redis, Replicas, RoutingHash, ShardSide};
+pub use producers::Producer;
 
 /// Redis time at the start, in ms: above the first routing versions (1, 2, …), as Redis time is in a deployment.
 pub const START_MS: u64 = 1_000;
@@ -99,93 +111,6 @@ impl RoutingBudget {
         restores: 0,
         abandons: 0,
     };
-}
-
-/// A stream entry: the key, and the routing the producer wrote it with (ghost fields: `producer`, `seq`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub id: EntryId,
-    pub key: u8,
-    /// The producer's routing version and shard count.
-    pub version: u64,
-    pub count: u32,
-    pub producer: u8,
-    /// The order of the write among all writes of the path (ghost: per-key order across shards).
-    pub seq: u32,
-    /// Ghost: the shard count `version` had in the history of the routing hash when the write was made (`None`:
-    /// that history had not committed it; a restore the coordinator cannot see lets a later growth issue it).
-    pub meant: Option<u32>,
-}
-
-/// One shard's hash slot: its record (the fence hash: `routingVersion`, `bornVersion`, `bornParents`,
-/// `seal:<v>`) and its stream. On a Cluster they live and are lost together.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShardSide {
-    /// `routingVersion`: the lowest version a producer must hold to write here (0: no fence).
-    pub fence: u64,
-    /// `fenceCount`: the shard count of the layout at the fence (0: none).
-    pub fence_count: u32,
-    /// `bornCount`: the shard count of the layout that created the shard (0: no record).
-    pub born_count: u32,
-    /// `bornVersion`, `bornParents`; `None`: no record.
-    pub born: Option<(u64, u32)>,
-    /// `seal:<v>` fields.
-    pub seals: BTreeMap<u64, EntryId>,
-    pub entries: Vec<Entry>,
-}
-
-impl ShardSide {
-    fn last_id(&self) -> EntryId {
-        self.entries.last().map_or(EntryId::ZERO, |e| e.id)
-    }
-}
-
-/// The routing hash: the document, its revision, the run id it was written under, and (ghost) every routing
-/// committed in the line of writes this content comes from: what each version means in this history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutingHash {
-    pub routing: StreamRouting,
-    pub revision: u64,
-    pub written_by: u32,
-    pub lineage: BTreeMap<u64, u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Redis {
-    pub routing: RoutingHash,
-    pub shards: Vec<ShardSide>,
-}
-
-/// What a failover would keep: `None` where the replica is in sync, else the copy it stopped at.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Replicas {
-    /// One node: the whole Redis.
-    pub node: Option<Box<Redis>>,
-    /// Cluster: the routing hash's master.
-    pub routing: Option<RoutingHash>,
-    /// Cluster: shard masters.
-    pub shards: BTreeMap<u32, ShardSide>,
-}
-
-/// A producer's routing cache (`routing_cache.rs`): the routing in use and the highest it ever saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Producer {
-    /// Version, shard count, `shardRecords` of the routing in use.
-    pub cache: Option<(u64, u32, bool)>,
-    pub max_version: u64,
-    pub max_count: u32,
-    /// Its routing fetch waits for a restoration in progress.
-    pub waiting: bool,
-}
-
-impl Producer {
-    fn query(&self) -> RoutingQuery {
-        RoutingQuery {
-            routing_version: RoutingVersion(self.cache.map_or(0, |c| c.0)),
-            max_observed_version: RoutingVersion(self.max_version),
-            max_shard_count: self.max_count,
-        }
-    }
 }
 
 /// Who started the routing section in progress.
@@ -762,120 +687,6 @@ impl RoutingWorld {
         })
     }
 
-    fn reports_above(&self, p: &Producer) -> bool {
-        let r = self.stored();
-        let q = p.query();
-        q.max_observed_version.max(q.routing_version) > r.routing_version || q.max_shard_count > r.shard_count
-    }
-
-    /// `Coordinator::routing`: a report above the stored routing restores first (the producer waits for the
-    /// commit), then the answer.
-    fn refresh(&mut self, p: u8) -> Result<String, Violation> {
-        let producer = &self.producers[p as usize];
-        let query = producer.query();
-        let report = Report {
-            version: query.max_observed_version.max(query.routing_version),
-            shard_count: query.max_shard_count,
-        };
-        let asks = format!(
-            "P{p} fetches (v{} seen v{}/{} shards)",
-            query.routing_version, query.max_observed_version, query.max_shard_count
-        );
-        if self.reports_above(producer) {
-            if let Some((next, seals, records, why)) = self.restore(Some(report))? {
-                self.producers[p as usize].waiting = true;
-                let line = self.start(OpKind::Fetch(p, query), next, seals, records, why);
-                return Ok(format!("{asks}: restores {line}"));
-            }
-        }
-        let stored = self.stored().clone();
-        let adopted = self.adopt(p, &stored, &query);
-        Ok(format!("{asks}: {adopted}"))
-    }
-
-    /// The producer applies the answer to `query` (`RoutingCache::apply`).
-    fn adopt(&mut self, p: u8, stored: &StreamRouting, query: &RoutingQuery) -> String {
-        let a = answer(stored, query);
-        let producer = &mut self.producers[p as usize];
-        let fresh = (a.routing_version.0, a.shard_count, a.shard_records);
-        let taken = match (a.status, producer.cache) {
-            (Status::SyncMetadata, _) | (_, None) => true,
-            (Status::Ok, Some(c)) => fresh.0 >= c.0,
-            _ => false,
-        };
-        if taken {
-            producer.cache = Some(fresh);
-        }
-        producer.max_version = producer.max_version.max(fresh.0);
-        producer.max_count = producer.max_count.max(fresh.1);
-        format!(
-            "{} v{} {} shards{}",
-            a.status,
-            fresh.0,
-            fresh.1,
-            if taken { "" } else { " (older: ignored)" }
-        )
-    }
-
-    /// Whether producer `p`'s write of key `k` would be accepted, and where it goes.
-    fn route(&self, p: u8, k: u8) -> Option<(u32, Result<(), String>)> {
-        let (v, n, records) = self.producers[p as usize].cache?;
-        let s = shard_for_key(self.key(k), n).0;
-        let side = &self.redis.shards[s as usize];
-        let record_ok =
-            !records || injected(Bug::PublishWithoutRecordCheck) || side.born.is_some_and(|(born, _)| born <= v);
-        // `crate::fence` of the SDK: a layout with fewer shards than the record's is from another history.
-        let counted = !records || injected(Bug::PublishWithoutCountCheck);
-        let verdict = if side.fence > v {
-            Err(format!("fenced: fence {} above v{v}", side.fence))
-        } else if !counted && side.fence_count > n {
-            Err(format!("fenced: fence v{} of {} shards", side.fence, side.fence_count))
-        } else if !counted && record_ok && side.born_count > n {
-            Err(format!("fenced: born in a layout of {} shards", side.born_count))
-        } else if !record_ok {
-            Err(match side.born {
-                None => "fenced: no record".to_owned(),
-                Some((born, _)) => format!("fenced: born at v{born}"),
-            })
-        } else {
-            Ok(())
-        };
-        Some((s, verdict))
-    }
-
-    fn publish(&mut self, p: u8, k: u8) -> String {
-        let (v, n, _) = self.producers[p as usize].cache.expect("a routing to publish with");
-        let (s, verdict) = self.route(p, k).expect("a routing to publish with");
-        let what = format!("P{p} publishes {} with v{v}/{n} shards to shard {s}", key_name(k));
-        if let Err(why) = verdict {
-            return format!("{what}: {why}");
-        }
-        let side = &mut self.redis.shards[s as usize];
-        let last = side.last_id();
-        let id = if self.now > last.ms {
-            EntryId { ms: self.now, seq: 0 }
-        } else {
-            EntryId {
-                ms: last.ms,
-                seq: last.seq + 1,
-            }
-        };
-        let meant = self.redis.routing.lineage.get(&v).copied();
-        let side = &mut self.redis.shards[s as usize];
-        side.entries.push(Entry {
-            id,
-            key: k,
-            version: v,
-            count: n,
-            producer: p,
-            seq: self.writes,
-            meant,
-        });
-        self.writes += 1;
-        self.budget.writes -= 1;
-        format!("{what}: written as {}-{}", id.ms, id.seq)
-    }
-
     /// The commit of the section in progress: the compare-and-set on the loaded revision, then the routing.
     fn commit(&mut self) -> Result<String, Violation> {
         let op = self.op.take().expect("a section in progress");
@@ -936,178 +747,6 @@ impl RoutingWorld {
         Ok(line)
     }
 
-    /// What holds in every state.
-    ///
-    /// * Property 2 (a version names one layout, for the writes): an entry written with version `v` on shard `s`
-    ///   when this history's routing hash had committed `v`: the key maps to `s` under the shard count `v` had.
-    ///   (A version the history had not committed named no layout here: the write was made with a routing Redis
-    ///   lost, and property 1 and 3 judge it, also when a restore the coordinator cannot see lets a later
-    ///   growth issue the number again.)
-    /// * Property 3 (per-key order across a growth): for every growth the stored routing records and each of its
-    ///   parents sealed at position `p`: (a) every entry of the parent after `p` has a key the growth's layout
-    ///   keeps on the parent (no moved key is written into a sealed parent), and (b) every entry of a key in the
-    ///   parent up to `p` was written before every entry of that key in the growth's children (groups read the
-    ///   parent up to the seal, then the children).
-    /// * Every growth the stored routing records has a seal for every parent (sealed before the commit).
-    pub fn check(&self) -> Result<(), Violation> {
-        let routing = self.stored();
-        for (s, side) in self.redis.shards.iter().enumerate() {
-            for e in &side.entries {
-                if let Some(n) = e.meant {
-                    let meant = shard_for_key(self.key(e.key), n).0;
-                    if meant != s as u32 {
-                        return Err(format!(
-                            "an entry of {} written with v{}/{} shards is on shard {s}, but v{} means {n} shards in this history: shard {meant}",
-                            key_name(e.key), e.version, e.count, e.version
-                        ));
-                    }
-                }
-            }
-        }
-        for g in &routing.growths {
-            if !g.sealed() {
-                return Err(format!("committed growth v{} has unsealed parents", g.routing_version));
-            }
-            for (&parent, &seal) in &g.seals {
-                let side = &self.redis.shards[parent.0 as usize];
-                for e in side.entries.iter().filter(|e| e.id > seal) {
-                    let to = shard_for_key(self.key(e.key), g.shard_count).0;
-                    if to != parent.0 {
-                        if self.documented(parent.0) {
-                            continue;
-                        }
-                        let kept = match side.seals.get(&g.routing_version.0) {
-                            Some(p) => format!("the parent still records seal {}", pos(*p)),
-                            None => "the parent no longer records the seal".to_owned(),
-                        };
-                        return Err(format!(
-                            "key {} written by P{} with v{}/{} shards into parent {} at {} after its seal {} for v{} \
-                             (the growth moves it to shard {to}; fence now {}, {kept})",
-                            key_name(e.key),
-                            e.producer,
-                            e.version,
-                            e.count,
-                            parent.0,
-                            pos(e.id),
-                            pos(seal),
-                            g.routing_version,
-                            side.fence
-                        ));
-                    }
-                }
-                for e in side
-                    .entries
-                    .iter()
-                    .filter(|e| e.id <= seal && !self.documented(parent.0))
-                {
-                    for c in g.parents..g.shard_count {
-                        let child = &self.redis.shards[c as usize];
-                        if let Some(later) = child.entries.iter().find(|x| x.key == e.key && x.seq < e.seq) {
-                            return Err(format!(
-                                "key {}: write #{} (P{} v{}/{}) on child {c} of v{} precedes write #{} (P{} v{}/{}) \
-                                 on parent {} up to its seal {}: groups read them in the other order",
-                                key_name(e.key),
-                                later.seq,
-                                later.producer,
-                                later.version,
-                                later.count,
-                                g.routing_version,
-                                e.seq,
-                                e.producer,
-                                e.version,
-                                e.count,
-                                parent.0,
-                                pos(seal)
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether the documented Cluster limit excuses a broken order around `parent` (docs/resharding.md, "Limits":
-    /// a failover of a parent's master that loses its seal lets producers of the old layout write moved keys into
-    /// it).
-    fn documented(&self, parent: u32) -> bool {
-        self.documented_limits && self.lost_seal & (1 << parent) != 0
-    }
-
-    /// The fair, fault-free suffix: the section in progress finishes, then three rounds of a tick and a refresh
-    /// of every producer (each with the section it starts). Property 1 after it: every accepted write still in
-    /// Redis is on a shard below the stored shard count (some group reads it). With `availability`: every
-    /// producer can publish every key.
-    pub fn settle(&self, config: &RoutingConfig, log: &mut Vec<String>) -> Result<(), Violation> {
-        let mut w = self.clone();
-        w.finish(log)?;
-        for _ in 0..3 {
-            w.logged(Action::Tick, log)?;
-            w.finish(log)?;
-            for p in 0..w.producers.len() as u8 {
-                w.logged(Action::Refresh(p), log)?;
-                w.finish(log)?;
-            }
-        }
-        let n = w.stored().shard_count;
-        for (s, side) in w.redis.shards.iter().enumerate().skip(n as usize) {
-            if let Some(e) = side.entries.first() {
-                return Err(format!(
-                    "stranded: shard {s} holds {} accepted write(s) (first: {} by P{} with v{}/{} shards) but the \
-                     routing settled at {} with record {:?} on shard {s}",
-                    side.entries.len(),
-                    key_name(e.key),
-                    e.producer,
-                    e.version,
-                    e.count,
-                    describe(w.stored()),
-                    side.born
-                ));
-            }
-        }
-        if config.availability {
-            for p in 0..w.producers.len() as u8 {
-                for k in 0..config.keys {
-                    if let Some((s, Err(why))) = w.route(p, k) {
-                        return Err(format!(
-                            "unavailable: after the fair suffix P{p} ({:?}) cannot publish {} to shard {s}: {why} \
-                             (routing {})",
-                            w.producers[p as usize].cache,
-                            key_name(k),
-                            describe(w.stored())
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, log: &mut Vec<String>) -> Result<(), Violation> {
-        while let Some(op) = &self.op {
-            let a = if op.records.is_some() {
-                Action::Records
-            } else {
-                Action::Commit
-            };
-            self.logged(a, log)?;
-        }
-        Ok(())
-    }
-
-    fn logged(&mut self, a: Action, log: &mut Vec<String>) -> Result<(), Violation> {
-        match self.step(a) {
-            Ok(line) => {
-                log.push(line);
-                Ok(())
-            }
-            Err(v) => {
-                log.push(format!("{a:?}: VIOLATION"));
-                Err(v)
-            }
-        }
-    }
-
     pub fn describe_redis(&self) -> String {
         let sides: Vec<String> = self
             .redis
@@ -1123,84 +762,3 @@ impl RoutingWorld {
 
 /// The keys for streams starting with 1 to 4 shards.
 static KEYS: LazyLock<Vec<[Vec<u8>; 2]>> = LazyLock::new(|| (1..=4).map(keys).collect());
-
-fn loaded_of(hash: Option<&RoutingHash>, run: u32, now: u64) -> Loaded {
-    Loaded {
-        now_ms: now,
-        revision: hash.map(|h| StoreRevision(h.revision)),
-        liveness_revision: 0,
-        schema_version: Some(store::schema_of_routing()),
-        layout_version: Some(LAYOUT_VERSION),
-        aggregate: hash.map(|h| h.routing.encode().into_bytes()),
-        aggregate_digest: String::new(),
-        cache_hit: false,
-        liveness: Vec::new(),
-        stored_run_id: hash.map_or(String::new(), |h| run_name(h.written_by)),
-        run_id: run_name(run),
-        liveness_missing: false,
-    }
-}
-
-fn run_name(run: u32) -> String {
-    format!("{run:040x}")
-}
-
-/// `store_reshard::RECORD`: a record is never rewritten.
-fn write_records(shards: &mut [ShardSide], records: &[Birth]) -> String {
-    let mut text = Vec::new();
-    for b in records {
-        let side = &mut shards[b.shard.0 as usize];
-        if side.born.is_none() {
-            side.born = Some((b.born.0, b.parents));
-            side.born_count = b.count;
-            text.push(format!("{}:born v{}", b.shard.0, b.born.0));
-        } else {
-            text.push(format!("{}:kept", b.shard.0));
-        }
-    }
-    format!("[{}]", text.join(" "))
-}
-
-fn shards(n: u32) -> String {
-    format!("{n} shard{}", if n == 1 { "" } else { "s" })
-}
-
-fn pos(p: EntryId) -> String {
-    if p == EntryId::ZERO {
-        "(0-0)".to_owned()
-    } else {
-        format!("({}-{})", p.ms, p.seq)
-    }
-}
-
-pub fn describe(r: &StreamRouting) -> String {
-    let growths: Vec<String> = r
-        .growths
-        .iter()
-        .map(|g| format!("v{}:{}->{}", g.routing_version, g.parents, g.shard_count))
-        .collect();
-    format!(
-        "v{} {} [{}]{}",
-        r.routing_version,
-        shards(r.shard_count),
-        growths.join(","),
-        if r.reports_settled { " settled" } else { "" }
-    )
-}
-
-fn describe_side(s: u32, side: &ShardSide) -> String {
-    let entries: Vec<String> = side
-        .entries
-        .iter()
-        .map(|e| format!("{}#{}(v{}/{})", key_name(e.key), e.seq, e.version, e.count))
-        .collect();
-    format!(
-        "shard {s}: fence {}/{} born {:?}/{} seals {:?} entries [{}]",
-        side.fence,
-        side.fence_count,
-        side.born,
-        side.born_count,
-        side.seals.keys().collect::<Vec<_>>(),
-        entries.join(" ")
-    )
-}
