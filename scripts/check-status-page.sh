@@ -27,27 +27,8 @@ done
 command -v "$CHROMIUM" >/dev/null 2>&1 || missing "$CHROMIUM is not on PATH (Debian: apt-get install -y chromium)"
 [ -x "$COORD_BIN" ] || missing "$COORD_BIN is missing: run 'cargo build -p coord-server' first"
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-REDIS_PORT=$(free_port)
-"$REDIS_BIN" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
-COORD_PORT=$(free_port)
-BASE="http://127.0.0.1:$COORD_PORT"
-RUST_LOG=${RUST_LOG:-warn} "$COORD_BIN" --redis-url "redis://127.0.0.1:$REDIS_PORT" --listen "127.0.0.1:$COORD_PORT" \
-  --admin-token "$TOKEN" --client-token "$TOKEN" >"$WORK/coordinator.log" 2>&1 &
-PIDS+=($!)
+# shellcheck source=scripts/lib/scratch-coordinator.sh
+. scripts/lib/scratch-coordinator.sh
 
 deadline=$((SECONDS + 30))
 until curl -fsS "$BASE/readyz" >/dev/null 2>&1; do

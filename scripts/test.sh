@@ -141,6 +141,9 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 done_steps+=(fmt)
+echo "== maps of the code (docs/architecture.md, tests/README.md name only what exists)"
+python3 scripts/check-doc-paths.py
+done_steps+=(maps)
 echo "== cargo clippy -D warnings"
 # Default features are all features of the SDKs (`metrics`), so this run and the tests below cover them.
 cargo clippy --workspace --all-targets -- -D warnings

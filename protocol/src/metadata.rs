@@ -251,19 +251,7 @@ impl GroupMetadata {
     /// # Errors
     /// [`DecodeError`] for malformed JSON, an unknown schema version, or a broken invariant.
     pub fn decode(json: &[u8]) -> Result<Self, DecodeError> {
-        // Read the schema version first so a future document fails as "unsupported", not as "malformed".
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Probe {
-            schema_version: u32,
-        }
-        let probe: Probe = serde_json::from_slice(json)?;
-        if probe.schema_version != GROUP_SCHEMA_VERSION {
-            return Err(DecodeError::UnsupportedSchema {
-                found: probe.schema_version,
-                supported: GROUP_SCHEMA_VERSION,
-            });
-        }
+        check_schema(json, GROUP_SCHEMA_VERSION)?;
         let meta: GroupMetadata = serde_json::from_slice(json)?;
         meta.check()?;
         Ok(meta)
@@ -384,18 +372,7 @@ impl StreamRouting {
     /// # Errors
     /// [`DecodeError`] for malformed JSON, an unknown schema version or a zero shard count.
     pub fn decode(json: &[u8]) -> Result<Self, DecodeError> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Probe {
-            schema_version: u32,
-        }
-        let probe: Probe = serde_json::from_slice(json)?;
-        if probe.schema_version != ROUTING_SCHEMA_VERSION {
-            return Err(DecodeError::UnsupportedSchema {
-                found: probe.schema_version,
-                supported: ROUTING_SCHEMA_VERSION,
-            });
-        }
+        check_schema(json, ROUTING_SCHEMA_VERSION)?;
         let r: StreamRouting = serde_json::from_slice(json)?;
         if r.routing_version > RoutingVersion(MetadataVersion::MAX_SAFE.0) {
             return Err(DecodeError::Inconsistent("routingVersion above 2^53 - 1".into()));
@@ -436,6 +413,21 @@ impl StreamRouting {
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("StreamRouting serializes: it holds only strings and numbers")
     }
+}
+
+/// Reads a document's schema version before the document, so a future document fails as "unsupported", not as
+/// "malformed".
+fn check_schema(json: &[u8], supported: u32) -> Result<(), DecodeError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        schema_version: u32,
+    }
+    let probe: Probe = serde_json::from_slice(json)?;
+    if probe.schema_version != supported {
+        return Err(DecodeError::UnsupportedSchema { found: probe.schema_version, supported });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
