@@ -141,7 +141,7 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 done_steps+=(fmt)
-echo "== maps of the code (docs/architecture.md, tests/README.md name only what exists)"
+echo "== documents name only files and tests that exist"
 python3 scripts/check-doc-paths.py
 done_steps+=(maps)
 echo "== cargo clippy -D warnings"
