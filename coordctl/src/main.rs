@@ -336,49 +336,57 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 )
             });
         }
-        Command::Recreate {
-            stream,
-            group,
-            shards,
-            timings,
-            yes,
-        } => {
-            let timings = timings.timings()?;
-            if !yes {
-                let current = match client.describe(&stream, &group).await {
-                    Ok(g) => format!("the group exists (revision {}): recreate will refuse", g.revision.0),
-                    Err(e) => e.to_string(),
-                };
-                let plan = RecreatePlan {
-                    stream: stream.clone(),
-                    group: group.clone(),
-                    shard_count: shards,
-                    timings,
-                    current: current.clone(),
-                    done: false,
-                };
-                emit(json, &plan, || recreate_plan(&plan));
-                return Err(CliError::Refused(
-                    "not recreated: re-run with --yes after checking the plan".into(),
-                ));
-            }
-            let req = RecreateGroupRequest {
-                confirm: true,
-                shard_count: shards,
-                timings,
-            };
-            let g = client.recreate(&stream, &group, &req).await?;
-            let lag = lag(&client, &stream, &group).await;
-            emit(json, &g, || {
-                format!("recreated\n\n{}", output::group(&g, lag.as_deref()))
-            });
-        }
+        recreate @ Command::Recreate { .. } => recreate_group(&client, json, recreate).await?,
         Command::Routing { stream } => {
             let r = client.routing(&stream).await?;
             emit(json, &r, || output::routing(&r));
         }
         Command::Keys { .. } => unreachable!("answered before connecting"),
     }
+    Ok(())
+}
+
+/// `coordctl recreate`: prints the plan without `--yes`, recreates with it.
+async fn recreate_group(client: &AdminClient, json: bool, command: Command) -> Result<(), CliError> {
+    let Command::Recreate {
+        stream,
+        group,
+        shards,
+        timings,
+        yes,
+    } = command
+    else {
+        unreachable!("called for recreate only")
+    };
+    let timings = timings.timings()?;
+    if !yes {
+        let current = match client.describe(&stream, &group).await {
+            Ok(g) => format!("the group exists (revision {}): recreate will refuse", g.revision.0),
+            Err(e) => e.to_string(),
+        };
+        let plan = RecreatePlan {
+            stream: stream.clone(),
+            group: group.clone(),
+            shard_count: shards,
+            timings,
+            current: current.clone(),
+            done: false,
+        };
+        emit(json, &plan, || recreate_plan(&plan));
+        return Err(CliError::Refused(
+            "not recreated: re-run with --yes after checking the plan".into(),
+        ));
+    }
+    let req = RecreateGroupRequest {
+        confirm: true,
+        shard_count: shards,
+        timings,
+    };
+    let g = client.recreate(&stream, &group, &req).await?;
+    let lag = lag(client, &stream, &group).await;
+    emit(json, &g, || {
+        format!("recreated\n\n{}", output::group(&g, lag.as_deref()))
+    });
     Ok(())
 }
 

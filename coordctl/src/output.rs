@@ -93,6 +93,19 @@ pub fn groups(list: &GroupList) -> String {
 /// `coordctl describe`.
 pub fn group(g: &GroupDescription, lag: Option<&[ShardLag]>) -> String {
     let now = local_now_ms();
+    let mut out = header(g, now);
+    out.push_str("\nmembers (lease left by this machine's clock, approximate)\n");
+    out.push_str(&members(g, now));
+    out.push_str("\nshards (target = where the assignor wants it, owner = who may read or must drain it)\n");
+    out.push_str(&shards(g, lag.unwrap_or_default()));
+    if lag.is_none() {
+        out.push_str("(lag: the coordinator's /metrics was not readable)\n");
+    }
+    out
+}
+
+/// The group's counters, timings and correction round.
+fn header(g: &GroupDescription, now: u64) -> String {
     let mut out = String::new();
     let t = &g.timings;
     let _ = writeln!(
@@ -128,47 +141,53 @@ pub fn group(g: &GroupDescription, lag: Option<&[ShardLag]>) -> String {
             );
         }
     }
-    out.push_str("\nmembers (lease left by this machine's clock, approximate)\n");
+    out
+}
+
+/// The members table (`none` for a group without members).
+fn members(g: &GroupDescription, now: u64) -> String {
     if g.members.is_empty() {
-        out.push_str("  none\n");
-    } else {
-        let rows: Vec<Vec<String>> = g
-            .members
-            .iter()
-            .map(|m| {
-                let left = if m.lease_until_ms > now {
-                    duration_ms(m.lease_until_ms - now)
-                } else {
-                    "expired".to_owned()
-                };
-                vec![
-                    m.member_id.to_string(),
-                    m.epoch.to_string(),
-                    m.instance_id.clone(),
-                    left,
-                    if m.fenced { "yes".into() } else { "no".into() },
-                    shard_list(&m.assigned),
-                    shard_list(&m.pending),
-                    shard_list(&m.revoke),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &[
-                "MEMBER",
-                "EPOCH",
-                "INSTANCE",
-                "LEASE LEFT",
-                "FENCED",
-                "ASSIGNED",
-                "PENDING",
-                "REVOKE",
-            ],
-            &rows,
-        ));
+        return "  none\n".to_owned();
     }
-    let lag_by: BTreeMap<u32, ShardLag> = lag.unwrap_or_default().iter().map(|l| (l.shard.0, *l)).collect();
-    out.push_str("\nshards (target = where the assignor wants it, owner = who may read or must drain it)\n");
+    let rows: Vec<Vec<String>> = g
+        .members
+        .iter()
+        .map(|m| {
+            let left = if m.lease_until_ms > now {
+                duration_ms(m.lease_until_ms - now)
+            } else {
+                "expired".to_owned()
+            };
+            vec![
+                m.member_id.to_string(),
+                m.epoch.to_string(),
+                m.instance_id.clone(),
+                left,
+                if m.fenced { "yes".into() } else { "no".into() },
+                shard_list(&m.assigned),
+                shard_list(&m.pending),
+                shard_list(&m.revoke),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "MEMBER",
+            "EPOCH",
+            "INSTANCE",
+            "LEASE LEFT",
+            "FENCED",
+            "ASSIGNED",
+            "PENDING",
+            "REVOKE",
+        ],
+        &rows,
+    )
+}
+
+/// The shards table, with each shard's lag where the coordinator's metrics gave it.
+fn shards(g: &GroupDescription, lag: &[ShardLag]) -> String {
+    let lag_by: BTreeMap<u32, ShardLag> = lag.iter().map(|l| (l.shard.0, *l)).collect();
     let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     let rows: Vec<Vec<String>> = g
         .shards
@@ -191,14 +210,7 @@ pub fn group(g: &GroupDescription, lag: Option<&[ShardLag]>) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
-        &["SHARD", "TARGET", "OWNER", "STATE", "TOKEN", "LAG", "PENDING"],
-        &rows,
-    ));
-    if lag.is_none() {
-        out.push_str("(lag: the coordinator's /metrics was not readable)\n");
-    }
-    out
+    table(&["SHARD", "TARGET", "OWNER", "STATE", "TOKEN", "LAG", "PENDING"], &rows)
 }
 
 /// `coordctl routing` and `coordctl add-shards`.

@@ -425,7 +425,10 @@ fn check_schema(json: &[u8], supported: u32) -> Result<(), DecodeError> {
     }
     let probe: Probe = serde_json::from_slice(json)?;
     if probe.schema_version != supported {
-        return Err(DecodeError::UnsupportedSchema { found: probe.schema_version, supported });
+        return Err(DecodeError::UnsupportedSchema {
+            found: probe.schema_version,
+            supported,
+        });
     }
     Ok(())
 }
