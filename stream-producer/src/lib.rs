@@ -129,15 +129,18 @@ mod builder;
 pub mod config;
 pub mod error;
 mod fence;
+mod lanes;
 pub mod metrics;
 pub mod producer;
 mod publish_script;
 mod published;
 mod publisher;
+mod record;
 mod refresher;
+mod routed_publisher;
 mod routing_cache;
-mod shared;
 pub mod stats;
+mod write_path;
 
 pub use batcher::Delivery;
 pub use builder::ProducerBuilder;
@@ -147,10 +150,11 @@ pub use client_core::{
 };
 pub use config::{BatchingConfig, Durability, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
+pub use lanes::REDIS_REQUIREMENTS;
 pub use producer::Producer;
 pub use protocol::{EntryId, RoutingVersion, ShardId};
 pub use published::Published;
-pub use publisher::{Record, REDIS_REQUIREMENTS};
+pub use record::Record;
 pub use routing_cache::RoutingInfo;
 pub use stats::ProducerStats;
 
@@ -175,24 +179,22 @@ pub fn publish_script_call(
     records: &[Record],
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    publish_script::PublishScript::default().add_call(
-        &mut pipe,
-        stream,
+    let call = publish_script::Call {
         shard,
-        fence::Presented {
+        presented: fence::Presented {
             version: routing_version,
             records: false,
             count: 0,
         },
-        publish_script::ScriptTrim::None,
-        sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
+        trim: publish_script::ScriptTrim::None,
+        sequence: sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
             producer_id,
             epoch,
             first,
             gap: false,
             idle_ms: 60_000,
         }),
-        records.iter(),
-    );
+    };
+    publish_script::PublishScript::default().add_call(&mut pipe, stream, call, records.iter());
     pipe
 }
