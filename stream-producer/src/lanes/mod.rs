@@ -35,7 +35,6 @@ use crate::config::ProducerConfig;
 use crate::error::ConfigError;
 use crate::stats::Stats;
 
-#[path = "../publisher/cluster.rs"]
 mod cluster;
 mod durable;
 mod gate;
