@@ -20,7 +20,7 @@
 //! # What the answer means
 //! * `WAIT` answers at least `min`: the records written by the request are Written.
 //! * Fewer (the replicas lag more than the timeout, are stopped, or there are none): the records the master wrote
-//!   become [`PublishError::NotReplicated`], [`Unknown`](crate::WriteState::Unknown). Records the request did not
+//!   become [`PublishError::NotReplicated`], [`Unknown`](crate::error::WriteState::Unknown). Records the request did not
 //!   write (fenced, refused, a duplicate of nothing) keep their outcome: nothing of them can be lost.
 //! * `WAIT` refused (an ACL without it) or answered something else: as fewer, with the error as the source.
 //! * The idempotent producer's duplicate answer (a retry of a call that was written, perhaps on a connection that
@@ -288,7 +288,7 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(out[0].as_ref().unwrap_err().write_state(), crate::WriteState::Unknown);
+        assert_eq!(out[0].as_ref().unwrap_err().write_state(), crate::error::WriteState::Unknown);
         assert!(matches!(out[1], Err(PublishError::InvalidRecord(_))));
         assert!(out[2].as_ref().unwrap_err().is_not_replicated());
         let confirmed = Replication::Confirmed.apply(vec![written(1), refused]);

@@ -7,7 +7,7 @@
 //! Redis: nothing executed) are sent again once, after `SCRIPT LOAD`.
 //!
 //! # Idempotent producer
-//! With [`idempotence`](crate::ProducerBuilder::idempotence) every call carries the producer id, the instance's
+//! With idempotence on (`ProducerBuilder::idempotence`) every call carries the producer id, the instance's
 //! epoch and the sequence number of its first record; the producer sends at most one call per shard at a time
 //! (a per-shard async lock) and retries a call whose outcome is unknown with the same numbers, so the script
 //! recognises a retry of a call it already wrote and answers with the original ids. Sequence numbers advance
