@@ -288,7 +288,10 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(out[0].as_ref().unwrap_err().write_state(), crate::error::WriteState::Unknown);
+        assert_eq!(
+            out[0].as_ref().unwrap_err().write_state(),
+            crate::error::WriteState::Unknown
+        );
         assert!(matches!(out[1], Err(PublishError::InvalidRecord(_))));
         assert!(out[2].as_ref().unwrap_err().is_not_replicated());
         let confirmed = Replication::Confirmed.apply(vec![written(1), refused]);
