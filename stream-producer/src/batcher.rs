@@ -40,8 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::BatchingConfig;
 use crate::error::PublishError;
-use crate::publisher::{Published, Record};
-use crate::shared::Shared;
+use crate::published::Published;
+use crate::record::Record;
+use crate::routed_publisher::RoutedPublisher;
 
 /// The outcome of one queued record, delivered when its batch was written (or failed).
 ///
@@ -378,7 +379,7 @@ impl Accumulator {
 type InFlight = Pin<Box<dyn Future<Output = u64> + Send>>;
 
 /// Sends sealed batches until the accumulator is closed and drained (graceful) or `cancel` fires (abandon).
-pub(crate) async fn run(shared: Arc<Shared>, acc: Arc<Accumulator>, cancel: CancellationToken) {
+pub(crate) async fn run(shared: Arc<RoutedPublisher>, acc: Arc<Accumulator>, cancel: CancellationToken) {
     let config = acc.config;
     let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
     // The sequence numbers of the batches in flight, with their bytes, and the sum of those bytes.

@@ -1,5 +1,5 @@
 //! The one rule that decides whether a shard takes a fenced write, shared by the checked transaction
-//! (`publisher/transaction.rs`) and the publish script (`publish_script.rs`, which states it again in Lua).
+//! (`write_path/fenced.rs`) and the publish script (`publish_script.rs`, which states it again in Lua).
 //!
 //! A shard's record (`protocol::keys::shard_fence`, in the shard's own hash slot) holds its fence (the lowest
 //! routing version that may write there) and, once the coordinator writes shard records, the version whose

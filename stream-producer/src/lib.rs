@@ -47,7 +47,8 @@
 //! server), or as one call of the publish script (idempotent producer, Redis Cluster). Either writes the whole batch
 //! or nothing and refuses a producer whose routing version is below the shard's fence (set when the stream grows)
 //! with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
-//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`.
+//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`. Which of the two (or plain `XADD`s, with fencing off)
+//! is chosen once, when the producer is built.
 //!
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
 //! failure says whether the record was written, not written, or may have been ([`WriteState`]), so a caller
@@ -102,16 +103,23 @@
 //! * `refresher`: fetches routing from the coordinator (single flight; the background schedule and the publish
 //!   path share one in-flight request) and persists the highest observed version through the
 //!   [`VersionStore`] SPI.
-//! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key) and writes
-//!   them with pipelined `XADD`s, one pipeline per shard, over a few pipelining connections
-//!   ([`redis_link::PipelinedConnection`]; the `XADD`s written as RESP by the producer).
-//! * `publish_script`: the fenced (and optionally idempotent) publish script, one `EVALSHA` per shard batch
-//!   (idempotent producer, Redis Cluster); `publisher::transaction`: the checked transaction (one server).
-//! * `publisher::durable`: durable writes ([`Durability::Replicas`]): the `WAIT` behind every write request, and
-//!   what its answer makes of the request's records.
+//! * `record`: [`Record`], what a caller publishes (the lowest module of the publish path).
+//! * `publisher`: routes records ([`protocol::routing::shard_for_key`], round-robin without a key), hands each
+//!   shard's records to the write path, and counts every outcome. It does not know which path it drives.
+//! * `write_path`: how one shard's records are written, one type per path, one file each, chosen once when the
+//!   producer is built: `fenced` (the checked transaction, one server), `scripted` (the publish script: the
+//!   idempotent producer, and fencing on a Redis Cluster), `plain` (pipelined `XADD`s written as RESP, fencing
+//!   off) and `cluster_pipeline` (pipelined `XADD`s on a Redis Cluster, fencing off); `xadd` (the `XADD` with the
+//!   producer's trimming) and `idempotence` (the idempotent producer's sequences) are what they share.
+//! * `lanes`: the pipelining connections the paths send on ([`redis_link::PipelinedConnection`]): one server's
+//!   lanes (`server`), a cluster's per-node lanes and redirects (`cluster`), the Redis check of each server
+//!   (`gate`), and durable writes ([`Durability::Replicas`]: the `WAIT` behind every write request, `durable`).
+//! * `publish_script`: the fenced (and optionally idempotent) publish script and its arguments and answers.
+//! * `fence`: the one rule that decides whether a shard takes a fenced write.
 //! * `batcher`: the background batching mode (the accumulator callers append to, linger, batch size, backpressure, flush,
 //!   the outcome a batch shares with its deliveries).
-//! * `shared`: what the handle and the batcher share, and the one publish path both take.
+//! * `routed_publisher`: the publisher with its routing, what the handle and the batcher share: a routing valid now,
+//!   the publish, and the re-routing of records a fence refused.
 //! * [`producer`]: the [`Producer`] handle, which owns the tasks (cancellation token + task tracker) and starts
 //!   them on first use.
 //! * `builder`: [`ProducerBuilder`] and [`Producer::builder`]. `build()` is inert, like the consumer's: it
@@ -129,15 +137,18 @@ mod builder;
 pub mod config;
 pub mod error;
 mod fence;
+mod lanes;
 pub mod metrics;
 pub mod producer;
 mod publish_script;
 mod published;
 mod publisher;
+mod record;
 mod refresher;
+mod routed_publisher;
 mod routing_cache;
-mod shared;
 pub mod stats;
+mod write_path;
 
 pub use batcher::Delivery;
 pub use builder::ProducerBuilder;
@@ -147,10 +158,11 @@ pub use client_core::{
 };
 pub use config::{BatchingConfig, Durability, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};
+pub use lanes::REDIS_REQUIREMENTS;
 pub use producer::Producer;
 pub use protocol::{EntryId, RoutingVersion, ShardId};
 pub use published::Published;
-pub use publisher::{Record, REDIS_REQUIREMENTS};
+pub use record::Record;
 pub use routing_cache::RoutingInfo;
 pub use stats::ProducerStats;
 
@@ -175,24 +187,22 @@ pub fn publish_script_call(
     records: &[Record],
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    publish_script::PublishScript::default().add_call(
-        &mut pipe,
-        stream,
+    let call = publish_script::Call {
         shard,
-        fence::Presented {
+        presented: fence::Presented {
             version: routing_version,
             records: false,
             count: 0,
         },
-        publish_script::ScriptTrim::None,
-        sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
+        trim: publish_script::ScriptTrim::None,
+        sequence: sequence.map(|(producer_id, epoch, first)| publish_script::Sequence {
             producer_id,
             epoch,
             first,
             gap: false,
             idle_ms: 60_000,
         }),
-        records.iter(),
-    );
+    };
+    publish_script::PublishScript::default().add_call(&mut pipe, stream, call, records.iter());
     pipe
 }

@@ -29,11 +29,14 @@ use tokio_util::task::TaskTracker;
 use crate::batcher::{self, Accumulator, Delivery};
 use crate::config::ProducerConfig;
 use crate::error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome};
-use crate::publisher::{Published, Publisher, Record};
+use crate::published::Published;
+use crate::publisher::Publisher;
+use crate::record::Record;
 use crate::refresher::Refresher;
+use crate::routed_publisher::RoutedPublisher;
 use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
-use crate::shared::Shared;
 use crate::stats::{ProducerStats, Stats};
+use crate::write_path::WritePath;
 
 /// Where the producer's tasks are: not spawned yet, running, or taken by `close`.
 #[derive(Debug)]
@@ -88,7 +91,7 @@ enum Tasks {
 #[derive(Debug)]
 pub struct Producer {
     config: ProducerConfig,
-    shared: Arc<Shared>,
+    shared: Arc<RoutedPublisher>,
     /// The batching mode's accumulator; closing it (in `close`) lets the batcher drain it and exit.
     accumulator: Arc<Accumulator>,
     /// Cancels the refresher, and the batcher when the producer is dropped without `close`.
@@ -124,45 +127,8 @@ impl Producer {
             cache,
             stats.clone(),
         ));
-        let publisher = match redis_link::RedisTarget::parse(&config.redis_url)? {
-            redis_link::RedisTarget::Cluster(seeds) => Publisher::cluster(
-                config.stream.clone(),
-                &seeds,
-                config.connections,
-                config.redis_connect_timeout,
-                config.redis_response_timeout,
-                config.trim,
-                stats.clone(),
-            )
-            .map_err(|source| ConfigError::InvalidRedisUrl {
-                url: protocol::redact::redact_url(&config.redis_url),
-                source,
-            })?,
-            _ => {
-                let redis =
-                    redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-                        url: protocol::redact::redact_url(&config.redis_url),
-                        source,
-                    })?;
-                Publisher::new(
-                    config.stream.clone(),
-                    redis,
-                    &config.redis_url,
-                    config.connections,
-                    config.redis_connect_timeout,
-                    config.redis_response_timeout,
-                    config.trim,
-                    stats.clone(),
-                )
-            }
-        };
-        let publisher = if config.fencing {
-            publisher.scripted(config.idempotence.clone())
-        } else {
-            publisher
-        };
-        let publisher = publisher.durable(config.durability);
-        let shared = Arc::new(Shared {
+        let publisher = Publisher::new(WritePath::new(&config, stats.clone())?, stats.clone());
+        let shared = Arc::new(RoutedPublisher {
             refresher: refresher.clone(),
             publisher,
             stats,

@@ -1,24 +1,28 @@
-//! What the producer handle and its batcher share: the refresher, the publisher and the counters, and the one
-//! publish path both take (see the ordering contract in [`crate::producer`]).
+//! [`RoutedPublisher`]: the publisher with the routing it publishes with. What the producer handle and its
+//! batcher share (the refresher, the publisher and the counters), and the one publish path both take: a routing
+//! valid now, then the publish, then the records a fence refused routed again (see the ordering contract in the
+//! `producer` module).
 
 use std::sync::Arc;
 
 use crate::error::PublishError;
-use crate::publisher::{Published, Publisher, Record};
+use crate::published::Published;
+use crate::publisher::Publisher;
+use crate::record::Record;
 use crate::refresher::Refresher;
 use crate::stats::Stats;
 
 /// State shared by the handle and its tasks.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct RoutedPublisher {
     pub(crate) refresher: Arc<Refresher>,
     pub(crate) publisher: Publisher,
     pub(crate) stats: Arc<Stats>,
-    /// Re-route and retry records refused by a fence ([`ProducerConfig::reroute_fenced`](crate::ProducerConfig::reroute_fenced)).
+    /// Re-route and retry records refused by a fence ([`ProducerConfig::reroute_fenced`](crate::config::ProducerConfig::reroute_fenced)).
     pub(crate) reroute_fenced: bool,
 }
 
-impl Shared {
+impl RoutedPublisher {
     /// Publishes records that passed [`Record::check`], following the ordering contract of this module.
     pub(crate) async fn publish_checked<R: std::borrow::Borrow<Record>>(
         &self,
@@ -45,7 +49,7 @@ impl Shared {
 /// Times the producer re-routes records refused by a fence before it reports them [`PublishError::Fenced`].
 const MAX_REROUTES: usize = 3;
 
-impl Shared {
+impl RoutedPublisher {
     /// A fence refused records: refresh the routing at once, and with `reroute_fenced` send them again with it.
     async fn after_fence<R: std::borrow::Borrow<Record>>(
         &self,

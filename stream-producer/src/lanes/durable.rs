@@ -6,11 +6,11 @@
 //! `WAIT` counts the replicas that acknowledged every write *its own connection* made before it (Redis keeps the
 //! replication offset of each client's last write), so it must follow the writes on their connection; on another
 //! connection it would wait for nothing. Pipelined right behind them, it costs no extra round trip:
-//! * plain `XADD`s: behind the shard's pipeline ([`Publisher::run_packed_on_lane`]);
-//! * the checked transaction: behind `EXEC`, before the next turn's check (`transaction.rs`); the `XADD`s of every
+//! * plain `XADD`s: behind the shard's pipeline ([`ServerLanes::send_packed`](super::server::ServerLanes::send_packed));
+//! * the checked transaction: behind `EXEC`, before the next turn's check (`write_path/fenced.rs`); the `XADD`s of every
 //!   batch of the transaction are in one `EXEC`, so one `WAIT` covers them all;
 //! * the publish script (idempotent producer, Redis Cluster): behind the script calls of the shard's pipeline
-//!   ([`Publisher::run_on_lane`]), and behind the calls sent again after `SCRIPT LOAD`;
+//!   ([`ServerLanes::send`](super::server::ServerLanes::send)), and behind the calls sent again after `SCRIPT LOAD`;
 //! * Redis Cluster: behind every request the route sends for a shard's pipeline, on the node that takes it
 //!   (`cluster.rs`). Commands redirected to another node are followed there by a `WAIT` of their own. A
 //!   pipeline's records are Written only when the `WAIT` of every request that ran some of them confirmed: a
@@ -20,7 +20,7 @@
 //! # What the answer means
 //! * `WAIT` answers at least `min`: the records written by the request are Written.
 //! * Fewer (the replicas lag more than the timeout, are stopped, or there are none): the records the master wrote
-//!   become [`PublishError::NotReplicated`], [`Unknown`](crate::WriteState::Unknown). Records the request did not
+//!   become [`PublishError::NotReplicated`], [`Unknown`](crate::error::WriteState::Unknown). Records the request did not
 //!   write (fenced, refused, a duplicate of nothing) keep their outcome: nothing of them can be lost.
 //! * `WAIT` refused (an ACL without it) or answered something else: as fewer, with the error as the source.
 //! * The idempotent producer's duplicate answer (a retry of a call that was written, perhaps on a connection that
@@ -38,11 +38,13 @@ use client_core::redis_check::MIN_REDIS_VERSION;
 use client_core::RedisRequirements;
 use redis::{RedisError, RedisResult, Value};
 
-use super::{cmd_outcomes, CmdOutcome, ConnectFailure, Lane, Published, Publisher, RedisGate};
-use crate::config::Durability;
+use super::gate::ConnectFailure;
+use super::lane::CmdOutcome;
+use crate::config::{Durability, ProducerConfig};
 use crate::error::PublishError;
+use crate::published::Published;
 
-/// What a durable producer needs from its Redis beyond [`super::REDIS_REQUIREMENTS`].
+/// What a durable producer needs from its Redis beyond [`REDIS_REQUIREMENTS`](super::gate::REDIS_REQUIREMENTS).
 pub(crate) const WAIT_REQUIREMENTS: RedisRequirements = RedisRequirements {
     min_version: MIN_REDIS_VERSION,
     commands: &[("WAIT", "durable writes (waiting for replicas)")],
@@ -60,6 +62,14 @@ pub(crate) struct Durable {
 }
 
 impl Durable {
+    /// The `WAIT` of a producer with these settings; `None` when Written means the master's acknowledgement alone.
+    pub(crate) fn of(config: &ProducerConfig) -> Option<Durable> {
+        match config.durability {
+            Durability::Replicas { min, timeout } => Some(Durable::new(min, timeout)),
+            Durability::Primary => None,
+        }
+    }
+
     pub(crate) fn new(min: u32, timeout: Duration) -> Self {
         let timeout_ms = u64::try_from(timeout.as_nanos().div_ceil(1_000_000))
             .unwrap_or(u64::MAX)
@@ -127,7 +137,7 @@ impl Durable {
 
     /// Takes `WAIT`'s outcome off the end of the outcomes of `count` commands and the `WAIT`. Outcomes of another
     /// length are left as they are (their reader reports them as unexpected) and count as not confirmed.
-    fn split(&self, outcomes: &mut Vec<CmdOutcome>, count: usize) -> Replication {
+    pub(crate) fn split(&self, outcomes: &mut Vec<CmdOutcome>, count: usize) -> Replication {
         if outcomes.len() == count + 1 {
             self.read_outcome(outcomes.pop())
         } else {
@@ -194,78 +204,6 @@ impl Replication {
                     a
                 }
             }
-        }
-    }
-}
-
-impl Publisher {
-    /// Makes every write of the publisher durable when `durability` asks for replicas (see the module docs). Called
-    /// once, by the builder, before any lane connected: the lanes' check of the server then covers `WAIT` too.
-    pub(crate) fn durable(mut self, durability: Durability) -> Self {
-        let Durability::Replicas { min, timeout } = durability else {
-            return self;
-        };
-        if let Some(url) = self.lanes.first().map(|lane| lane.gate.url.clone()) {
-            let gate = Arc::new(RedisGate::new(url, Some(&WAIT_REQUIREMENTS)));
-            for lane in &mut self.lanes {
-                lane.gate = gate.clone();
-            }
-        }
-        if let Some(cluster) = &mut self.cluster {
-            cluster.also_require = Some(&WAIT_REQUIREMENTS);
-        }
-        self.durable = Some(Durable::new(min, timeout));
-        self
-    }
-
-    /// Runs `pipe` (no ignored commands: one reply each) on `lane`, followed by `WAIT` when durable.
-    pub(super) async fn run_on_lane(&self, lane: &Lane, pipe: &redis::Pipeline) -> (Vec<CmdOutcome>, Replication) {
-        let count = pipe.len();
-        let Some(durable) = &self.durable else {
-            return (cmd_outcomes(lane.run(pipe).await, count), Replication::Confirmed);
-        };
-        let parts = vec![Bytes::from(pipe.get_packed_pipeline()), durable.packed()];
-        let mut outcomes = cmd_outcomes(lane.run_packed(parts, count + 1).await, count + 1);
-        let replication = durable.split(&mut outcomes, count);
-        (outcomes, replication)
-    }
-
-    /// Runs `count` RESP-encoded commands on `lane`, followed by `WAIT` when durable.
-    pub(super) async fn run_packed_on_lane(
-        &self,
-        lane: &Lane,
-        commands: Bytes,
-        count: usize,
-    ) -> (Vec<CmdOutcome>, Replication) {
-        let Some(durable) = &self.durable else {
-            return (
-                cmd_outcomes(lane.run_packed(vec![commands], count).await, count),
-                Replication::Confirmed,
-            );
-        };
-        let parts = vec![commands, durable.packed()];
-        let mut outcomes = cmd_outcomes(lane.run_packed(parts, count + 1).await, count + 1);
-        let replication = durable.split(&mut outcomes, count);
-        (outcomes, replication)
-    }
-
-    /// Appends `WAIT` behind a checked transaction's `EXEC` when durable; answers how many replies that adds.
-    pub(super) fn wait_behind(&self, parts: &mut Vec<Bytes>) -> usize {
-        match &self.durable {
-            Some(durable) => {
-                parts.push(durable.packed());
-                1
-            }
-            None => 0,
-        }
-    }
-
-    /// Takes the reply of the `WAIT` [`wait_behind`](Self::wait_behind) appended (`waits` of them: 0 or 1) off the
-    /// end of `replies`.
-    pub(super) fn wait_reply(&self, replies: &mut Vec<RedisResult<Value>>, waits: usize) -> Replication {
-        match &self.durable {
-            Some(durable) if waits > 0 => durable.read_outcome(replies.pop().map(CmdOutcome::Reply)),
-            _ => Replication::Confirmed,
         }
     }
 }
@@ -350,7 +288,10 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(out[0].as_ref().unwrap_err().write_state(), crate::WriteState::Unknown);
+        assert_eq!(
+            out[0].as_ref().unwrap_err().write_state(),
+            crate::error::WriteState::Unknown
+        );
         assert!(matches!(out[1], Err(PublishError::InvalidRecord(_))));
         assert!(out[2].as_ref().unwrap_err().is_not_replicated());
         let confirmed = Replication::Confirmed.apply(vec![written(1), refused]);

@@ -54,17 +54,22 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::fence::{Presented, ShardRecord};
 use bytes::Bytes;
 use protocol::keys::{self, shard_fence_fields};
+use protocol::names::StreamName;
 use protocol::{RoutingVersion, ShardId};
 use redis::{RedisError, RedisResult, Value};
 use redis_link::PipelinedConnection;
 use tokio::sync::{oneshot, watch};
 
-use super::{reply_of, xadd_outcome, InFlightGuard, Lane, Published, Publisher, Record, Replication};
+use super::batch::ShardBatch;
+use super::xadd::xadd_outcome;
+use crate::config::ProducerConfig;
 use crate::error::PublishError;
+use crate::fence::{Presented, ShardRecord};
+use crate::lanes::{reply_of, InFlightGuard, Lane, Replication, ServerLanes};
 use crate::publish_script::MAX_RECORDS_PER_CALL;
+use crate::published::Published;
 
 /// Most records one transaction carries (the batches waiting beyond it go in the next turn): bounds the time one
 /// `EXEC` holds Redis and the size of one write.
@@ -206,19 +211,37 @@ impl Transactions {
     }
 }
 
-impl Publisher {
+/// The fenced path on one server: every shard batch written as a checked transaction on the shard's lane.
+pub(crate) struct Fenced {
+    stream: StreamName,
+    lanes: ServerLanes,
+    /// The checked transactions of each lane (same index): the batches waiting, and the turn of the one caller
+    /// that writes all of them while the connection carries nothing else.
+    transactions: Vec<Transactions>,
+}
+
+impl Fenced {
+    pub(crate) fn new(config: &ProducerConfig, lanes: ServerLanes) -> Self {
+        let transactions = (0..lanes.len()).map(|_| Transactions::default()).collect();
+        Fenced {
+            stream: config.stream.clone(),
+            lanes,
+            transactions,
+        }
+    }
+
+    /// The lanes it writes on.
+    pub(crate) fn lanes(&self) -> &ServerLanes {
+        &self.lanes
+    }
+
     /// Publishes one shard's records as checked transactions: queued as batches of at most
     /// [`MAX_RECORDS_PER_CALL`] records on the shard's lane, written by whoever holds the lane's turn.
-    pub(super) async fn run_transactions(
-        &self,
-        shard: ShardId,
-        records: &[&Record],
-        presented: Presented,
-        minid: Option<&str>,
-    ) -> Vec<Result<Published, PublishError>> {
-        let lane = &self.lanes[shard.index() % self.lanes.len()];
-        let waiting = self.queue_batches(lane, shard, records, presented, minid);
-        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(records.len());
+    pub(crate) async fn write(&self, batch: &ShardBatch<'_>) -> Vec<Result<Published, PublishError>> {
+        let at = self.lanes.index_of(batch.shard);
+        let transactions = &self.transactions[at];
+        let waiting = self.queue_batches(at, batch);
+        let mut out: Vec<Result<Published, PublishError>> = Vec::with_capacity(batch.records.len());
         for (mut rx, n) in waiting {
             let settled = |rx: &mut oneshot::Receiver<_>| match rx.try_recv() {
                 Ok(results) => Some(results),
@@ -231,15 +254,15 @@ impl Publisher {
                     break results;
                 }
                 // Armed before the queue is looked at: batches put back after that wake us.
-                let requeued = lane.transactions.requeued.notified();
+                let requeued = transactions.requeued.notified();
                 let mut requeued = std::pin::pin!(requeued);
                 requeued.as_mut().enable();
-                let turn = lane.transactions.turn.lock().await;
+                let turn = transactions.turn.lock().await;
                 // Written meanwhile by the turn before ours?
                 if let Some(results) = settled(&mut rx) {
                     break results;
                 }
-                if !self.write_queued(lane, turn).await {
+                if !self.write_queued(at, turn).await {
                     // Nothing queued: ours is in a transaction whose EXEC is on its way. Wait for its outcome, or
                     // for it to come back to the queue (an EXEC aborted by WATCH).
                     tokio::select! {
@@ -251,41 +274,29 @@ impl Publisher {
             debug_assert_eq!(results.len(), n);
             out.extend(results);
         }
-        self.count(&out);
         out
     }
 
-    /// Encodes one shard's records as batches of at most [`MAX_RECORDS_PER_CALL`] and queues them on `lane`,
+    /// Encodes one shard's records as batches of at most [`MAX_RECORDS_PER_CALL`] and queues them on lane `at`,
     /// together and in order; returns each batch's outcome receiver and size.
-    fn queue_batches(
-        &self,
-        lane: &Lane,
-        shard: ShardId,
-        records: &[&Record],
-        presented: Presented,
-        minid: Option<&str>,
-    ) -> Vec<(BatchOutcome, usize)> {
-        let stream_key = keys::shard_stream(&self.stream, shard);
-        let fence_key = keys::shard_fence(&self.stream, shard);
+    fn queue_batches(&self, at: usize, batch: &ShardBatch<'_>) -> Vec<(BatchOutcome, usize)> {
+        let stream_key = keys::shard_stream(&self.stream, batch.shard);
+        let fence_key = keys::shard_fence(&self.stream, batch.shard);
         // Encoded here, by the caller, before the queue's lock is taken.
-        let batches: Vec<(Bytes, usize)> = records
+        let batches: Vec<(Bytes, usize)> = batch
+            .records
             .chunks(MAX_RECORDS_PER_CALL)
-            .map(|chunk| {
-                (
-                    self.encode_xadds(&stream_key, chunk.iter().copied(), minid),
-                    chunk.len(),
-                )
-            })
+            .map(|chunk| (batch.xadd.encode(&stream_key, chunk.iter().copied()), chunk.len()))
             .collect();
         let mut waiting = Vec::with_capacity(batches.len());
         // One push for all batches of the call: they stay together and in order.
-        let mut queue = lane.transactions.queue();
+        let mut queue = self.transactions[at].queue();
         for (writes, n) in batches {
             let (outcome, rx) = oneshot::channel();
             queue.batches.push_back(Batch {
-                shard,
+                shard: batch.shard,
                 fence_key: fence_key.clone(),
-                presented,
+                presented: batch.presented,
                 writes,
                 records: n,
                 aborted: 0,
@@ -296,11 +307,12 @@ impl Publisher {
         waiting
     }
 
-    /// One turn: checks the batches queued now (up to the bound), hands their writes to the connection as one
-    /// checked transaction, lets the next turn go (`turn` is released), and settles each batch from `EXEC`'s
-    /// answer. The caller holds the lane's turn. `false`: nothing was queued.
-    async fn write_queued(&self, lane: &Lane, turn: tokio::sync::MutexGuard<'_, ()>) -> bool {
-        let (batches, previous) = lane.transactions.take();
+    /// One turn on lane `at`: checks the batches queued now (up to the bound), hands their writes to the
+    /// connection as one checked transaction, lets the next turn go (`turn` is released), and settles each batch
+    /// from `EXEC`'s answer. The caller holds the lane's turn. `false`: nothing was queued.
+    async fn write_queued(&self, at: usize, turn: tokio::sync::MutexGuard<'_, ()>) -> bool {
+        let (lane, transactions) = (self.lanes.lane(at), &self.transactions[at]);
+        let (batches, previous) = transactions.take();
         if batches.is_empty() {
             return false;
         }
@@ -312,60 +324,25 @@ impl Publisher {
             }
         };
         // The distinct fences, each read once.
-        let mut fences: Vec<&str> = Vec::new();
+        let mut fences: Vec<String> = Vec::new();
         for b in &batches {
-            if !fences.contains(&b.fence_key.as_str()) {
-                fences.push(&b.fence_key);
+            if !fences.contains(&b.fence_key) {
+                fences.push(b.fence_key.clone());
             }
         }
-        let mut check = redis::pipe();
-        check.ignore_errors();
-        check.cmd("UNWATCH").cmd("WATCH");
-        for f in &fences {
-            check.arg(*f);
-        }
-        for f in &fences {
-            check
-                .cmd("HMGET")
-                .arg(*f)
-                .arg(shard_fence_fields::ROUTING_VERSION)
-                .arg(shard_fence_fields::BORN_VERSION)
-                .arg(shard_fence_fields::FENCE_COUNT)
-                .arg(shard_fence_fields::BORN_COUNT);
-        }
-        check.cmd("MULTI");
-        let fences: Vec<String> = fences.into_iter().map(str::to_owned).collect();
         let mut conn = TurnConnection {
             lane,
             generation,
             con: &mut con,
             open_transaction: false,
         };
-        self.stats.pipelines.fetch_add(1, Ordering::Relaxed);
-        let _in_flight = InFlightGuard::enter(&self.stats.pipelines_in_flight);
-        // From here until EXEC or DISCARD is handed over the connection may be inside MULTI.
-        conn.open_transaction = true;
-        let replies = match conn.run(&check).await {
-            Ok(r) => r,
-            Err(e) => {
-                let source = Arc::new(e);
-                fail_all(batches, |shard| PublishError::NotSent {
-                    shard,
-                    source: source.clone(),
-                });
-                return true;
-            }
-        };
-        let read = match check_reply(replies, fences.len()) {
+        let stats = self.lanes.stats();
+        stats.pipelines.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlightGuard::enter(&stats.pipelines_in_flight);
+        let read = match conn.check(&fences).await {
             Ok(read) => read,
-            Err(e) => {
-                // Whether MULTI was taken or not, nothing more goes on this connection.
-                conn.drop_connection();
-                let source = Arc::new(e);
-                fail_all(batches, |shard| PublishError::Rejected {
-                    shard,
-                    source: source.clone(),
-                });
+            Err(stopped) => {
+                stopped.fail(batches);
                 return true;
             }
         };
@@ -374,70 +351,111 @@ impl Publisher {
         let mut previous = previous;
         if let Some(TurnEnd::Aborted { requeued }) = previous.wait().await {
             conn.discard_transaction().await;
-            lane.transactions.requeue(requeued, batches);
+            transactions.requeue(requeued, batches);
             return true;
         }
-        // Settle the batches the check refuses; keep the others, in order.
-        let mut kept = Vec::with_capacity(batches.len());
-        for b in batches {
-            let at = fences
-                .iter()
-                .position(|f| *f == b.fence_key)
-                .expect("every fence was read");
-            match &read[at] {
-                Fence::Unreadable(e) => {
-                    let shard = b.shard;
-                    b.fail(PublishError::Rejected {
-                        shard,
-                        source: Arc::new(e.clone()),
-                    });
-                }
-                Fence::Read(record) => match b.presented.refusal(*record) {
-                    Some(fence) => {
-                        let (shard, routing_version) = (b.shard, b.presented.version);
-                        b.fail(PublishError::Fenced {
-                            shard,
-                            routing_version,
-                            fence,
-                        });
-                    }
-                    None => kept.push(b),
-                },
-            }
-        }
-        let batches = kept;
+        let batches = refuse_fenced(batches, &fences, &read);
         if batches.is_empty() {
             conn.discard_transaction().await;
             return true;
         }
+        self.write_checked(at, conn, turn, batches).await;
+        true
+    }
+
+    /// The second round trip of a turn: hands the checked batches' `XADD`s and `EXEC` to the turn's connection,
+    /// lets the next turn go (`turn` is released), and settles each batch from `EXEC`'s answer.
+    async fn write_checked(
+        &self,
+        at: usize,
+        mut conn: TurnConnection<'_>,
+        turn: tokio::sync::MutexGuard<'_, ()>,
+        batches: Vec<Batch>,
+    ) {
+        let transactions = &self.transactions[at];
         let count: usize = batches.iter().map(|b| b.records).sum();
         let mut writes: Vec<Bytes> = batches.iter().map(|b| b.writes.clone()).collect();
         writes.push(Bytes::from_static(EXEC));
-        // Durable: WAIT right behind EXEC, in the same write (`durable.rs`).
-        let waits = self.wait_behind(&mut writes);
+        // Durable: WAIT right behind EXEC, in the same write (`lanes/durable.rs`).
+        let waits = self.lanes.wait_behind(&mut writes);
         let answer = conn.con.submit(writes, count + 1 + waits);
         // EXEC is on the wire: whatever happens to this future now, the connection leaves the transaction.
         conn.open_transaction = false;
         let (ended, end) = watch::channel(None);
-        lane.transactions.queue().last = Some(end.clone());
+        transactions.queue().last = Some(end.clone());
         // The next turn may check now; it writes only after `ended` says how this one ended.
         drop(turn);
         let mut replies = match answer.await {
             Ok(replies) => replies.into_iter().map(reply_of).collect::<Vec<_>>(),
             Err(e) => {
-                lane.discard(generation);
+                conn.lane.discard(conn.generation);
                 let source = Arc::new(e);
                 fail_all(batches, |shard| PublishError::ConnectionLost {
                     shard,
                     source: source.clone(),
                 });
                 let _ = ended.send(Some(TurnEnd::Settled));
-                return true;
+                return;
             }
         };
-        let replication = self.wait_reply(&mut replies, waits);
-        settle_exec(lane, &ended, &end, batches, replies, count, &replication);
-        true
+        let replication = self.lanes.wait_reply(&mut replies, waits);
+        settle_exec(transactions, &ended, &end, batches, replies, count, &replication);
+    }
+}
+
+/// Settles the batches the check refuses (a fence above their version, or one that could not be read) and keeps
+/// the others, in order.
+fn refuse_fenced(batches: Vec<Batch>, fences: &[String], read: &[Fence]) -> Vec<Batch> {
+    let mut kept = Vec::with_capacity(batches.len());
+    for b in batches {
+        let at = fences
+            .iter()
+            .position(|f| *f == b.fence_key)
+            .expect("every fence was read");
+        match &read[at] {
+            Fence::Unreadable(e) => {
+                let shard = b.shard;
+                b.fail(PublishError::Rejected {
+                    shard,
+                    source: Arc::new(e.clone()),
+                });
+            }
+            Fence::Read(record) => match b.presented.refusal(*record) {
+                Some(fence) => {
+                    let (shard, routing_version) = (b.shard, b.presented.version);
+                    b.fail(PublishError::Fenced {
+                        shard,
+                        routing_version,
+                        fence,
+                    });
+                }
+                None => kept.push(b),
+            },
+        }
+    }
+    kept
+}
+
+/// Why a turn's check stopped its batches before anything of them was written.
+enum CheckStopped {
+    /// The check was not answered (the connection failed): not sent, as far as the writes go.
+    NotSent(Arc<RedisError>),
+    /// A command of the check was refused, or its replies do not fit.
+    Rejected(Arc<RedisError>),
+}
+
+impl CheckStopped {
+    fn fail(self, batches: Vec<Batch>) {
+        match self {
+            CheckStopped::NotSent(source) => fail_all(batches, |shard| PublishError::NotSent {
+                shard,
+                source: source.clone(),
+            }),
+            CheckStopped::Rejected(source) => fail_all(batches, |shard| PublishError::Rejected {
+                shard,
+                source: source.clone(),
+            }),
+        }
     }
 }
 
@@ -447,7 +465,7 @@ impl Publisher {
 /// dropped from the queue if no later turn took it (nobody waits for it then). The records `EXEC` wrote are Written
 /// only as far as `replication` (the durable producer's `WAIT`) confirms them.
 fn settle_exec(
-    lane: &Lane,
+    transactions: &Transactions,
     ended: &watch::Sender<Option<TurnEnd>>,
     end: &watch::Receiver<Option<TurnEnd>>,
     batches: Vec<Batch>,
@@ -470,30 +488,7 @@ fn settle_exec(
     match replies.pop().expect("checked the length") {
         // A fence was touched after WATCH: nothing written.
         Ok(Value::Nil) => {
-            let (again, spent): (Vec<Batch>, Vec<Batch>) =
-                batches.into_iter().partition(|b| b.aborted + 1 < MAX_ATTEMPTS);
-            let source = Arc::new(RedisError::from((
-                redis::ErrorKind::Client,
-                "a fence changed during every attempt",
-                format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
-            )));
-            fail_all(spent, |shard| PublishError::Rejected {
-                shard,
-                source: source.clone(),
-            });
-            let requeued = again.len();
-            let mut queue = lane.transactions.queue();
-            for (i, mut b) in again.into_iter().enumerate() {
-                b.aborted += 1;
-                queue.batches.insert(i, b);
-            }
-            if queue.last.as_ref().is_some_and(|last| last.same_channel(end)) {
-                queue.last = None;
-            }
-            // Under the queue's lock: see `PreviousEnd`'s drop.
-            let _ = ended.send(Some(TurnEnd::Aborted { requeued }));
-            drop(queue);
-            lane.transactions.requeued.notify_waiters();
+            requeue_aborted(transactions, ended, end, batches);
             return;
         }
         Ok(Value::Array(items)) if items.len() == count => {
@@ -528,6 +523,39 @@ fn settle_exec(
     settled();
 }
 
+/// The batches of an `EXEC` aborted by `WATCH` go back to the front of the queue (those with attempts left; the
+/// others fail as not written), and the turn's end says so.
+fn requeue_aborted(
+    transactions: &Transactions,
+    ended: &watch::Sender<Option<TurnEnd>>,
+    end: &watch::Receiver<Option<TurnEnd>>,
+    batches: Vec<Batch>,
+) {
+    let (again, spent): (Vec<Batch>, Vec<Batch>) = batches.into_iter().partition(|b| b.aborted + 1 < MAX_ATTEMPTS);
+    let source = Arc::new(RedisError::from((
+        redis::ErrorKind::Client,
+        "a fence changed during every attempt",
+        format!("{MAX_ATTEMPTS} transactions aborted by WATCH"),
+    )));
+    fail_all(spent, |shard| PublishError::Rejected {
+        shard,
+        source: source.clone(),
+    });
+    let requeued = again.len();
+    let mut queue = transactions.queue();
+    for (i, mut b) in again.into_iter().enumerate() {
+        b.aborted += 1;
+        queue.batches.insert(i, b);
+    }
+    if queue.last.as_ref().is_some_and(|last| last.same_channel(end)) {
+        queue.last = None;
+    }
+    // Under the queue's lock: see `PreviousEnd`'s drop.
+    let _ = ended.send(Some(TurnEnd::Aborted { requeued }));
+    drop(queue);
+    transactions.requeued.notify_waiters();
+}
+
 /// The lane's connection during a turn. If the turn ends (or its future is dropped) while the connection may be
 /// inside `MULTI`, the connection is discarded, and its state dies with it.
 struct TurnConnection<'a> {
@@ -548,6 +576,34 @@ impl TurnConnection<'_> {
             self.open_transaction = false;
         }
         replies
+    }
+
+    /// The first round trip of a turn: `UNWATCH`, `WATCH <fences>`, `HMGET` of each fence, `MULTI`; what each
+    /// fence holds. From here until `EXEC` or `DISCARD` is handed over the connection may be inside `MULTI`.
+    async fn check(&mut self, fences: &[String]) -> Result<Vec<Fence>, CheckStopped> {
+        let mut check = redis::pipe();
+        check.ignore_errors();
+        check.cmd("UNWATCH").cmd("WATCH");
+        for f in fences {
+            check.arg(f.as_str());
+        }
+        for f in fences {
+            check
+                .cmd("HMGET")
+                .arg(f.as_str())
+                .arg(shard_fence_fields::ROUTING_VERSION)
+                .arg(shard_fence_fields::BORN_VERSION)
+                .arg(shard_fence_fields::FENCE_COUNT)
+                .arg(shard_fence_fields::BORN_COUNT);
+        }
+        check.cmd("MULTI");
+        self.open_transaction = true;
+        let replies = self.run(&check).await.map_err(|e| CheckStopped::NotSent(Arc::new(e)))?;
+        check_reply(replies, fences.len()).map_err(|e| {
+            // Whether MULTI was taken or not, nothing more goes on this connection.
+            self.drop_connection();
+            CheckStopped::Rejected(Arc::new(e))
+        })
     }
 
     fn drop_connection(&mut self) {
@@ -655,254 +711,4 @@ fn parse_fence(bytes: &[u8]) -> Option<RoutingVersion> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const V1: Presented = Presented {
-        version: RoutingVersion(1),
-        records: false,
-        count: 1,
-    };
-
-    fn ok(v: Value) -> RedisResult<Value> {
-        Ok(v)
-    }
-
-    fn hmget(fence: Option<&[u8]>, born: Option<&[u8]>) -> RedisResult<Value> {
-        let field = |f: Option<&[u8]>| f.map_or(Value::Nil, |b| Value::BulkString(b.to_vec()));
-        ok(Value::Array(vec![field(fence), field(born), Value::Nil, Value::Nil]))
-    }
-
-    fn status() -> RedisResult<Value> {
-        ok(Value::Okay)
-    }
-
-    /// Calls of `command` so far (`INFO commandstats`).
-    async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
-        let stats = redis.info("commandstats").await;
-        let prefix = format!("cmdstat_{command}:calls=");
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
-    }
-
-    /// A publisher of stream `orders` with one lane to `redis`.
-    fn one_lane(redis: &test_support::RedisServer) -> Publisher {
-        Publisher::new(
-            protocol::names::StreamName::new("orders").unwrap(),
-            redis.client(),
-            &redis.url(),
-            1,
-            std::time::Duration::from_secs(1),
-            std::time::Duration::from_secs(5),
-            None,
-            Arc::default(),
-        )
-    }
-
-    fn records(tag: &str) -> Vec<Record> {
-        (0..3)
-            .map(|i| Record::with_key("k").field("n", format!("{tag}{i}")))
-            .collect()
-    }
-
-    /// A turn that checked its batches while the previous turn's `EXEC` was still unanswered, and then learns that
-    /// `EXEC` was aborted by `WATCH` (its batches back at the front of the queue), writes nothing: it `DISCARD`s
-    /// and puts its batches right behind the aborted ones, and the next turn writes both in issue order.
-    #[tokio::test]
-    async fn a_turn_behind_an_aborted_exec_discards_and_goes_behind_its_batches() {
-        let redis = test_support::RedisServer::start().await;
-        let p = one_lane(&redis);
-        let lane = &p.lanes[0];
-        let (a, b) = (records("a"), records("b"));
-        let (a, b): (Vec<&Record>, Vec<&Record>) = (a.iter().collect(), b.iter().collect());
-        let version = Presented {
-            version: RoutingVersion(1),
-            records: false,
-            count: 1,
-        };
-        let mut b_out = p.queue_batches(lane, ShardId(0), &b, version, None);
-        // The previous turn, which carried `a`, has sent its EXEC; its end is not known yet.
-        let (ended, end) = watch::channel(None);
-        lane.transactions.queue().last = Some(end);
-        let mut a_out = p.queue_batches(lane, ShardId(0), &a, version, None);
-        let a_batch = lane.transactions.queue().batches.pop_back().unwrap();
-        let turn = lane.transactions.turn.lock().await;
-        let b_turn = p.write_queued(lane, turn);
-        let previous_aborts = async {
-            test_support::wait_until(std::time::Duration::from_secs(5), "b's check ran", || async {
-                calls(&redis, "multi").await == 1
-            })
-            .await;
-            // What the previous turn does on a nil EXEC: its batch back at the front, then its end.
-            lane.transactions.requeue(0, vec![a_batch]);
-            ended.send(Some(TurnEnd::Aborted { requeued: 1 })).unwrap();
-        };
-        let (wrote, ()) = tokio::join!(b_turn, previous_aborts);
-        assert!(wrote);
-        assert_eq!(calls(&redis, "discard").await, 1, "b's transaction was left");
-        assert_eq!(calls(&redis, "exec").await, 0, "nothing was written");
-        let queued: Vec<Bytes> = lane
-            .transactions
-            .queue()
-            .batches
-            .iter()
-            .map(|b| b.writes.clone())
-            .collect();
-        assert_eq!(queued.len(), 2);
-        assert!(queued[0].windows(2).any(|w| w == b"a0") && queued[1].windows(2).any(|w| w == b"b0"));
-        assert!(
-            b_out[0].0.try_recv().is_err() && a_out[0].0.try_recv().is_err(),
-            "neither settled yet"
-        );
-        // The next turn takes both, in order, as one transaction.
-        assert!(p.write_queued(lane, lane.transactions.turn.lock().await).await);
-        for out in [&mut a_out, &mut b_out] {
-            let results = out.pop().unwrap().0.await.unwrap();
-            assert!(results.iter().all(Result::is_ok), "{results:?}");
-        }
-        let mut con = redis.connection().await;
-        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(protocol::keys::shard_stream(&p.stream, ShardId(0)))
-            .arg("-")
-            .arg("+")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        let order: Vec<&str> = entries.iter().map(|(_, f)| f[0].1.as_str()).collect();
-        assert_eq!(order, ["a0", "a1", "a2", "b0", "b1", "b2"]);
-    }
-
-    /// A turn whose check fails (here `HGET` of a fence that is not a hash) stops before waiting for the previous
-    /// turn's end: it puts that end back, so the next turn still writes only after it (the previous `EXEC` may yet
-    /// be aborted).
-    #[tokio::test]
-    async fn a_turn_whose_check_fails_leaves_the_previous_end_to_the_next_turn() {
-        let redis = test_support::RedisServer::start().await;
-        let p = one_lane(&redis);
-        let lane = &p.lanes[0];
-        let mut con = redis.connection().await;
-        let () = redis::cmd("SET")
-            .arg(protocol::keys::shard_fence(&p.stream, ShardId(0)))
-            .arg("not a hash")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        let b = records("b");
-        let b: Vec<&Record> = b.iter().collect();
-        let mut b_out = p.queue_batches(lane, ShardId(0), &b, V1, None);
-        let (ended, end) = watch::channel(None);
-        lane.transactions.queue().last = Some(end.clone());
-        assert!(p.write_queued(lane, lane.transactions.turn.lock().await).await);
-        let results = b_out.pop().unwrap().0.await.unwrap();
-        assert!(
-            results.iter().all(|r| matches!(r, Err(PublishError::Rejected { .. }))),
-            "{results:?}"
-        );
-        let restored = lane.transactions.queue().last.take();
-        assert!(
-            restored.is_some_and(|last| last.same_channel(&end)),
-            "the previous end is back"
-        );
-        // Had the previous turn ended (aborted: its batches back at the front), there is nothing to put back.
-        lane.transactions.queue().last = Some(end.clone());
-        let (c, _) = (records("c"), ());
-        let c: Vec<&Record> = c.iter().collect();
-        let mut c_out = p.queue_batches(lane, ShardId(0), &c, V1, None);
-        let turn = lane.transactions.turn.lock().await;
-        let (batches, previous) = lane.transactions.take();
-        ended.send(Some(TurnEnd::Settled)).unwrap();
-        drop(previous);
-        drop(turn);
-        assert!(lane.transactions.queue().last.is_none());
-        drop(batches);
-        assert!(c_out.pop().unwrap().0.await.is_err(), "dropped unsettled");
-    }
-
-    #[test]
-    fn exec_is_the_command_redis_rs_packs() {
-        assert_eq!(EXEC, redis::cmd("EXEC").get_packed_command());
-    }
-
-    #[test]
-    fn fence_values_are_decimal_digits_only() {
-        assert_eq!(parse_fence(b"0"), Some(RoutingVersion(0)));
-        assert_eq!(parse_fence(b"42"), Some(RoutingVersion(42)));
-        assert_eq!(
-            parse_fence(b"999999999999999"),
-            Some(RoutingVersion(999_999_999_999_999))
-        );
-        for bad in [&b""[..], b"-1", b"1.5", b" 1", b"1e3", b"abc", b"1000000000000000"] {
-            assert_eq!(parse_fence(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn the_check_reads_an_absent_fence_as_zero_and_a_set_one_as_its_value() {
-        let read = check_reply(
-            vec![
-                status(),
-                status(),
-                hmget(None, None),
-                hmget(Some(b"7"), Some(b"3")),
-                hmget(Some(b"x"), None),
-                hmget(Some(b"7"), Some(b"-")),
-                status(),
-            ],
-            4,
-        )
-        .unwrap();
-        assert!(matches!(read[0], Fence::Read(r) if r == ShardRecord::default()));
-        assert!(matches!(
-            read[1],
-            Fence::Read(ShardRecord {
-                fence: RoutingVersion(7),
-                born: Some(RoutingVersion(3)),
-                fence_count: 0,
-                born_count: 0,
-            })
-        ));
-        assert!(matches!(read[2], Fence::Unreadable(_)));
-        assert!(matches!(read[3], Fence::Unreadable(_)), "a birth that is not a version");
-    }
-
-    #[test]
-    fn the_layout_counts_are_read_and_one_that_is_not_a_count_is_refused() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk("8"), bulk("4")])).unwrap();
-        assert!(matches!(
-            read,
-            Fence::Read(ShardRecord {
-                fence: RoutingVersion(7),
-                born: Some(RoutingVersion(3)),
-                fence_count: 8,
-                born_count: 4,
-            })
-        ));
-        for bad in ["x", "-1", "4294967296"] {
-            let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk("8"), bulk(bad)])).unwrap();
-            assert!(matches!(read, Fence::Unreadable(_)), "{bad}");
-            let read = read_fence(Value::Array(vec![bulk("7"), bulk("3"), bulk(bad), Value::Nil])).unwrap();
-            assert!(matches!(read, Fence::Unreadable(_)), "{bad}");
-        }
-    }
-
-    #[test]
-    fn any_refused_command_of_the_check_stops_the_batch() {
-        let refused = || -> RedisResult<Value> { Err(RedisError::from((redis::ErrorKind::Client, "refused"))) };
-        let seven = || hmget(Some(b"7"), None);
-        for replies in [
-            vec![refused(), status(), seven(), status()],
-            vec![status(), refused(), seven(), status()],
-            vec![status(), status(), refused(), status()],
-            vec![status(), status(), seven(), refused()],
-            vec![status(), status(), seven()],
-            vec![status(), status(), ok(Value::Int(7)), status()],
-            vec![status(), status(), ok(Value::Array(vec![Value::Nil])), status()],
-        ] {
-            assert!(check_reply(replies, 1).is_err());
-        }
-    }
-}
+mod tests;
