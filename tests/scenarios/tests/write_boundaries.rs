@@ -350,7 +350,6 @@ async fn add_shards_killed_before_or_after_the_groups_adoption_converges() {
         (a.reading.len() == 6).then_some(())
     })
     .await;
-    drop(member);
     let r = last.into_inner().unwrap().expect("at least one answer");
     assert_eq!(r.shard_count, 6);
     assert_eq!(a.reading.len(), 6, "{r:?}");
