@@ -17,10 +17,11 @@ use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{Status, StoreRevision};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn, Instrument};
 
 use crate::absent;
+use crate::clock::LastRun;
 use crate::config::Config;
 use crate::error::{Error, StoreError};
 use crate::group_section::{Decide, GroupEnv, GroupSection};
@@ -72,7 +73,7 @@ struct Inner {
     /// The last Redis run id seen.
     run_id: StdMutex<Option<String>>,
     /// When the tick loop last rebuilt the groups index.
-    index_rebuilt_at: StdMutex<Option<Instant>>,
+    index_rebuilt_at: StdMutex<LastRun>,
     /// The Redis `maxmemory-policy` precondition.
     eviction_policy: PolicyCheck,
     /// The last rebalance events this instance decided, for the status page.
@@ -107,7 +108,7 @@ impl Coordinator {
                 slots: Slots::default(),
                 global_grace_until_ms: AtomicU64::new(0),
                 run_id: StdMutex::new(Some(run_id)),
-                index_rebuilt_at: StdMutex::new(None),
+                index_rebuilt_at: StdMutex::new(LastRun::default()),
                 recent: RecentRebalances::default(),
                 eviction_policy,
                 routing_checks: StdMutex::new(Default::default()),
@@ -522,9 +523,9 @@ impl Coordinator {
     pub async fn groups_to_tick(&self) -> Result<Vec<GroupRef>, Error> {
         let rebuild = {
             let mut last = self.inner.index_rebuilt_at.lock().expect("index lock");
-            let due = last.is_none_or(|t| t.elapsed() >= INDEX_REBUILD_PERIOD);
+            let due = last.due(INDEX_REBUILD_PERIOD);
             if due {
-                *last = Some(Instant::now());
+                last.mark();
             }
             due
         };

@@ -18,6 +18,7 @@
 //! * [`traces`]: "never created" or "lost" for a group or stream without metadata.
 //! * [`log_limit`]: rate limiting of repeated log lines; [`recent`]: the last rebalance events, for the status page.
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
+//! * `clock`: where the shells read time (Tokio's clock, so tests pause it).
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
 //! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
 //! * [`config`], [`error`], [`stats`].
@@ -26,6 +27,7 @@
 
 mod absent;
 pub mod auth;
+mod clock;
 pub mod config;
 pub mod coordinator;
 pub mod deadline;

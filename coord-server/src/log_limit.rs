@@ -7,7 +7,8 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Key under which events are limited together once the limiter tracks `max_keys` keys.
 const OVERFLOW_KEY: &str = "\u{0}overflow";
@@ -117,5 +118,19 @@ mod tests {
         assert!(limiter.keys.lock().unwrap().len() <= 5);
         // Expired windows make room for new keys again.
         assert_eq!(limiter.admit_at("fresh", t0 + W), Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_runs_on_tokio_time() {
+        let limiter = LogLimiter::new(W, 16);
+        assert_eq!(limiter.admit("a"), Some(0));
+        tokio::time::advance(W - Duration::from_millis(1)).await;
+        assert_eq!(limiter.admit("a"), None, "still inside the window");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            limiter.admit("a"),
+            Some(1),
+            "the next window, with the suppressed count"
+        );
     }
 }

@@ -9,8 +9,9 @@
 //! logs an error and refuses to create groups, unless the operator accepted it with `accept_eviction_policy`.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::clock::LastRun;
 use crate::error::StoreError;
 use crate::log_limit::LogLimiter;
 use crate::store::Store;
@@ -36,7 +37,7 @@ pub struct PolicyCheck {
 struct State {
     /// The policy Redis reported last, `None` before the first check.
     policy: Option<String>,
-    checked_at: Option<Instant>,
+    checked_at: LastRun,
 }
 
 impl PolicyCheck {
@@ -55,7 +56,7 @@ impl PolicyCheck {
         {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             state.policy = Some(policy.to_owned());
-            state.checked_at = Some(Instant::now());
+            state.checked_at.mark();
         }
         if !safe {
             if let Some(suppressed) = self.logs.admit(policy) {
@@ -99,7 +100,7 @@ impl PolicyCheck {
     /// Whether the periodic check is due.
     pub fn due(&self) -> bool {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.checked_at.is_none_or(|t| t.elapsed() >= CHECK_PERIOD)
+        state.checked_at.due(CHECK_PERIOD)
     }
 }
 
@@ -163,5 +164,18 @@ mod tests {
         let lenient = PolicyCheck::new(true);
         assert!(!lenient.record("volatile-lru"), "still reported unsafe");
         assert!(lenient.require_safe().is_ok(), "but accepted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_policy_is_due_again_one_check_period_after_the_last_check() {
+        let check = PolicyCheck::new(false);
+        assert!(check.due(), "never checked");
+        check.record("noeviction");
+        tokio::time::advance(CHECK_PERIOD - Duration::from_millis(1)).await;
+        assert!(!check.due());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(check.due());
+        check.record("noeviction");
+        assert!(!check.due(), "a check starts a new period");
     }
 }

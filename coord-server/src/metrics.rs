@@ -40,9 +40,11 @@ use protocol::Status;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::clock::LastRun;
 use crate::error::{Error, StoreError};
 use crate::state_machine::{Event, Liveness};
 use crate::store::{lag, Store};
@@ -273,7 +275,7 @@ pub struct Metrics {
     /// Groups whose counters were already registered at zero (so a series exists before its first event).
     seen_groups: StdMutex<HashSet<(String, String)>>,
     /// When the lag was last scraped; the async lock also makes concurrent scrapes wait for one refresh.
-    lag_scraped: tokio::sync::Mutex<Option<Instant>>,
+    lag_scraped: tokio::sync::Mutex<LastRun>,
     /// The last `maxmemory-policy` check: 0 not yet, 1 safe, 2 unsafe (set again at every render, so the gauge
     /// never idles out while the condition lasts).
     eviction_policy: AtomicU8,
@@ -309,7 +311,7 @@ impl Metrics {
             recorder,
             handle,
             seen_groups: StdMutex::new(HashSet::new()),
-            lag_scraped: tokio::sync::Mutex::new(None),
+            lag_scraped: tokio::sync::Mutex::new(LastRun::default()),
             eviction_policy: AtomicU8::new(0),
         };
         metrics.describe();
@@ -642,7 +644,7 @@ impl Metrics {
     /// than [`LAG_MIN_REFRESH`] ago. Concurrent callers wait for one scrape.
     async fn refresh_lag(&self, store: &Store) {
         let mut last = self.lag_scraped.lock().await;
-        if last.is_some_and(|t| t.elapsed() < LAG_MIN_REFRESH) {
+        if !last.due(LAG_MIN_REFRESH) {
             return;
         }
         let started = Instant::now();
@@ -663,7 +665,7 @@ impl Metrics {
                 return;
             }
         };
-        *last = Some(Instant::now());
+        last.mark();
         self.record(|| {
             for s in &samples.shards {
                 let labels = [("stream", s.stream.clone()), ("shard", s.shard.0.to_string())];

@@ -6,7 +6,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use protocol::names::{GroupName, StreamName};
 
@@ -50,9 +49,7 @@ impl RecentRebalances {
             Event::CorrectionClosed => "correction round closed".to_owned(),
             _ => return,
         };
-        let at_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let at_unix_ms = crate::clock::unix_ms();
         let mut events = self.events.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if events.len() == RECENT_CAPACITY {
             events.pop_front();

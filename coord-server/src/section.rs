@@ -15,7 +15,8 @@
 
 use protocol::StoreRevision;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::error::{Error, StoreError};
@@ -168,10 +169,7 @@ async fn acquire(
     cached: Option<Cached<'_>>,
     scope: LivenessScope<'_>,
 ) -> Result<Loaded, Error> {
-    let started = Instant::now();
-    // A stop of this process while it waits is forgiven once (`deadline`): the mutex was not busy for that long.
-    let mut deadline = crate::deadline::Deadline::after(env.deadline);
-    let mut backoff = Duration::from_millis(1);
+    let mut wait = MutexWait::new(env.deadline);
     loop {
         let loaded = env
             .store
@@ -179,22 +177,59 @@ async fn acquire(
             .await
             .map_err(|e| store_error(env.stats, e))?;
         if let Some(loaded) = loaded {
-            env.stats.observe_mutex_wait(started.elapsed());
+            env.stats.observe_mutex_wait(wait.waited());
             return Ok(loaded);
         }
         env.stats.mutex_busy.fetch_add(1, Ordering::Relaxed);
-        if deadline.passed() || tokio::time::Instant::now() + backoff > deadline.at() {
+        let Some(pause) = wait.next_pause() else {
             env.stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
-            let waited_ms = started.elapsed().as_millis() as u64;
+            let waited_ms = wait.waited().as_millis() as u64;
             return Err(StoreError::MutexBusy {
                 key: keys.mutex.clone(),
                 waited_ms,
             }
             .into());
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The wait for a busy mutex, on Tokio's clock: exponential backoff with jitter up to the critical-section
+/// deadline.
+struct MutexWait {
+    started: Instant,
+    /// A stop of this process while it waits is forgiven once: the mutex was not busy for that long.
+    deadline: crate::deadline::Deadline,
+    backoff: Duration,
+}
+
+impl MutexWait {
+    /// The longest pause between two tries.
+    const MAX_BACKOFF: Duration = Duration::from_millis(50);
+
+    fn new(limit: Duration) -> Self {
+        MutexWait {
+            started: Instant::now(),
+            deadline: crate::deadline::Deadline::after(limit),
+            backoff: Duration::from_millis(1),
+        }
+    }
+
+    /// After a busy try: how long to pause before the next one, or `None` to give up (the deadline passed, or
+    /// would before the next try).
+    fn next_pause(&mut self) -> Option<Duration> {
+        if self.deadline.passed() || Instant::now() + self.backoff > self.deadline.at() {
+            return None;
         }
         let jitter = Duration::from_micros(rand::random::<u64>() % 1000);
-        tokio::time::sleep(backoff + jitter).await;
-        backoff = (backoff * 2).min(Duration::from_millis(50));
+        let pause = self.backoff + jitter;
+        self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
+        Some(pause)
+    }
+
+    /// How long it has waited so far.
+    fn waited(&self) -> Duration {
+        self.started.elapsed()
     }
 }
 
@@ -220,4 +255,61 @@ pub(crate) fn unavailable(stats: &Stats, message: String) -> Error {
     stats.metadata_unavailable.fetch_add(1, Ordering::Relaxed);
     stats.metrics().metadata_unreadable(&message);
     Error::MetadataUnavailable(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_millis(1500);
+
+    /// Pauses as told until the wait gives up; returns the pauses.
+    async fn wait_out(wait: &mut MutexWait) -> Vec<Duration> {
+        let mut pauses = Vec::new();
+        while let Some(pause) = wait.next_pause() {
+            pauses.push(pause);
+            tokio::time::sleep(pause).await;
+        }
+        pauses
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_mutex_is_retried_with_a_growing_capped_backoff_until_the_deadline() {
+        let mut wait = MutexWait::new(LIMIT);
+        let pauses = wait_out(&mut wait).await;
+        assert!(pauses[0] < Duration::from_millis(2), "{pauses:?}");
+        assert!(
+            pauses.windows(2).all(|w| w[1] + Duration::from_millis(1) >= w[0]),
+            "{pauses:?}"
+        );
+        assert!(pauses
+            .iter()
+            .all(|p| *p < MutexWait::MAX_BACKOFF + Duration::from_millis(1)));
+        // Given up when the next pause would end past the deadline: within one backoff of it, and past it by no
+        // more than a jitter (plus the timer's millisecond rounding).
+        assert!(wait.waited() <= LIMIT + Duration::from_millis(2), "{:?}", wait.waited());
+        assert!(wait.waited() + MutexWait::MAX_BACKOFF + Duration::from_millis(1) > LIMIT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_of_this_process_during_the_wait_is_forgiven_once() {
+        let mut wait = MutexWait::new(LIMIT);
+        assert!(wait.next_pause().is_some());
+        // Stopped for 10 s (SIGSTOP): found late, the deadline moves once to one limit from now.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let resumed = Instant::now();
+        assert!(wait.next_pause().is_some(), "the stop is forgiven");
+        wait_out(&mut wait).await;
+        let after_resume = resumed.elapsed();
+        assert!(
+            after_resume <= LIMIT + Duration::from_millis(2) && after_resume + MutexWait::MAX_BACKOFF * 2 > LIMIT,
+            "{after_resume:?}"
+        );
+        // A second stop is not forgiven.
+        let mut wait = MutexWait::new(LIMIT);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(wait.next_pause().is_some());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(wait.next_pause().is_none(), "forgiven only once");
+    }
 }

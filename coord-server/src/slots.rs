@@ -11,9 +11,10 @@ use protocol::{MetadataVersion, StoreRevision};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::oneshot;
 
+use crate::clock::LastRun;
 use crate::error::Error;
 
 /// How long a slot is kept after the last load that found its group: a group that stays deleted (and unindexed)
@@ -29,21 +30,21 @@ pub(crate) struct GroupSlot {
     pub queue: StdMutex<Vec<Queued>>,
     pub cache: StdMutex<GroupMemory>,
     /// When a load last found the group's metadata hash; `None`: never (the group may not exist).
-    present_at: StdMutex<Option<Instant>>,
+    present_at: StdMutex<LastRun>,
 }
 
 impl GroupSlot {
-    fn present_at(&self) -> Option<Instant> {
+    fn present_at(&self) -> LastRun {
         *self.present_at.lock().expect("slot lock")
     }
 
     pub fn mark_present(&self) {
-        *self.present_at.lock().expect("slot lock") = Some(Instant::now());
+        self.present_at.lock().expect("slot lock").mark();
     }
 
     /// Whether this slot is worth keeping when nobody uses it: its group was found recently.
     fn retained(&self) -> bool {
-        self.present_at().is_some_and(|t| t.elapsed() < SLOT_RETENTION)
+        !self.present_at().due(SLOT_RETENTION)
     }
 
     /// What this process remembers of the group now.
@@ -146,7 +147,7 @@ impl Slots {
     /// Drops `slot` and, when its group was never found and nobody else uses the slot, forgets it: a request
     /// naming a group that does not exist leaves no state behind.
     pub fn forget_if_absent(&self, stream: &StreamName, group: &GroupName, slot: Arc<GroupSlot>) {
-        if slot.present_at().is_some() {
+        if slot.present_at().ever() {
             return;
         }
         let key = (stream.clone(), group.clone());
@@ -211,5 +212,39 @@ impl Slots {
     /// How many slots there are.
     pub fn len(&self) -> usize {
         self.groups.lock().expect("groups lock").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_found_group_is_kept_for_the_retention_then_forgotten_when_idle() {
+        let slots = Slots::default();
+        let (stream, group) = (StreamName::new("s").expect("name"), GroupName::new("g").expect("name"));
+        let slot = slots.slot(&stream, &group);
+        slot.mark_present();
+        drop(slot);
+        tokio::time::advance(SLOT_RETENTION - Duration::from_millis(1)).await;
+        assert_eq!(slots.evict_idle(), 1, "found within the retention: kept");
+        assert!(slots.seen_recently(&stream, Some(&group)));
+        assert_eq!(slots.retained().len(), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!slots.seen_recently(&stream, None));
+        assert!(slots.retained().is_empty());
+        assert_eq!(slots.evict_idle(), 0, "idle and not found for the retention: forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_in_use_outlives_the_retention() {
+        let slots = Slots::default();
+        let (stream, group) = (StreamName::new("s").expect("name"), GroupName::new("g").expect("name"));
+        let slot = slots.slot(&stream, &group);
+        slot.mark_present();
+        tokio::time::advance(2 * SLOT_RETENTION).await;
+        assert_eq!(slots.evict_idle(), 1, "still used by a request");
+        drop(slot);
+        assert_eq!(slots.evict_idle(), 0);
     }
 }

@@ -118,6 +118,7 @@ async fn slow_request_heads_are_cut_off_after_the_header_read_timeout() {
                         read = rd.read(&mut chunk) => if matches!(read, Ok(0) | Err(_)) {
                             return Some(start.elapsed());
                         },
+                        // Real time: the attacker's pace, against the server's header read timeout.
                         () = tokio::time::sleep(Duration::from_millis(200)) => {
                             if wr.write_all(b"a").await.is_err() {
                                 return Some(start.elapsed());

@@ -60,6 +60,8 @@ async fn heartbeat_until(
             return last;
         }
         assert!(Instant::now() < deadline, "still waiting after {WAIT:?}: {last:?}");
+        // A wait on `done` with a deadline, written out: it runs in a spawned task, where the polling helpers'
+        // async closures cannot be proven `Send`. The pause is the member's heartbeat interval.
         tokio::time::sleep(interval()).await;
     }
 }
@@ -128,6 +130,7 @@ async fn ever_higher_reports_do_not_hold_a_round_open() {
     let spammer = tokio::spawn(async move {
         for i in 1.. {
             let _ = spam_api.heartbeat(S, G, &stranger_leave(base + i)).await;
+            // Real time: the stranger's pace, against the coordinator's clock.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });

@@ -55,6 +55,7 @@ async fn a_deleted_liveness_hash_gives_grace_instead_of_mass_expiry() {
     let until = tokio::time::Instant::now() + Duration::from_millis(2_300);
     while tokio::time::Instant::now() < until {
         last = api.hb(S, G, &follow_up(&last, &last.assigned)).await;
+        // Real time: the join-time lease must run out on the coordinator's clock (Redis TIME) meanwhile.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut conn = redis.connection().await;

@@ -165,6 +165,8 @@ async fn terminating_gauge_follows_the_shutdown_gate() {
     coord.shutdown().await;
 }
 
+// Real time: the section waits on a real Redis (see `stale_mutex.rs`; the wait itself is tested under paused time
+// in `src/section.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutex_latency_busy_and_timeouts_are_measured() {
     let (redis, coord) = start().await;

@@ -2,6 +2,10 @@
 //! its append-only file after a restart) does not block the group for its TTL; a mutex of another coordinator, or
 //! of a section still running, is waited for. Group timings must let an assignment lease outlast a dead holder's
 //! mutex plus the wait for it.
+//!
+//! Real time, not paused: these wait on a real Redis, whose client times every reply with a Tokio timer that
+//! paused time would fire while the reply is on its way. The wait's backoff and deadline are tested under paused
+//! time in `src/section.rs`.
 
 mod common;
 

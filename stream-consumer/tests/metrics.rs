@@ -205,7 +205,8 @@ async fn revoking_shards_counts_a_drain_held_by_a_slow_handler() {
         m.counter(names::REBALANCES, &l.group()) > rebalances,
         "the DRAIN changed a's assignment"
     );
-    // It stays there while the handler holds the entries: the drain does not progress.
+    // It stays there while the handler holds the entries: the drain does not progress. Real time: three heartbeats
+    // of the consumer's clock.
     let until = std::time::Instant::now() + HEARTBEAT * 3;
     while std::time::Instant::now() < until {
         assert_eq!(m.gauge(names::REVOKING_SHARDS, &l.group()), 4.0);

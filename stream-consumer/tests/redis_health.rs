@@ -105,7 +105,7 @@ async fn member_whose_redis_dies_after_joining_gives_its_shards_back_and_rejoins
     assert_eq!(st.heartbeats.redis_give_backs, 1, "{st:?}");
     assert!(st.reading.is_empty() && !st.joined, "{st:?}");
 
-    // While its Redis stays down, a stays out.
+    // While its Redis stays down, a stays out. Real time: the outage lasts a span of the consumer's clock.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!a.status().joined);
 

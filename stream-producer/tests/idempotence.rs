@@ -188,6 +188,7 @@ async fn connection_resets_in_the_middle_of_pipelines_lose_nothing_and_write_not
             while resets < RESETS && done.load(Ordering::Relaxed) < TASKS {
                 // Reset only while pipelines are in flight: their requests may or may not have been executed.
                 if producer.stats().pipelines_in_flight > 0 {
+                    // Real time: a short outage, then traffic until the next one (the storm's pace).
                     proxy.set_mode(Mode::Reset);
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     proxy.set_mode(Mode::Pass);

@@ -71,6 +71,7 @@ async fn refresh_runs_periodically_while_publishing_succeeds() {
             .lease_remaining()
             .expect("lease valid while the coordinator answers");
         assert!(remaining <= SHORT_LEASE);
+        // Real time: the publishing pace over refresh periods of the lease's clock.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(producer.stats().refresh_failures, 0);
@@ -191,28 +192,27 @@ async fn lease_runs_out_during_a_coordinator_outage_then_fails_closed_and_recove
 }
 
 async fn wait_for_routing_expired(producer: &Producer) -> PublishError {
-    let start = Instant::now();
-    loop {
+    let expired = test_support::poll_for(DEADLINE, || async {
         match producer.send("probe", &[("f", "v")]).await {
-            Err(e) if e.is_routing_unavailable() => return e,
+            Err(e) if e.is_routing_unavailable() => Some(e),
             Err(e) => panic!("unexpected error while waiting for the lease to end: {e:?}"),
-            Ok(_) => {
-                assert!(start.elapsed() < DEADLINE, "the lease never ran out");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Ok(_) => None,
         }
-    }
+    })
+    .await;
+    expired.expect("the lease never ran out")
 }
 
 /// Starts a coordinator on `addr` (the port of one that was aborted), retrying while the port is still taken.
 async fn spawn_at(redis_url: &str, addr: std::net::SocketAddr) -> CoordinatorHandle {
-    let start = Instant::now();
-    loop {
-        match CoordinatorHandle::spawn(coordinator_config(redis_url, SHORT_LEASE, addr)).await {
-            Ok(c) => return c,
-            Err(_) if start.elapsed() < DEADLINE => tokio::time::sleep(Duration::from_millis(50)).await,
-            Err(e) => panic!("cannot restart the coordinator on {addr}: {e}"),
-        }
+    let spawn = || CoordinatorHandle::spawn(coordinator_config(redis_url, SHORT_LEASE, addr));
+    let spawned = test_support::poll_every(Duration::from_millis(50), DEADLINE, || async { spawn().await.ok() }).await;
+    match spawned {
+        Some(c) => c,
+        // Still taken at the deadline: this last try's error says why.
+        None => spawn()
+            .await
+            .unwrap_or_else(|e| panic!("cannot restart the coordinator on {addr}: {e}")),
     }
 }
 
@@ -376,17 +376,19 @@ async fn a_routing_hash_with_an_unknown_layout_fails_closed() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let err = loop {
-        match producer.send("k", &[("f", "v")]).await {
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => break e,
+    let refused = test_support::poll_for(DEADLINE, || async {
+        let sent = producer.send("k", &[("f", "v")]).await;
+        if sent.is_ok() {
+            assert!(
+                producer.stats().refreshes < 20,
+                "the routing is still served: {:?}",
+                producer.stats()
+            );
         }
-        assert!(
-            producer.stats().refreshes < 20,
-            "the routing is still served: {:?}",
-            producer.stats()
-        );
-    };
+        sent.err()
+    })
+    .await;
+    let err = refused.expect("the routing is still served");
     assert!(matches!(err, PublishError::RoutingExpired { .. }), "{err:?}");
     assert_eq!(err.write_state(), WriteState::NotWritten);
     let cause = std::error::Error::source(&err)

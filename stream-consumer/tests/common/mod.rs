@@ -188,6 +188,7 @@ impl Env {
                     n += 1;
                     tokio::select! {
                         _ = stop.cancelled() => {}
+                        // Real time: the load's pace, as a producer process writes.
                         _ = tokio::time::sleep(every) => {}
                     }
                 }

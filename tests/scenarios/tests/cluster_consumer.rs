@@ -497,6 +497,7 @@ async fn a_stream_grows_on_the_cluster_and_keys_keep_their_order_across_shards()
                     // Not written or unknown: the same record again, so the key's order holds.
                     Err(_) => refused += 1,
                 }
+                // Real time: the load's pace, as a producer process writes.
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             (i, refused)

@@ -289,6 +289,7 @@ fn heartbeat_in_background(
                     answer,
                 });
             }
+            // Real time: the members' heartbeat interval, which their leases are measured against.
             tokio::time::sleep(HEARTBEAT).await;
         }
         members

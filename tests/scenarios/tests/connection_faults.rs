@@ -189,6 +189,7 @@ async fn reset_redis_connections_lose_no_acknowledged_publish_and_no_shard_is_re
         })
         .await;
         to_redis.set_mode(Mode::Reset);
+        // Real time: the outage lasts a span, during which clients reconnect and are reset again.
         tokio::time::sleep(Duration::from_millis(150)).await;
         to_redis.set_mode(Mode::Pass);
     }
@@ -326,7 +327,8 @@ async fn a_killed_readers_read_delivered_late_by_the_network_strands_no_entry() 
         async move { done }
     })
     .await;
-    // Not an assertion: lets the reader write its next request into the stalled connection.
+    // Not an assertion: lets the reader write its next request into the stalled connection. Real time: the
+    // request waits in the kernel's buffers, where nothing can observe it.
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     // a is fenced (its readers are killed, dropping their connections) and dies; b takes the shard at the end of
@@ -342,7 +344,8 @@ async fn a_killed_readers_read_delivered_late_by_the_network_strands_no_entry() 
 
     // The network heals: the dead reader's request reaches Redis now.
     to_redis.set_mode(Mode::Pass);
-    // Not an assertion: lets the late request reach Redis before b reads again.
+    // Not an assertion: lets the late request reach Redis before b reads again (real time: the request leaves the
+    // kernel's buffers on its own; nothing marks its arrival).
     tokio::time::sleep(Duration::from_millis(200)).await;
     gate_b.set(true);
     test_support::wait_until(DEADLINE, "every acknowledged publish to be handled by b", || {

@@ -138,6 +138,7 @@ async fn seed8_sync_metadata_then_revoke_pending_until_revoked_and_unblocked_the
         let r = a.beat(&api, RevokeState::Draining).await.unwrap();
         assert_eq!(r.status, Status::RevokePending, "{r:?}");
         assert_eq!(a.reading, kept, "nothing new starts");
+        // Real time: the claim must hold for longer than a member TTL on the coordinator's clock (Redis TIME).
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     // REVOKED: still REVOKE_PENDING until b (recorded as owner, gone) no longer blocks a's targets, then OK.

@@ -142,20 +142,18 @@ async fn seed4_previous_owner_expiring_while_draining_hands_over_at_its_lease_en
     // a goes silent while draining (its process hangs or dies).
     let a_lease_end = member(&s.describe().await, "a").unwrap().lease_until_ms;
 
-    let mut handed_over_at = None;
-    let deadline = Instant::now() + DEADLINE;
-    while handed_over_at.is_none() {
-        assert!(Instant::now() < deadline, "b never got a's shards");
-        let r = b.ok(&api).await;
+    let b = tokio::sync::Mutex::new(&mut b);
+    let handed_over_at = test_support::poll_every(Duration::from_millis(100), DEADLINE, || async {
+        let r = b.lock().await.ok(&api).await;
         let answered_by = redis_now_ms(&s).await;
         if drained.iter().all(|s| r.assigned.contains(s)) {
-            handed_over_at = Some(answered_by);
-        } else {
-            assert!(drained.iter().all(|s| r.pending.contains(s)), "{r:?}");
+            return Some(answered_by);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let at = handed_over_at.unwrap();
+        assert!(drained.iter().all(|s| r.pending.contains(s)), "{r:?}");
+        None
+    })
+    .await;
+    let at = handed_over_at.expect("b never got a's shards");
     assert!(
         at >= a_lease_end,
         "b got the shards at {at}, before a's lease ended at {a_lease_end}"

@@ -466,12 +466,12 @@ async fn replacement_run(s: &Scenario, worker: &StallWorker, dir: &Path, run: us
 
     let a_exit = a.exit_within(DEADLINE).await.and_then(|status| status.code());
     // A' reads once the round closed (and still runs).
-    let closed_us = poll(DEADLINE, || async {
+    let closed_us = test_support::poll_for(DEADLINE, || async {
         s.describe().await.correction.is_none().then(wall_us)
     })
     .await;
     let replacement_reads = match closed_us {
-        Some(closed_us) => poll(DEADLINE, || {
+        Some(closed_us) => test_support::poll_for(DEADLINE, || {
             let n = a2.starts_since(closed_us);
             async move { (n > 0).then_some(()) }
         })
@@ -492,25 +492,6 @@ async fn replacement_run(s: &Scenario, worker: &StallWorker, dir: &Path, run: us
         replacement_reads,
         checked,
         took: started.elapsed(),
-    }
-}
-
-/// Polls `f` about every 20 ms until it returns `Some`, for at most `timeout` (`None` then): for what a run
-/// observes and judges rather than waits for.
-async fn poll<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -827,6 +808,7 @@ async fn version_creep_probe_spends_at_most_5_percent_in_correction_and_a_killed
                     creeper_reads.send_replace(m.reading.iter().copied().collect());
                     answers += 1;
                 }
+                // Real time: a client's heartbeat interval, which the failover measurement samples.
                 tokio::time::sleep(HEARTBEAT).await;
             }
             answers

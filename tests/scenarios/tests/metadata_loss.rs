@@ -42,7 +42,8 @@ async fn fail_closed_then_recreate(s: &Scenario, members: &mut [&mut WireMember]
                 "{r:?}"
             );
         }
-        tokio::time::sleep(Duration::from_millis(60)).await; // more than a tick interval
+        // Real time: longer than the coordinator's tick interval, so ticks run between two rounds.
+        tokio::time::sleep(Duration::from_millis(60)).await;
     }
     assert!(
         !s.metadata_exists().await,

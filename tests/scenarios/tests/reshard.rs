@@ -49,6 +49,9 @@ const LONG_ROUTING_LEASE: Duration = Duration::from_secs(600);
 const GROUPS: usize = 3;
 const CONSUMERS_PER_GROUP: usize = 2;
 const KEYS_PER_PRODUCER: u64 = 24;
+/// How many records the load writes between two steps of a scenario (a backlog in the parents before a growth,
+/// writes into the children after one).
+const BACKLOG: u64 = 400;
 
 /// A stream with three groups, two consumers each, and a history per group.
 struct Grow {
@@ -223,6 +226,7 @@ fn spawn_slow(builder: stream_consumer::ConsumerBuilder, member: &str, history: 
         .handler(move |msg: stream_consumer::Message| {
             let handling = history.begin(&who, &msg, None);
             Box::pin(async move {
+                // Real time: the handler's work, which makes the backlog the growth must wait for.
                 tokio::time::sleep(HANDLING).await;
                 handling.succeeded();
                 Ok::<(), std::io::Error>(())
@@ -298,10 +302,22 @@ impl Load {
                 }
                 tokio::select! {
                     _ = stop.cancelled() => {}
+                    // Real time: the load's pace, as a producer process writes.
                     _ = tokio::time::sleep(every) => {}
                 }
             }
         }));
+    }
+
+    /// Waits until the load has written `more` records from now (the backlog or the share of writes a step needs,
+    /// which a fixed sleep would only make likely).
+    async fn wait_written(&self, more: u64) {
+        let target = self.written.load(Ordering::Relaxed) + more;
+        test_support::wait_until(DEADLINE, &format!("{more} more records written"), || {
+            let written = self.written.load(Ordering::Relaxed);
+            async move { written >= target }
+        })
+        .await;
     }
 
     /// Holds every pausable publisher between two sends until the guard is dropped.
@@ -366,7 +382,8 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
     } else {
         None
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A backlog in the parents before the growth.
+    load.wait_written(BACKLOG).await;
 
     let mut waits = Vec::new();
     for (count, shards) in [(4, 8), (8, 16)] {
@@ -390,7 +407,7 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
             shards - count
         );
         waits.push(per_group);
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        load.wait_written(BACKLOG).await;
     }
     if let Some(p) = &stale_producer {
         // Without a fence it would still route with 4 shards: its keys would never move and their order would
@@ -404,7 +421,7 @@ async fn grow_4_8_16(name: &str, pause: bool, stale: bool) {
                 .expect("routing")
                 .routing_version;
         hint(std::slice::from_ref(p), v).await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        load.wait_written(BACKLOG).await;
     }
     let (written, refused) = load.stop().await;
     println!("written {written}, not written (retried) {refused}, waits {waits:?}");
@@ -450,7 +467,7 @@ async fn a_coordinator_killed_while_recording_drains_releases_nothing_early() {
         Duration::from_millis(2),
         true,
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    load.wait_written(BACKLOG).await;
 
     let hang = Trigger::once(g.s.coordinator(), Point::BeforeWrite, Action::Hang, |t| {
         on::event(t, |e| matches!(e, Event::ParentDrained { .. }))
@@ -473,10 +490,12 @@ async fn a_coordinator_killed_while_recording_drains_releases_nothing_early() {
         adopted += usize::from(meta.shard_count == 8);
     }
     assert!(adopted >= 1, "the crash came after an adoption");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Writes go on while no coordinator runs.
+    load.wait_written(BACKLOG / 4).await;
     g.s.coords[0].restart().await;
     g.wait_released(8, DEADLINE).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // And into the released children.
+    load.wait_written(BACKLOG / 2).await;
     let (written, _) = load.stop().await;
     let figures = g.check(Duration::from_secs(30)).await;
     println!("written {written}, figures {figures:?}");
@@ -504,7 +523,7 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
         Duration::from_millis(2),
         true,
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    load.wait_written(BACKLOG).await;
 
     // The growth; the coordinator dies in the first section that would record a drain, so the children stay
     // held while the load fills them.
@@ -517,7 +536,7 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     drop(guard);
     hang.fired().await;
     g.s.coords[0].abort();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.wait_written(BACKLOG / 2).await;
 
     // The cut: everything so far is on the replica, then it is promoted (the load is held from here to the end of
     // the failover, so no acknowledged record is lost with the primary).
@@ -534,7 +553,9 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
     // On the old primary only: a coordinator records the drains and releases the children; consumers read them.
     g.s.coords[0].restart().await;
     g.wait_released(8, DEADLINE).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    for h in &g.histories {
+        wait_all_handled(h, DEADLINE).await;
+    }
 
     // The primary dies with its coordinator; clients and a new coordinator move to the promoted replica.
     let mut undrained = 0;
@@ -565,7 +586,7 @@ async fn a_failover_that_loses_drains_and_a_fence_holds_the_children_again() {
         .expect("HGET fence");
     assert_eq!(fence, Some(version.0.to_string()), "the lost fence was set again");
     drop(guard);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    load.wait_written(BACKLOG).await;
     let (written, _) = load.stop().await;
     let figures = g.check(Duration::from_secs(30)).await;
     println!("written {written}, figures {figures:?}");
@@ -598,7 +619,7 @@ async fn a_failover_that_loses_a_growth_producers_routed_by_strands_nothing() {
             true,
         );
     }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    load.wait_written(BACKLOG).await;
 
     // The cut: the replica has everything written so far, then stops replicating.
     let guard = load.pause().await;
@@ -633,7 +654,8 @@ async fn a_failover_that_loses_a_growth_producers_routed_by_strands_nothing() {
         "the lost number is retired: {} after {lost_version}",
         restored.routing_version
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Writes into the restored children.
+    load.wait_written(BACKLOG).await;
     let (written, refused) = load.stop().await;
     let figures = g.check(Duration::from_secs(30)).await;
     println!(
@@ -673,7 +695,7 @@ async fn a_snapshot_restore_from_before_a_growth_strands_nothing() {
             true,
         );
     }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    load.wait_written(BACKLOG).await;
     let guard = load.pause().await;
     let snapshot = g.s.redis.snapshot_keys("*").await;
     let lost_version = g.add_shards(4).await;
@@ -705,7 +727,8 @@ async fn a_snapshot_restore_from_before_a_growth_strands_nothing() {
     g.wait_released(8, DEADLINE).await;
     let restored = g.s.coordinator().describe_routing(&g.s.stream).await.expect("routing");
     assert!(restored.routing_version > lost_version, "the lost number is retired");
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Writes into the restored children.
+    load.wait_written(BACKLOG).await;
     let (written, refused) = load.stop().await;
     let figures = g.check(Duration::from_secs(30)).await;
     println!(

@@ -161,7 +161,8 @@ async fn coordinator_loss_one_zero_one_shorter_than_the_lease_keeps_every_consum
         st.heartbeats.failed > failed
     })
     .await;
-    // 0 -> 1 well within the lease: the same URL answers again.
+    // 0 -> 1 well within the lease: the same URL answers again. Real time: the outage lasts a third of the
+    // lease on the consumers' clocks.
     tokio::time::sleep((LEASE - MARGIN) / 3).await;
     s.coords[0].restart().await;
     let outage = down.elapsed();

@@ -101,19 +101,16 @@ async fn stop_loop(env: Arc<Env>, worker: usize, replaced: bool, until: Instant)
     let mut round = 0;
     while Instant::now() + STOP_FOR < until {
         round += 1;
+        // Real time: the worker runs for a while between two stops, as a process between two stalls.
         tokio::time::sleep(run_time(worker, round)).await;
         // Stop only with handlers in flight.
         let pid = child.id();
-        let busy = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                if open_handlers(&read_records(&env.dir), pid, wall_us()) > 0 {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        let busy = test_support::poll_until(Duration::from_secs(5), || {
+            let open = open_handlers(&read_records(&env.dir), pid, wall_us());
+            async move { open > 0 }
         })
         .await;
-        if busy.is_err() {
+        if !busy {
             continue;
         }
         signal(pid, "STOP");
@@ -126,6 +123,8 @@ async fn stop_loop(env: Arc<Env>, worker: usize, replaced: bool, until: Instant)
             continue;
         }
         let mut replacement = None;
+        // Real time: the process stays stopped for STOP_FOR, longer than its lease, on every clock involved (its
+        // replacement starts 300 ms into the stop).
         if replaced {
             tokio::time::sleep(Duration::from_millis(300)).await;
             incarnation += 1;
@@ -144,8 +143,13 @@ async fn stop_loop(env: Arc<Env>, worker: usize, replaced: bool, until: Instant)
             replaced,
         });
         if let Some(next) = replacement {
-            // Long enough for the resumed process to run whatever it had in hand.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // The resumed process runs whatever it had in hand (every handler it started ends or is dropped)
+            // before it is killed; one that never ends is killed at the deadline.
+            test_support::poll_until(Duration::from_secs(2), || {
+                let open = open_handlers(&read_records(&env.dir), pid, wall_us());
+                async move { open == 0 }
+            })
+            .await;
             let _ = child.kill();
             let _ = child.wait();
             child = next;

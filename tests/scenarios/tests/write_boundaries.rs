@@ -14,7 +14,7 @@ use protocol::messages::RevokeState;
 use protocol::Status;
 use reqwest::StatusCode;
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Heartbeats every member in turn (acknowledging drains) until `done` holds for the stored group.
 async fn settle(
@@ -23,22 +23,27 @@ async fn settle(
     what: &str,
     done: impl Fn(&protocol::messages::GroupDescription) -> bool,
 ) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        for m in members.iter_mut() {
+    let members = tokio::sync::Mutex::new(members);
+    let last = std::sync::Mutex::new(None);
+    let converged = test_support::poll_every(Duration::from_millis(100), DEADLINE, || async {
+        for m in members.lock().await.iter_mut() {
             m.ok_retrying(&s.api()).await;
         }
         let g = s.describe().await;
         assert_no_split(&g);
-        if done(&g) {
-            // One more answer each, so every member has applied the converged state.
-            for m in members.iter_mut() {
-                m.ok_retrying(&s.api()).await;
-            }
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {g:#?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let converged = done(&g);
+        *last.lock().unwrap() = Some(g);
+        converged.then_some(())
+    })
+    .await;
+    assert!(
+        converged.is_some(),
+        "timed out waiting for {what}: {:#?}",
+        last.lock().unwrap()
+    );
+    // One more answer each, so every member has applied the converged state.
+    for m in members.into_inner().iter_mut() {
+        m.ok_retrying(&s.api()).await;
     }
 }
 
@@ -336,14 +341,16 @@ async fn add_shards_killed_before_or_after_the_groups_adoption_converges() {
     assert_eq!(s.api().describe_routing().await.unwrap().shard_count, 6, "added once");
     assert_eq!(s.describe().await.shard_count, 6, "the adoption is recorded");
     // The new shards are held until the new coordinator's tick observed the (empty) old ones drained.
-    let deadline = std::time::Instant::now() + DEADLINE;
-    let r = loop {
+    let member = tokio::sync::Mutex::new(&mut a);
+    let last = std::sync::Mutex::new(None);
+    test_support::poll_every(HEARTBEAT, DEADLINE, || async {
+        let mut a = member.lock().await;
         let r = a.ok_retrying(&s.api()).await;
-        if a.reading.len() == 6 || std::time::Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(HEARTBEAT).await;
-    };
+        *last.lock().unwrap() = Some(r);
+        (a.reading.len() == 6).then_some(())
+    })
+    .await;
+    let r = last.into_inner().unwrap().expect("at least one answer");
     assert_eq!(r.shard_count, 6);
     assert_eq!(a.reading.len(), 6, "{r:?}");
     assert_no_split(&s.describe().await);

@@ -29,7 +29,8 @@
 //!   model a failover that loses the writes made after the replication cut.
 //! - [`proxy`] — [`FaultProxy`], a TCP forwarder whose [`Mode`] can pass, stall
 //!   or reset traffic.
-//! - [`wait`] — [`wait_until`] and [`wait_for`], polling with a deadline.
+//! - [`wait`] — [`wait_until`] and [`wait_for`], polling with a deadline; [`poll_for`], [`poll_until`] and
+//!   [`poll_every`] when the caller handles the deadline itself.
 //! - [`port`] — [`free_port`].
 //! - [`gate`] — [`Gate`], holding handlers inside their message until the test opens it.
 //! - [`streams`] — [`pending_total`], a group's pending entries over its shard streams.
@@ -90,4 +91,4 @@ pub use replica::{wait_replicated, ReplicaPair};
 pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
 pub use snapshot::Snapshot;
 pub use streams::pending_total;
-pub use wait::{wait_for, wait_until};
+pub use wait::{poll_every, poll_for, poll_until, wait_for, wait_until};

@@ -61,3 +61,50 @@ where
         sleep(POLL_INTERVAL.min(deadline - now)).await;
     }
 }
+
+/// Polls `f` about every 20 ms until it returns `Some(value)`, and returns the value; `None` once `timeout` has
+/// passed.
+///
+/// For a condition the test judges or reports itself (with a process log, or by going on without it) rather than
+/// one it requires.
+pub async fn poll_for<T, F, Fut>(timeout: Duration, f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll_every(POLL_INTERVAL, timeout, f).await
+}
+
+/// [`poll_for`] with a yes/no condition: whether it held before `timeout` passed.
+pub async fn poll_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    poll_for(timeout, || {
+        let check = f();
+        async move { check.await.then_some(()) }
+    })
+    .await
+    .is_some()
+}
+
+/// [`poll_for`], checking every `interval`: for a check that acts as a client does (a heartbeat each time), at
+/// that client's pace.
+pub async fn poll_every<T, F, Fut>(interval: Duration, timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = f().await {
+            return Some(value);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        sleep(interval.min(deadline - now)).await;
+    }
+}

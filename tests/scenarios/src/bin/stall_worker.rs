@@ -136,6 +136,7 @@ async fn main() {
                     start_us,
                     done: false,
                 };
+                // Real time: the handler's work, which a stop of the process interrupts.
                 tokio::time::sleep(handle_for).await;
                 // Recorded in the same poll that completes the handler.
                 dropped.done = true;

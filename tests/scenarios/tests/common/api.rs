@@ -99,15 +99,17 @@ impl GroupApi {
 
     /// Retries a heartbeat while the answer is a retryable 503 (a mutex left by a dead section, a restart).
     pub async fn hb_retrying(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, Refusal> {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
+        let answered = test_support::poll_every(Duration::from_millis(50), DEADLINE, || async {
             match self.heartbeat(req).await {
-                Err((status, body)) if status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline => {
-                    let _ = body;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                other => return other,
+                Err((status, _)) if status == StatusCode::SERVICE_UNAVAILABLE => None,
+                other => Some(other),
             }
+        })
+        .await;
+        match answered {
+            Some(answer) => answer,
+            // Still refused at the deadline: that refusal is the answer.
+            None => self.heartbeat(req).await,
         }
     }
 

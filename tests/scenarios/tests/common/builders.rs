@@ -117,6 +117,7 @@ impl Publisher {
                     i += 1;
                     tokio::select! {
                         _ = stop.cancelled() => {}
+                        // Real time: the load's pace, as a producer process writes.
                         _ = tokio::time::sleep(every) => {}
                     }
                 }

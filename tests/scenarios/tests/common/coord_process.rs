@@ -182,26 +182,33 @@ impl CoordProcess {
     /// # Panics
     /// When none comes in time, or the process exits first.
     pub async fn wait_line(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(line) = self.lines.lock().unwrap().iter().find(|l| l.starts_with(prefix)) {
-                return line.clone();
+        let said = test_support::poll_every(Duration::from_millis(5), DEADLINE, || {
+            let line = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.starts_with(prefix))
+                .cloned();
+            if line.is_none() {
+                if let Some(status) = self.try_exit() {
+                    panic!(
+                        "{} exited ({status}) before saying `{prefix}`; log:\n{}",
+                        self.name,
+                        self.log()
+                    );
+                }
             }
-            if let Some(status) = self.try_exit() {
-                panic!(
-                    "{} exited ({status}) before saying `{prefix}`; log:\n{}",
-                    self.name,
-                    self.log()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
+            std::future::ready(line)
+        })
+        .await;
+        said.unwrap_or_else(|| {
+            panic!(
                 "{} did not say `{prefix}` within {DEADLINE:?}; log:\n{}",
                 self.name,
                 self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            )
+        })
     }
 
     /// Whether a line starting with `prefix` came.
@@ -252,19 +259,8 @@ impl CoordProcess {
     /// # Panics
     /// When it is still running after `timeout`.
     pub async fn exited(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.try_exit() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} still running after {timeout:?}; log:\n{}",
-                self.name,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let exited = test_support::poll_for(timeout, || std::future::ready(self.try_exit())).await;
+        exited.unwrap_or_else(|| panic!("{} still running after {timeout:?}; log:\n{}", self.name, self.log()))
     }
 }
 

@@ -96,16 +96,7 @@ impl WorkerProcess {
 
     /// Waits up to `timeout` for it to exit.
     pub async fn exit_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.try_exit() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        test_support::poll_for(timeout, || std::future::ready(self.try_exit())).await
     }
 
     /// Closes it gracefully (SIGTERM), killing it if it has not exited within [`DEADLINE`].

@@ -185,6 +185,7 @@ pub fn keep_alive(api: &GroupApi, m: &WireMember) -> tokio::task::JoinHandle<()>
     tokio::spawn(async move {
         loop {
             m.ok_retrying(&api).await;
+            // Real time: a member's heartbeat interval, which its lease is measured against.
             tokio::time::sleep(HEARTBEAT).await;
         }
     })
