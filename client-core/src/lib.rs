@@ -29,7 +29,9 @@ pub mod version_store;
 
 pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
-pub use redis_check::{check_redis, redact_url, RedisCapabilities, RedisCheckError, RedisRequirements};
+pub use redis_check::{
+    check_redis, redact_url, Incompatibility, RedisCapabilities, RedisCheckError, RedisRequirements,
+};
 pub use version_store::{
     FileVersionStore, MemoryVersionStore, ObservedVersion, SharedVersionStore, VersionStore, VersionStoreError,
 };
