@@ -42,7 +42,7 @@ else
 fi
 
 echo "== building (release)"
-cargo build --release -p examples --bin consumer_bench --bin latency_bench --bin producer_bench
+cargo build --release -p benches --bin consumer_bench --bin latency_bench --bin producer_bench
 if wants heartbeat || wants assignor; then
   cargo bench -p coord-server --no-run
 fi
