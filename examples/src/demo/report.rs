@@ -174,14 +174,6 @@ impl Report {
     fn timing_rows(&self) -> Vec<(String, String, String)> {
         let c = &self.counts;
         let s = &self.settings;
-        let secs = |d: Option<Duration>| d.map_or("not observed".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
-        let rate = |n: u64, secs: f64| {
-            if secs > 0.0 {
-                format!("{:.0}", n as f64 / secs)
-            } else {
-                "-".into()
-            }
-        };
         let ttl = s.member_ttl().as_secs_f64();
         let mut rows: Vec<(String, String, String)> = Vec::new();
         let mut row = |m: &str, v: String, n: String| rows.push((m.to_owned(), v, n));
@@ -213,7 +205,7 @@ impl Report {
         }
         row(
             "throughput: published",
-            rate(c.written, self.publish_secs),
+            per_second(c.written, self.publish_secs),
             format!(
                 "records/s over {:.2} s (limit {})",
                 self.publish_secs,
@@ -226,7 +218,7 @@ impl Report {
         );
         row(
             "throughput: processed",
-            rate(c.distinct, self.process_secs),
+            per_second(c.distinct, self.process_secs),
             format!(
                 "records/s over {:.2} s (first publish to last record)",
                 self.process_secs
@@ -327,5 +319,19 @@ impl Report {
         } else {
             let _ = writeln!(*t, "RESULT: FAIL: {}", failures.join("; "));
         }
+    }
+}
+
+/// A duration for the summary, in seconds.
+fn secs(d: Option<Duration>) -> String {
+    d.map_or("not observed".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
+/// `n` per second over `secs`, or `-` for no time.
+fn per_second(n: u64, secs: f64) -> String {
+    if secs > 0.0 {
+        format!("{:.0}", n as f64 / secs)
+    } else {
+        "-".into()
     }
 }
