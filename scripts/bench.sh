@@ -42,7 +42,9 @@ else
 fi
 
 echo "== building (release)"
-cargo build --release -p examples --bin consumer_bench --bin latency_bench --bin producer_bench
+# Where cargo puts the binaries (CARGO_TARGET_DIR when set, as cargo itself honours it).
+bin_dir="${CARGO_TARGET_DIR:-target}/release"
+cargo build --release -p benches --bin consumer_bench --bin latency_bench --bin producer_bench
 if wants heartbeat || wants assignor; then
   cargo bench -p coord-server --no-run
 fi
@@ -68,24 +70,24 @@ fi
 if wants producer; then
   echo
   echo "## Producer throughput (SDK vs raw pipelined XADD, same run)"
-  ./target/release/producer_bench "${producer_args[@]}"
+  "$bin_dir"/producer_bench "${producer_args[@]}"
 fi
 if wants consumer; then
   echo
-  ./target/release/consumer_bench "${consumer_args[@]}"
+  "$bin_dir"/consumer_bench "${consumer_args[@]}"
 fi
 if wants latency; then
   echo
-  ./target/release/latency_bench "${latency_args[@]}"
+  "$bin_dir"/latency_bench "${latency_args[@]}"
 fi
 if wants cluster; then
   # A private local 3-master Redis Cluster (redis-server 7.0+); on 2 cores this shows the cost of the cluster
   # paths against raw cluster clients, not node scaling.
   echo
   echo "## Producer throughput on a local 3-master cluster (SDK vs raw redis-rs cluster pipelines, same run)"
-  ./target/release/producer_bench --cluster --records 200000 --rounds "${cluster_rounds:-3}"
+  "$bin_dir"/producer_bench --cluster --records 200000 --rounds "${cluster_rounds:-3}"
   echo
-  ./target/release/consumer_bench --cluster "${consumer_args[@]}"
+  "$bin_dir"/consumer_bench --cluster "${consumer_args[@]}"
 fi
 
 echo

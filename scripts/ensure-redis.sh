@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure a `redis-server` (6.2 or newer) is available, and prints its path as the last line on stdout.
-# Everything it does is said on stderr. Used by scripts/test.sh and by the demo (examples/src/redis_launcher.rs).
+# Everything it does is said on stderr. Used by scripts/test.sh and by the demo and the benchmarks
+# (tests/support/src/server/binary.rs).
 #
 # In order, the first that works:
 #   1. REDIS_SERVER_BIN, when set (it must name an executable);

@@ -6,6 +6,7 @@
 //!   an in-memory and an atomic-file implementation.
 //! * [`persist`]: persisting the highest observed version, retried until the store takes it, with the policy
 //!   for what a client does while its store fails.
+//! * [`config_error`]: [`ConfigError`], the configuration errors of both SDKs (one vocabulary).
 //! * [`redis_check`]: the Redis version and command check a client runs on its own Redis connection.
 //! * [`membership`]: the client's membership rules (epoch, versions, per-shard reading / draining / revoked
 //!   state) built from coordinator answers; pure, driven by the consumer SDK and by every test model.
@@ -17,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod config_error;
 pub mod coord_client;
 pub mod lease;
 pub mod membership;
@@ -27,9 +29,12 @@ pub mod redis_check;
 pub mod testing;
 pub mod version_store;
 
+pub use config_error::ConfigError;
 pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
-pub use redis_check::{check_redis, redact_url, RedisCapabilities, RedisCheckError, RedisRequirements};
+pub use redis_check::{
+    check_redis, redact_url, Incompatibility, RedisCapabilities, RedisCheckError, RedisRequirements,
+};
 pub use version_store::{
     FileVersionStore, MemoryVersionStore, ObservedVersion, SharedVersionStore, VersionStore, VersionStoreError,
 };

@@ -88,6 +88,85 @@ impl RedisCheckError {
 
 pub use protocol::redact::redact_url;
 
+/// Why a server cannot serve a client, read from its answers alone: the one version and command rule, shared by
+/// [`check_redis`] (which names the server by URL) and the coordinator's start-up check (which asks every master
+/// of a cluster through its own store and names the node).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum Incompatibility {
+    /// The server is older than required.
+    #[error("Redis {found} is too old: {}.{} or newer is required", required.0, required.1)]
+    TooOld {
+        /// `redis_version` as reported.
+        found: String,
+        /// The oldest supported `(major, minor)`.
+        required: (u32, u32),
+    },
+    /// Commands the client sends are unknown to the server (missing, disabled or renamed).
+    #[error("Redis lacks required commands (missing or renamed): {}", commands.join(", "))]
+    MissingCommands {
+        /// `NAME (why)` of each missing command.
+        commands: Vec<String>,
+    },
+    /// `INFO server` has no readable version.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+impl Incompatibility {
+    /// The same finding on the server at (redacted) `url`.
+    fn at(self, url: String) -> RedisCheckError {
+        match self {
+            Incompatibility::TooOld { found, required } => RedisCheckError::TooOld { url, found, required },
+            Incompatibility::MissingCommands { commands } => RedisCheckError::MissingCommands { url, commands },
+            Incompatibility::Unreadable(detail) => RedisCheckError::Unreadable { url, detail },
+        }
+    }
+}
+
+/// The `redis_version` of an `INFO server` answer, if it is `min_version` or newer.
+///
+/// # Errors
+/// [`Incompatibility::TooOld`], or [`Incompatibility::Unreadable`] when the answer has no parsable version.
+pub fn check_version(info: &str, min_version: (u32, u32)) -> Result<String, Incompatibility> {
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .map(str::trim)
+        .ok_or_else(|| Incompatibility::Unreadable("INFO server reports no redis_version".into()))?
+        .to_owned();
+    let parsed = parse_version(&version)
+        .ok_or_else(|| Incompatibility::Unreadable(format!("cannot parse redis_version {version:?}")))?;
+    if parsed < min_version {
+        return Err(Incompatibility::TooOld {
+            found: version,
+            required: min_version,
+        });
+    }
+    Ok(version)
+}
+
+/// Checks which of `commands` the server offers (`present`, in the same order, e.g. from `COMMAND INFO`).
+///
+/// # Errors
+/// [`Incompatibility::MissingCommands`] naming each absent command with why it is needed.
+pub fn check_commands(
+    commands: &[(&'static str, &'static str)],
+    present: impl IntoIterator<Item = bool>,
+) -> Result<(), Incompatibility> {
+    let missing: Vec<String> = commands
+        .iter()
+        .zip(present)
+        .filter(|(_, present)| !present)
+        .map(|((name, why), _)| format!("{name} ({why})"))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Incompatibility::MissingCommands { commands: missing })
+    }
+}
+
 /// Checks the server behind `conn` (a connection to `url`) against `requirements`: `INFO server` for the
 /// version, then one `COMMAND INFO` with every required command.
 ///
@@ -112,26 +191,7 @@ where
         .query_async(conn)
         .await
         .map_err(query)?;
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .map(str::trim)
-        .ok_or_else(|| RedisCheckError::Unreadable {
-            url: url.clone(),
-            detail: "INFO server reports no redis_version".into(),
-        })?
-        .to_owned();
-    let parsed = parse_version(&version).ok_or_else(|| RedisCheckError::Unreadable {
-        url: url.clone(),
-        detail: format!("cannot parse redis_version {version:?}"),
-    })?;
-    if parsed < requirements.min_version {
-        return Err(RedisCheckError::TooOld {
-            url,
-            found: version,
-            required: requirements.min_version,
-        });
-    }
+    let version = check_version(&info, requirements.min_version).map_err(|e| e.at(url.clone()))?;
     if !requirements.commands.is_empty() {
         let mut cmd = redis::cmd("COMMAND");
         cmd.arg("INFO");
@@ -149,16 +209,8 @@ where
                 ),
             });
         }
-        let missing: Vec<String> = requirements
-            .commands
-            .iter()
-            .zip(&infos)
-            .filter(|(_, v)| matches!(v, redis::Value::Nil))
-            .map(|((name, why), _)| format!("{name} ({why})"))
-            .collect();
-        if !missing.is_empty() {
-            return Err(RedisCheckError::MissingCommands { url, commands: missing });
-        }
+        let present = infos.iter().map(|v| !matches!(v, redis::Value::Nil));
+        check_commands(requirements.commands, present).map_err(|e| e.at(url))?;
     }
     Ok(RedisCapabilities { version })
 }
@@ -179,5 +231,29 @@ mod tests {
         assert_eq!(parse_version("x.1"), None);
         assert!(parse_version("6.0.20").unwrap() < MIN_REDIS_VERSION);
         assert!(parse_version("10.0.0").unwrap() > MIN_REDIS_VERSION);
+        assert_eq!(parse_version("7.0.15"), Some((7, 0)));
+        assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn answers_are_judged_without_a_server() {
+        let info = "# Server\r\nredis_version:6.0.9\r\n";
+        let err = check_version(info, MIN_REDIS_VERSION).expect_err("6.0 is too old");
+        assert_eq!(err.to_string(), "Redis 6.0.9 is too old: 6.2 or newer is required");
+        assert_eq!(
+            check_version("redis_version:7.2.4\r\n", MIN_REDIS_VERSION),
+            Ok("7.2.4".into())
+        );
+        assert!(matches!(
+            check_version("# Server\r\n", MIN_REDIS_VERSION),
+            Err(Incompatibility::Unreadable(_))
+        ));
+        let commands = [("XADD", "publishing"), ("XCLAIM", "retries")];
+        assert_eq!(check_commands(&commands, [true, true]), Ok(()));
+        let err = check_commands(&commands, [true, false]).expect_err("XCLAIM is absent");
+        assert_eq!(
+            err.to_string(),
+            "Redis lacks required commands (missing or renamed): XCLAIM (retries)"
+        );
     }
 }

@@ -5,11 +5,13 @@
 //! names the node. There is no fallback: each command below is needed for correctness (XAUTOCLAIM, for instance, is how a new
 //! owner takes over the entries a previous owner left pending).
 
+use client_core::redis_check::{check_commands, check_version, Incompatibility};
+
 use crate::error::StoreError;
 use crate::store::Store;
 
-/// Oldest supported Redis version: XAUTOCLAIM arrived in 6.2.
-pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
+/// Oldest supported Redis version (XAUTOCLAIM arrived in 6.2): the SDKs' own minimum, checked by the same rule.
+pub use client_core::redis_check::MIN_REDIS_VERSION;
 
 /// Commands used by the coordinator (C), the consumer (K) and the producer (P).
 pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
@@ -68,39 +70,18 @@ pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Checks one server's `INFO server` text and which of [`REQUIRED_COMMANDS`] it offers.
+/// Checks one server's `INFO server` text and which of [`REQUIRED_COMMANDS`] it offers, by the SDKs' rule
+/// (`client_core::redis_check`).
 fn check_node(info: &str, present: Vec<bool>) -> Result<(), StoreError> {
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .map(str::trim)
-        .ok_or_else(|| StoreError::Unsupported("INFO server reports no redis_version".into()))?;
-    let parsed = parse_version(version)
-        .ok_or_else(|| StoreError::Unsupported(format!("cannot parse redis_version {version:?}")))?;
-    if parsed < MIN_REDIS_VERSION {
-        return Err(StoreError::Unsupported(format!(
-            "Redis {version} is too old: {}.{} or newer is required (XAUTOCLAIM)",
-            MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
-        )));
-    }
-    let missing: Vec<String> = REQUIRED_COMMANDS
-        .iter()
-        .zip(present)
-        .filter(|(_, present)| !present)
-        .map(|((name, why), _)| format!("{name} ({why})"))
-        .collect();
-    if !missing.is_empty() {
-        return Err(StoreError::Unsupported(format!(
-            "Redis lacks required commands (missing or renamed): {}",
-            missing.join(", ")
-        )));
-    }
-    Ok(())
-}
-
-fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut parts = v.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    check_version(info, MIN_REDIS_VERSION)
+        .and_then(|_| check_commands(REQUIRED_COMMANDS, present))
+        .map_err(|e| {
+            StoreError::Unsupported(match e {
+                // The coordinator names the command that sets the minimum.
+                Incompatibility::TooOld { .. } => format!("{e} (XAUTOCLAIM)"),
+                _ => e.to_string(),
+            })
+        })
 }
 
 #[cfg(test)]
@@ -108,10 +89,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_versions() {
-        assert_eq!(parse_version("7.0.15"), Some((7, 0)));
-        assert_eq!(parse_version("6.2"), Some((6, 2)));
-        assert_eq!(parse_version("x"), None);
-        assert!(parse_version("6.0.9").unwrap() < MIN_REDIS_VERSION);
+    fn messages_name_the_version_and_the_missing_commands() {
+        let all = vec![true; REQUIRED_COMMANDS.len()];
+        assert!(check_node("redis_version:7.0.15\r\n", all.clone()).is_ok());
+        let err = check_node("redis_version:6.0.9\r\n", all).expect_err("6.0 is too old");
+        assert_eq!(
+            err.to_string(),
+            StoreError::Unsupported("Redis 6.0.9 is too old: 6.2 or newer is required (XAUTOCLAIM)".into()).to_string()
+        );
+        let present = REQUIRED_COMMANDS
+            .iter()
+            .map(|(name, _)| *name != "XAUTOCLAIM")
+            .collect();
+        let err = check_node("redis_version:7.0.15\r\n", present).expect_err("XAUTOCLAIM is absent");
+        assert!(
+            err.to_string()
+                .contains("Redis lacks required commands (missing or renamed): XAUTOCLAIM ("),
+            "{err}"
+        );
     }
 }

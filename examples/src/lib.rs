@@ -1,5 +1,5 @@
 //! Example programs (see src/bin) and what they share with their tests: the demo itself ([`demo`], run by the
-//! `demo` binary), a private `redis-server` launcher ([`redis_launcher`]), the demo's delivery bookkeeping
+//! `demo` binary), the demo's delivery bookkeeping
 //! ([`ledger`]), and fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]).
 
 /// The allocator of every binary of this crate (feature `jemalloc`, on by default). Records are allocated by the
@@ -10,20 +10,9 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// The name of the global allocator the binaries of this crate were built with (printed by the benchmarks).
-pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
-    "jemalloc"
-} else {
-    "system (glibc)"
-};
-
-pub mod cluster_launcher;
-pub mod cpu;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
-pub mod mem;
-pub mod redis_launcher;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a
 /// warning on stderr naming `new`. The examples' old names (`COORDINATOR_URL`, `COORDINATOR_TOKEN`) keep working

@@ -1,11 +1,15 @@
-//! The demo's private redis-server: starts on a free port, answers PING, is gone after drop.
+//! The demo's private redis-server (`test_support`'s, started as a program starts it: the binary located or
+//! provided, failures as errors): starts on a free port, answers PING, is gone after drop.
 
-use examples::redis_launcher::RedisLauncher;
 use std::net::TcpStream;
+use test_support::RedisServer;
 
 #[tokio::test]
 async fn starts_answers_and_is_killed_on_drop() {
-    let server = RedisLauncher::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let server = RedisServer::builder()
+        .try_start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let client = redis::Client::open(server.url()).expect("valid url");
     let mut con = client.get_multiplexed_async_connection().await.expect("connects");
     let pong: String = redis::cmd("PING").query_async(&mut con).await.expect("PING");

@@ -1,7 +1,7 @@
 //! Errors of the consumer SDK.
 
 use client_core::{CoordError, RedisCheckError, VersionStoreError};
-use protocol::{NameError, Status};
+use protocol::Status;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -9,94 +9,8 @@ use thiserror::Error;
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A consumer configuration that [`ConsumerBuilder::build`](crate::ConsumerBuilder::build) refuses; nothing was
-/// built.
-///
-/// The variants use the same words as the producer SDK's `ConfigError` (`InvalidName`, `MissingCoordinator`,
-/// `InvalidCoordinatorUrl`, `MissingRedisUrl`, `InvalidRedisUrl`, `OutOfRange`, `RetryBackoffInverted`), so one
-/// `match` reads the same in both.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The stream, group or member id is not a valid name.
-    #[error("invalid name: {0}")]
-    InvalidName(#[from] NameError),
-    /// No coordinator URL was given.
-    #[error("at least one coordinator URL is required")]
-    MissingCoordinator,
-    /// A coordinator URL is not `http(s)://...`.
-    #[error("coordinator URL {0:?} must start with http:// or https://")]
-    InvalidCoordinatorUrl(String),
-    /// No Redis URL was given.
-    #[error("a Redis URL is required")]
-    MissingRedisUrl,
-    /// The Redis URL does not parse.
-    #[error("invalid Redis URL {url:?}: {source}")]
-    InvalidRedisUrl {
-        /// The URL as given, with its credentials replaced by `***`.
-        url: String,
-        /// Why redis-rs refused it.
-        #[source]
-        source: redis::RedisError,
-    },
-    /// The Redis target is empty or a `cluster:` list is malformed (an empty or invalid seed, too many seeds, a
-    /// database other than 0).
-    #[error("invalid Redis target: {0}")]
-    InvalidRedisTarget(#[source] redis_link::TargetError),
-    /// No handler was given.
-    #[error("a message handler is required")]
-    MissingHandler,
-    /// The assignment lease is longer than the member TTL: the consumer could keep reading after the
-    /// coordinator expired it and gave its shards to someone else.
-    #[error("assignment lease ({lease:?}) must not exceed the member TTL ({ttl:?})")]
-    LeaseAboveTtl {
-        /// The configured assignment lease.
-        lease: Duration,
-        /// The configured member TTL.
-        ttl: Duration,
-    },
-    /// The heartbeat interval is not shorter than the assignment lease: one late heartbeat would stop reading.
-    #[error("heartbeat interval ({heartbeat:?}) must be shorter than the assignment lease ({lease:?})")]
-    HeartbeatNotBelowLease {
-        /// The configured heartbeat interval.
-        heartbeat: Duration,
-        /// The configured assignment lease.
-        lease: Duration,
-    },
-    /// The request timeout is not shorter than the assignment lease: one slow answer would outlive the lease.
-    #[error("coordinator request timeout ({timeout:?}) must be shorter than the assignment lease ({lease:?})")]
-    RequestTimeoutNotBelowLease {
-        /// The configured request timeout.
-        timeout: Duration,
-        /// The configured assignment lease.
-        lease: Duration,
-    },
-    /// The lease safety margin takes half the lease or more.
-    #[error("lease safety margin ({margin:?}) must be less than half the assignment lease ({lease:?})")]
-    MarginTooLarge {
-        /// The configured margin.
-        margin: Duration,
-        /// The configured assignment lease.
-        lease: Duration,
-    },
-    /// A setting is outside its range.
-    #[error("invalid setting `{setting}`: must be {rule} (got {value})")]
-    OutOfRange {
-        /// The setting.
-        setting: &'static str,
-        /// The rule it breaks.
-        rule: &'static str,
-        /// The value given.
-        value: String,
-    },
-    /// The minimum handler retry backoff is above the maximum.
-    #[error("retry backoff minimum ({min:?}) must not exceed its maximum ({max:?})")]
-    RetryBackoffInverted {
-        /// The minimum.
-        min: Duration,
-        /// The maximum.
-        max: Duration,
-    },
-}
+/// built. The one vocabulary of both SDKs (`client_core::ConfigError`, also `stream_producer::ConfigError`).
+pub use client_core::ConfigError;
 
 /// A consumer stopped with an error.
 #[derive(Debug, Error)]

@@ -15,98 +15,14 @@ use std::time::Duration;
 
 use client_core::{CoordError, RedisCheckError, VersionStoreError};
 use protocol::names::StreamName;
-use protocol::{NameError, RoutingVersion, ShardId, Status};
+use protocol::{RoutingVersion, ShardId, Status};
 use thiserror::Error;
 
 use crate::published::Published;
 
 /// A producer configuration that [`ProducerBuilder::build`](crate::ProducerBuilder::build) refuses; nothing was
-/// built.
-///
-/// The variants use the same words as the consumer SDK's `ConfigError` (`InvalidName`, `MissingCoordinator`,
-/// `InvalidCoordinatorUrl`, `MissingRedisUrl`, `InvalidRedisUrl`, `OutOfRange`, `RetryBackoffInverted`), so one
-/// `match` reads the same in both.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The stream name is not valid.
-    #[error("invalid name: {0}")]
-    InvalidName(#[from] NameError),
-    /// No coordinator URL was given.
-    #[error("at least one coordinator URL is required")]
-    MissingCoordinator,
-    /// A coordinator URL is not `http(s)://...`.
-    #[error("coordinator URL {0:?} must start with http:// or https://")]
-    InvalidCoordinatorUrl(String),
-    /// The coordinator HTTP client could not be built (the HTTP stack refused its settings).
-    #[error("cannot build the coordinator client: {0}")]
-    CoordinatorClient(#[source] CoordError),
-    /// No Redis URL was given.
-    #[error("a Redis URL is required")]
-    MissingRedisUrl,
-    /// The Redis URL does not parse.
-    #[error("invalid Redis URL {url:?}: {source}")]
-    InvalidRedisUrl {
-        /// The URL as given, with its credentials replaced by `***`.
-        url: String,
-        /// Why redis-rs refused it.
-        #[source]
-        source: redis::RedisError,
-    },
-    /// The Redis target (`cluster:` followed by seed URLs) does not parse.
-    #[error("invalid Redis target: {0}")]
-    InvalidRedisTarget(#[from] redis_link::TargetError),
-    /// A setting is outside its range.
-    #[error("invalid setting `{setting}`: must be {rule} (got {value})")]
-    OutOfRange {
-        /// The setting.
-        setting: &'static str,
-        /// The rule it breaks.
-        rule: &'static str,
-        /// The value given.
-        value: String,
-    },
-    /// The queue could never hold one full batch.
-    #[error("queue_capacity ({queue_capacity}) must be at least max_batch_size ({max_batch_size})")]
-    QueueSmallerThanBatch {
-        /// The queue capacity.
-        queue_capacity: usize,
-        /// The batch size.
-        max_batch_size: usize,
-    },
-    /// The minimum refresh retry backoff is above the maximum.
-    #[error("retry backoff minimum ({min:?}) must not exceed its maximum ({max:?})")]
-    RetryBackoffInverted {
-        /// The minimum.
-        min: Duration,
-        /// The maximum.
-        max: Duration,
-    },
-    /// The [`Durability::Replicas`](crate::Durability::Replicas) timeout is not below the Redis response timeout:
-    /// a `WAIT` that runs its full time would read as a lost connection instead of
-    /// [`PublishError::NotReplicated`].
-    #[error("durability timeout ({wait:?}) must be below redis_response_timeout ({response:?})")]
-    ReplicaWaitNotBelowResponseTimeout {
-        /// The durability timeout.
-        wait: Duration,
-        /// The Redis response timeout.
-        response: Duration,
-    },
-    /// A setting needs the fenced publish script, which was turned off (`fencing(false)`).
-    #[error("{setting} needs the fenced publish script (fencing(true))")]
-    ScriptRequired {
-        /// The setting.
-        setting: &'static str,
-    },
-    /// The idempotent producer's id breaks a rule.
-    #[error("invalid producer id {id:?}: {rule}")]
-    InvalidProducerId {
-        /// The id given.
-        id: String,
-        /// The rule it breaks.
-        rule: &'static str,
-    },
-}
+/// built. The one vocabulary of both SDKs (`client_core::ConfigError`, also `stream_consumer::ConfigError`).
+pub use client_core::ConfigError;
 
 /// A routing refresh failed. The cache is kept while its lease holds.
 #[derive(Debug, Error)]

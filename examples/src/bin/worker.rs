@@ -157,20 +157,7 @@ async fn main() -> Result<()> {
     info!(stream = %args.stream, group = %args.group, member_id = %consumer.member_id(),
         redis = %protocol::redact::redact_url(&args.redis_url), ?coordinators, "worker starting");
 
-    // Log every change of the reading set, whatever caused it.
-    let mut status = consumer.status();
-    tokio::spawn(async move {
-        let mut last = Vec::new();
-        while status.changed().await.is_ok() {
-            let s = status.borrow_and_update().clone();
-            if s.reading != last {
-                info!(reading = %shard_list(&s.reading), revoking = %shard_list(&s.revoking),
-                    waiting_for_previous_owner = %shard_list(&s.pending),
-                    metadata_version = %s.metadata_version, epoch = %s.member_epoch, "assignment");
-                last = s.reading;
-            }
-        }
-    });
+    tokio::spawn(log_assignments(consumer.status()));
 
     tokio::spawn(report_progress(args.clone(), consumer.status(), processed));
 
@@ -179,6 +166,20 @@ async fn main() -> Result<()> {
     let report = consumer.run(shutdown).await.context("consumer failed")?;
     info!(left = report.left, cut_short = ?report.killed_shards, "worker stopped");
     Ok(())
+}
+
+/// Logs every change of the reading set, whatever caused it.
+async fn log_assignments(mut status: tokio::sync::watch::Receiver<stream_consumer::ConsumerStatus>) {
+    let mut last = Vec::new();
+    while status.changed().await.is_ok() {
+        let s = status.borrow_and_update().clone();
+        if s.reading != last {
+            info!(reading = %shard_list(&s.reading), revoking = %shard_list(&s.revoking),
+                waiting_for_previous_owner = %shard_list(&s.pending),
+                metadata_version = %s.metadata_version, epoch = %s.member_epoch, "assignment");
+            last = s.reading;
+        }
+    }
 }
 
 /// `0,3,4` (`-` for none): shard numbers as people read them, not `[ShardId(0), ...]`.

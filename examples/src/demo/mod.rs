@@ -5,8 +5,8 @@
 //! ```
 //!
 //! 1. Redis: `--redis-url` / `REDIS_URL` when given, else a private `redis-server` from `PATH` on a free loopback
-//!    port (persistence off, killed at the end; see `examples::redis_launcher`); with `--cluster`, a private
-//!    local Redis Cluster of three masters (`examples::cluster_launcher`), the 8 shards spread over them (the
+//!    port (persistence off, killed at the end; see `test_support::RedisServer`); with `--cluster`, a private
+//!    local Redis Cluster of three masters (`test_support::cluster::RedisCluster`), the 8 shards spread over them (the
 //!    demo prints which master serves which shard, and a quarter of the way through moves one shard's slot live
 //!    to another master, printing the move).
 //! 2. Coordinator: in-process (`CoordinatorHandle` on `127.0.0.1:0`), or an external one with
@@ -50,14 +50,14 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::cluster_launcher::ClusterLauncher;
-use crate::redis_launcher::RedisLauncher;
+use test_support::cluster::RedisCluster;
+use test_support::{LaunchError, RedisServer};
 
 /// The private Redis the demo started, killed when dropped.
 #[allow(dead_code)] // held for its drop
 enum Launched {
-    Single(RedisLauncher),
-    Cluster(ClusterLauncher),
+    Single(RedisServer),
+    Cluster(RedisCluster),
 }
 
 /// The demo: parses the command line, runs, prints the summary; the exit status as the module documentation
@@ -97,46 +97,13 @@ pub async fn main() -> ExitCode {
     let out = Arc::new(Output::new(multi, settings.progress, settings.records));
 
     // Redis: given, or a private redis-server (killed when `launcher` is dropped, also on Ctrl-C).
-    let (redis_url, redis_label, launcher) = match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
-        // The label is printed and logged: never with the URL's password.
-        Some(url) => {
-            eprintln!(
-                "USING YOUR REDIS {} (--redis-url): the demo writes a stream demo-* and a consumer group into it, and \
-                 leaves them there",
-                protocol::redact::redact_url(url)
-            );
-            (
-                url.to_owned(),
-                format!("{} (given)", protocol::redact::redact_url(url)),
-                None,
-            )
+    let (redis_url, redis_label, launcher) = match launch_redis(&args).await {
+        Ok(launched) => launched,
+        Err(e) => {
+            out.finish();
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
-        None if args.cluster => match ClusterLauncher::start().await {
-            Ok(c) => {
-                let label = format!(
-                    "{} (private 3-master Redis Cluster, {})",
-                    c.target(),
-                    c.nodes()[0].bin().display()
-                );
-                (c.target(), label, Some(Launched::Cluster(c)))
-            }
-            Err(e) => {
-                out.finish();
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => match RedisLauncher::start().await {
-            Ok(l) => {
-                let label = format!("{} (private redis-server, {})", l.url(), l.bin().display());
-                (l.url(), label, Some(Launched::Single(l)))
-            }
-            Err(e) => {
-                out.finish();
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        },
     };
     let cluster = match &launcher {
         Some(Launched::Cluster(c)) => Some(c),
@@ -165,4 +132,38 @@ pub async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The Redis of the run: `--redis-url`'s, or a private redis-server (a local cluster with `--cluster`). Answers
+/// its URL (or `cluster:` target), the label of the summary, and what to drop at the end.
+async fn launch_redis(args: &Args) -> Result<(String, String, Option<Launched>), LaunchError> {
+    Ok(match args.redis_url.as_deref().filter(|u| !u.is_empty()) {
+        // The label is printed and logged: never with the URL's password.
+        Some(url) => {
+            eprintln!(
+                "USING YOUR REDIS {} (--redis-url): the demo writes a stream demo-* and a consumer group into it, and \
+                 leaves them there",
+                protocol::redact::redact_url(url)
+            );
+            (
+                url.to_owned(),
+                format!("{} (given)", protocol::redact::redact_url(url)),
+                None,
+            )
+        }
+        None if args.cluster => {
+            let c = RedisCluster::builder().node_timeout_ms(5_000).try_start().await?;
+            let label = format!(
+                "{} (private 3-master Redis Cluster, {})",
+                c.target(),
+                c.nodes()[0].server().bin().display()
+            );
+            (c.target(), label, Some(Launched::Cluster(c)))
+        }
+        None => {
+            let l = RedisServer::builder().try_start().await?;
+            let label = format!("{} (private redis-server, {})", l.url(), l.bin().display());
+            (l.url(), label, Some(Launched::Single(l)))
+        }
+    })
 }

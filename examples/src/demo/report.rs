@@ -103,17 +103,18 @@ impl Report {
     }
 
     pub(crate) fn print(&self) {
+        let mut rows = self.count_rows();
+        rows.extend(self.timing_rows());
+        let mut t = self.table(&rows);
+        self.write_members(&mut t);
+        self.write_result(&mut t);
+        print!("{t}");
+    }
+
+    /// The summary's rows about records: published, processed, and the checks.
+    fn count_rows(&self) -> Vec<(String, String, String)> {
         let c = &self.counts;
         let s = &self.settings;
-        let secs = |d: Option<Duration>| d.map_or("not observed".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
-        let rate = |n: u64, secs: f64| {
-            if secs > 0.0 {
-                format!("{:.0}", n as f64 / secs)
-            } else {
-                "-".into()
-            }
-        };
-        let ttl = s.member_ttl().as_secs_f64();
         let mut rows: Vec<(String, String, String)> = Vec::new();
         let mut row = |m: &str, v: String, n: String| rows.push((m.to_owned(), v, n));
         row(
@@ -166,6 +167,16 @@ impl Report {
             self.overlaps().to_string(),
             "two members handling one shard at once (must be 0)".into(),
         );
+        rows
+    }
+
+    /// The summary's rows about time: the rebalances, the throughput, the slot migrations and the wall time.
+    fn timing_rows(&self) -> Vec<(String, String, String)> {
+        let c = &self.counts;
+        let s = &self.settings;
+        let ttl = s.member_ttl().as_secs_f64();
+        let mut rows: Vec<(String, String, String)> = Vec::new();
+        let mut row = |m: &str, v: String, n: String| rows.push((m.to_owned(), v, n));
         match &self.crash {
             Some(cr) => {
                 row(
@@ -194,7 +205,7 @@ impl Report {
         }
         row(
             "throughput: published",
-            rate(c.written, self.publish_secs),
+            per_second(c.written, self.publish_secs),
             format!(
                 "records/s over {:.2} s (limit {})",
                 self.publish_secs,
@@ -207,7 +218,7 @@ impl Report {
         );
         row(
             "throughput: processed",
-            rate(c.distinct, self.process_secs),
+            per_second(c.distinct, self.process_secs),
             format!(
                 "records/s over {:.2} s (first publish to last record)",
                 self.process_secs
@@ -230,6 +241,12 @@ impl Report {
             "start to summary".into(),
         );
 
+        rows
+    }
+
+    /// The heading and the table of `rows`.
+    fn table(&self, rows: &[(String, String, String)]) -> String {
+        let s = &self.settings;
         let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max("metric".len());
         let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max("value".len());
         let w2 = rows.iter().map(|r| r.2.len()).max().unwrap_or(0).max("note".len());
@@ -244,13 +261,18 @@ impl Report {
         let _ = writeln!(t, "{rule}");
         let _ = writeln!(t, "| {:<w0$} | {:>w1$} | {:<w2$} |", "metric", "value", "note");
         let _ = writeln!(t, "{rule}");
-        for (m, v, n) in &rows {
+        for (m, v, n) in rows {
             let _ = writeln!(t, "| {m:<w0$} | {v:>w1$} | {n:<w2$} |");
         }
         let _ = writeln!(t, "{rule}");
         let _ = writeln!(t);
+        t
+    }
+
+    /// Every member's fate and counts, and what the columns mean.
+    fn write_members(&self, t: &mut String) {
         let _ = writeln!(
-            t,
+            *t,
             "{:<12} {:<9} {:>10} {:>9} {:>6}  shards at the end",
             "member", "fate", "handled", "claimed", "lost"
         );
@@ -261,7 +283,7 @@ impl Report {
                 Fate::Closed => "closed",
             };
             let _ = writeln!(
-                t,
+                *t,
                 "{:<12} {:<9} {:>10} {:>9} {:>6}  {}",
                 m.name,
                 fate,
@@ -272,26 +294,44 @@ impl Report {
             );
         }
         let _ = writeln!(
-            t,
+            *t,
             "claimed: entries a crashed member had read but not handled, taken over by the next owner (delivery count \
              >= 2); redelivered: records processed twice (usually 0: even a crash acknowledges what was handled)"
         );
+    }
+
+    /// The violations kept, the deadline, and the result line.
+    fn write_result(&self, t: &mut String) {
+        let s = &self.settings;
         for v in self.checks.violations.iter().take(KEPT_VIOLATIONS) {
-            let _ = writeln!(t, "violation: {v}");
+            let _ = writeln!(*t, "violation: {v}");
         }
         if self.deadline_passed {
             let _ = writeln!(
-                t,
+                *t,
                 "the deadline ({} s after publishing) passed before everything was processed",
                 s.deadline.as_secs()
             );
         }
         let failures = self.failures();
         if failures.is_empty() {
-            let _ = writeln!(t, "RESULT: PASS");
+            let _ = writeln!(*t, "RESULT: PASS");
         } else {
-            let _ = writeln!(t, "RESULT: FAIL: {}", failures.join("; "));
+            let _ = writeln!(*t, "RESULT: FAIL: {}", failures.join("; "));
         }
-        print!("{t}");
+    }
+}
+
+/// A duration for the summary, in seconds.
+fn secs(d: Option<Duration>) -> String {
+    d.map_or("not observed".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
+/// `n` per second over `secs`, or `-` for no time.
+fn per_second(n: u64, secs: f64) -> String {
+    if secs > 0.0 {
+        format!("{:.0}", n as f64 / secs)
+    } else {
+        "-".into()
     }
 }

@@ -6,7 +6,6 @@ use super::output::Output;
 use super::publish::publish;
 use super::report::{CrashRow, JoinRow, MemberRow, Report};
 use super::settings::{Args, Settings, CONSUMERS, PRODUCERS, SHARDS};
-use crate::cluster_launcher::ClusterLauncher;
 use crate::ledger::Ledger;
 use anyhow::{Context, Result};
 use client_core::admin::AdminClient;
@@ -21,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stream_consumer::{Consumer, ConsumerHandle, ConsumerStatus, Message, ShardId};
 use stream_producer::Producer;
+use test_support::cluster::RedisCluster;
 use test_support::history::History;
 use tokio::sync::watch;
 
@@ -134,41 +134,18 @@ pub(crate) async fn create_group(url: &str, settings: &Settings, admin_token: Op
     Ok(())
 }
 
+/// The whole run: coordinator and group, consumers, producers publishing (with the slot migration, the crash and
+/// the join), the wait until everything acknowledged is processed, the closes, and the report.
 pub(crate) async fn run(
     args: &Args,
     settings: Arc<Settings>,
     redis_url: String,
     redis_label: String,
-    cluster: Option<&ClusterLauncher>,
+    cluster: Option<&RedisCluster>,
     out: Arc<Output>,
 ) -> Result<Report> {
     let start = out.start;
-    // Coordinator.
-    let (coordinator_url, coordinator, coordinator_label) =
-        match args.coordinator_url.as_deref().filter(|u| !u.is_empty()) {
-            Some(url) => {
-                let url = url.trim_end_matches('/').to_owned();
-                (
-                    url.clone(),
-                    None,
-                    format!("{} (external)", protocol::redact::redact_url(&url)),
-                )
-            }
-            None => {
-                let mut config = coord_server::Config::new(redis_url.clone());
-                config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-                config.tick_interval = Duration::from_millis(100);
-                // Short enough for the demo's leases (`Config::check_timings`).
-                config.mutex_ttl = Duration::from_millis(900);
-                config.critical_section_timeout = Duration::from_millis(600);
-                config.default_timings = settings.timings;
-                let handle = CoordinatorHandle::spawn(config)
-                    .await
-                    .context("cannot start the in-process coordinator")?;
-                let url = handle.url();
-                (url.clone(), Some(handle), format!("{url} (in-process)"))
-            }
-        };
+    let (coordinator_url, coordinator, coordinator_label) = start_coordinator(args, &settings, &redis_url).await?;
     create_group(&coordinator_url, &settings, args.admin_token.as_deref()).await?;
     let t = &settings.timings;
     out.event(format!(
@@ -196,11 +173,84 @@ pub(crate) async fn run(
     }
     out.event(format!("{CONSUMERS} consumers started (consumer-1..{CONSUMERS})"));
 
+    let producers = start_producers(&settings, &coordinator_url, &redis_url).await?;
+    let mut progress = Progress::new(&shared);
+    let slot_migrations = progress
+        .publish(&producers, &mut consumers, cluster.map(|c| (c, &stream)))
+        .await?;
+    let publish_secs = progress.publish_secs();
+    let deadline_passed = progress.wait_processed().await;
+    out.event("closing consumers (graceful: drain, revoke, leave) and producers");
+    let reading_at_end = close_all(&shared, consumers, producers).await?;
+    if let Some(c) = coordinator {
+        c.shutdown().await;
+    }
+    out.finish();
+
+    let ledger = shared.ledger.lock().expect("ledger lock");
+    let board = shared.board.lock().expect("board lock");
+    let counts = ledger.counts();
+    let (members, crash, join) = rows(&ledger, &board, &reading_at_end);
+    Ok(Report {
+        settings: Arc::clone(&settings),
+        counts,
+        checks: shared.history.check(),
+        unacknowledged_processed: ledger.processed_unacknowledged(),
+        members,
+        crash,
+        join,
+        publish_secs,
+        process_secs: counts.last_new_at.map_or(0.0, |t| {
+            t.saturating_duration_since(progress.publish_start).as_secs_f64()
+        }),
+        total_secs: start.elapsed().as_secs_f64(),
+        deadline_passed,
+        coordinator: coordinator_label,
+        redis: redis_label,
+        slot_migrations,
+    })
+}
+
+/// The coordinator: the one `--coordinator-url` names, or one in this process on the demo's Redis. Answers its
+/// URL, the handle of an in-process one, and the label of the summary.
+async fn start_coordinator(
+    args: &Args,
+    settings: &Settings,
+    redis_url: &str,
+) -> Result<(String, Option<CoordinatorHandle>, String)> {
+    Ok(match args.coordinator_url.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => {
+            let url = url.trim_end_matches('/').to_owned();
+            (
+                url.clone(),
+                None,
+                format!("{} (external)", protocol::redact::redact_url(&url)),
+            )
+        }
+        None => {
+            let mut config = coord_server::Config::new(redis_url.to_owned());
+            config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            config.tick_interval = Duration::from_millis(100);
+            // Short enough for the demo's leases (`Config::check_timings`).
+            config.mutex_ttl = Duration::from_millis(900);
+            config.critical_section_timeout = Duration::from_millis(600);
+            config.default_timings = settings.timings;
+            let handle = CoordinatorHandle::spawn(config)
+                .await
+                .context("cannot start the in-process coordinator")?;
+            let url = handle.url();
+            (url.clone(), Some(handle), format!("{url} (in-process)"))
+        }
+    })
+}
+
+/// The demo's producers, each ready (its routing fetched).
+async fn start_producers(settings: &Settings, coordinator_url: &str, redis_url: &str) -> Result<Vec<Arc<Producer>>> {
     let mut producers = Vec::new();
     for _ in 0..PRODUCERS {
         let mut builder = Producer::builder(settings.stream.as_str())
-            .coordinator(coordinator_url.as_str())
-            .redis(redis_url.as_str());
+            .coordinator(coordinator_url)
+            .redis(redis_url);
         if let Some(token) = &settings.coordinator_token {
             builder = builder.coordinator_token(token.as_str());
         }
@@ -211,105 +261,156 @@ pub(crate) async fn run(
             .context("the producer cannot fetch its routing")?;
         producers.push(Arc::new(producer));
     }
-    let attempted = Arc::new(AtomicU64::new(0));
-    out.event(format!(
-        "{PRODUCERS} producers publishing {} records at {}",
-        settings.records,
-        if settings.rate == 0 {
-            "full speed".to_owned()
-        } else {
-            format!("{} records/s", settings.rate)
-        }
-    ));
-    let publish_start = Instant::now();
-    let mut publishers: Vec<_> = producers
-        .iter()
-        .enumerate()
-        .map(|(p, producer)| {
-            tokio::spawn(publish(
-                p,
-                Arc::clone(producer),
-                Arc::clone(&settings),
-                Arc::clone(&shared.ledger),
-                shared.history.clone(),
-                Arc::clone(&attempted),
-            ))
-        })
-        .collect();
+    Ok(producers)
+}
 
-    let plain_every = Duration::from_secs(1);
-    let mut last_plain = Instant::now();
-    let mut crashed = false;
-    // On a cluster, one shard's slot moves to another master a quarter of the way through, while everything runs.
-    let mut migrated = cluster.is_none();
-    let mut slot_migrations = cluster.map(|_| Vec::new());
-    let publish_done: std::cell::Cell<Option<f64>> = std::cell::Cell::new(None);
-    let show = |force_plain: bool, last_plain: &mut Instant| {
+/// The status line and the plain progress lines, from publishing until everything is processed.
+struct Progress<'a> {
+    shared: &'a Shared,
+    /// Records the producers attempted so far.
+    attempted: Arc<AtomicU64>,
+    publish_start: Instant,
+    /// When publishing ended (seconds after `publish_start`): the published rate stops there.
+    publish_done: Option<f64>,
+    /// When the last plain progress line was printed (one a second; a terminal also gets the live status).
+    last_plain: Instant,
+}
+
+impl<'a> Progress<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Progress {
+            shared,
+            attempted: Arc::new(AtomicU64::new(0)),
+            publish_start: Instant::now(),
+            publish_done: None,
+            last_plain: Instant::now(),
+        }
+    }
+
+    /// Shows the progress; a plain line when `force_plain` or a second after the last one.
+    fn show(&mut self, force_plain: bool) {
+        let shared = self.shared;
         let processed = shared.ledger.lock().expect("ledger lock").counts().distinct;
         let line = shared.board.lock().expect("board lock").line();
-        let plain = force_plain || last_plain.elapsed() >= plain_every;
+        let plain = force_plain || self.last_plain.elapsed() >= Duration::from_secs(1);
         if plain {
-            *last_plain = Instant::now();
+            self.last_plain = Instant::now();
         }
-        let secs = publish_start.elapsed().as_secs_f64();
-        let published = (attempted.load(Ordering::Relaxed), publish_done.get().unwrap_or(secs));
-        out.status(published, (processed, secs), &line, plain);
-    };
+        let secs = self.publish_start.elapsed().as_secs_f64();
+        let published = (
+            self.attempted.load(Ordering::Relaxed),
+            self.publish_done.unwrap_or(secs),
+        );
+        shared.out.status(published, (processed, secs), &line, plain);
+    }
 
-    // Publishing, with the crash and the join halfway (and on a cluster, a slot migration before).
-    loop {
-        let done = publishers.iter().all(|p| p.is_finished());
-        if let Some(cluster) = cluster.filter(|_| !migrated) {
-            if done || attempted.load(Ordering::Relaxed) >= settings.records / 4 {
-                migrated = true;
-                show(true, &mut last_plain);
-                let moved = migrate_one_shard(&out, cluster, &stream).await?;
-                slot_migrations.get_or_insert_with(Vec::new).push(moved);
+    /// How long publishing took (after [`publish`](Self::publish)).
+    fn publish_secs(&self) -> f64 {
+        self.publish_done.unwrap_or_default()
+    }
+
+    /// Publishes every record, with the crash and the join halfway and, on a cluster, a slot migration a quarter
+    /// of the way through, while everything runs. Answers the slot migrations (`None` on one server).
+    async fn publish(
+        &mut self,
+        producers: &[Arc<Producer>],
+        consumers: &mut BTreeMap<usize, ConsumerHandle>,
+        cluster: Option<(&RedisCluster, &StreamName)>,
+    ) -> Result<Option<Vec<String>>> {
+        let (shared, settings) = (self.shared, &self.shared.settings);
+        shared.out.event(format!(
+            "{PRODUCERS} producers publishing {} records at {}",
+            settings.records,
+            if settings.rate == 0 {
+                "full speed".to_owned()
+            } else {
+                format!("{} records/s", settings.rate)
             }
+        ));
+        self.publish_start = Instant::now();
+        let mut publishers: Vec<_> = producers
+            .iter()
+            .enumerate()
+            .map(|(p, producer)| {
+                tokio::spawn(publish(
+                    p,
+                    Arc::clone(producer),
+                    Arc::clone(settings),
+                    Arc::clone(&shared.ledger),
+                    shared.history.clone(),
+                    Arc::clone(&self.attempted),
+                ))
+            })
+            .collect();
+        let mut crashed = false;
+        let mut migrated = cluster.is_none();
+        let mut slot_migrations = cluster.map(|_| Vec::new());
+        loop {
+            let done = publishers.iter().all(|p| p.is_finished());
+            let attempted = self.attempted.load(Ordering::Relaxed);
+            if let Some((cluster, stream)) = cluster.filter(|_| !migrated) {
+                if done || attempted >= settings.records / 4 {
+                    migrated = true;
+                    self.show(true);
+                    let moved = migrate_one_shard(&shared.out, cluster, stream).await?;
+                    slot_migrations.get_or_insert_with(Vec::new).push(moved);
+                }
+            }
+            if !crashed && (done || self.attempted.load(Ordering::Relaxed) >= settings.records / 2) {
+                crashed = true;
+                self.show(true);
+                crash_and_join(shared, consumers).await?;
+            }
+            if done {
+                break;
+            }
+            self.show(false);
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if !crashed && (done || attempted.load(Ordering::Relaxed) >= settings.records / 2) {
-            crashed = true;
-            show(true, &mut last_plain);
-            crash_and_join(&shared, &mut consumers).await?;
+        for p in publishers.drain(..) {
+            p.await.context("a publishing task failed")??;
         }
-        if done {
-            break;
-        }
-        show(false, &mut last_plain);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let publish_secs = self.publish_start.elapsed().as_secs_f64();
+        self.publish_done = Some(publish_secs);
+        self.show(true);
+        shared.out.event(format!(
+            "publishing done in {publish_secs:.2} s; waiting for every acknowledged record to be processed \
+             (deadline {} s)",
+            settings.deadline.as_secs()
+        ));
+        Ok(slot_migrations)
     }
-    for p in publishers.drain(..) {
-        p.await.context("a publishing task failed")??;
-    }
-    let publish_secs = publish_start.elapsed().as_secs_f64();
-    publish_done.set(Some(publish_secs));
-    show(true, &mut last_plain);
-    out.event(format!(
-        "publishing done in {publish_secs:.2} s; waiting for every acknowledged record to be processed (deadline {} \
-         s)",
-        settings.deadline.as_secs()
-    ));
 
-    // Wait until everything acknowledged is processed and both rebalances were seen.
-    let deadline = Instant::now() + settings.deadline;
-    let mut deadline_passed = false;
-    loop {
-        let missing = shared.ledger.lock().expect("ledger lock").missing();
-        let rebalanced = shared.board.lock().expect("board lock").rebalanced();
-        if missing == 0 && rebalanced {
-            break;
+    /// Waits until everything acknowledged is processed and both rebalances were seen; answers whether the
+    /// deadline passed first.
+    async fn wait_processed(&mut self) -> bool {
+        let deadline = Instant::now() + self.shared.settings.deadline;
+        let mut deadline_passed = false;
+        loop {
+            let missing = self.shared.ledger.lock().expect("ledger lock").missing();
+            let rebalanced = self.shared.board.lock().expect("board lock").rebalanced();
+            if missing == 0 && rebalanced {
+                break;
+            }
+            if Instant::now() >= deadline {
+                deadline_passed = true;
+                break;
+            }
+            self.show(false);
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if Instant::now() >= deadline {
-            deadline_passed = true;
-            break;
-        }
-        show(false, &mut last_plain);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.show(true);
+        deadline_passed
     }
-    show(true, &mut last_plain);
-    out.event("closing consumers (graceful: drain, revoke, leave) and producers");
+}
 
-    // Shards at the end, before the closes empty them.
+/// Closes every consumer (gracefully: drain, revoke, leave) and producer; answers the shards each member read
+/// just before (the closes empty them).
+async fn close_all(
+    shared: &Shared,
+    consumers: BTreeMap<usize, ConsumerHandle>,
+    producers: Vec<Arc<Producer>>,
+) -> Result<BTreeMap<usize, Vec<ShardId>>> {
     let reading_at_end: BTreeMap<usize, Vec<ShardId>> = {
         let board = shared.board.lock().expect("board lock");
         board.members.iter().map(|(&m, v)| (m, v.reading.clone())).collect()
@@ -325,21 +426,24 @@ pub(crate) async fn run(
     });
     for (m, result) in futures::future::join_all(closes).await {
         if let Err(e) = result {
-            out.event(format!("consumer-{} closed with an error: {e}", m + 1));
+            shared
+                .out
+                .event(format!("consumer-{} closed with an error: {e}", m + 1));
         }
     }
     for producer in producers {
         let producer = Arc::into_inner(producer).context("a publishing task still holds a producer")?;
         producer.close().await.context("closing a producer")?;
     }
-    if let Some(c) = coordinator {
-        c.shutdown().await;
-    }
-    out.finish();
+    Ok(reading_at_end)
+}
 
-    let ledger = shared.ledger.lock().expect("ledger lock");
-    let board = shared.board.lock().expect("board lock");
-    let counts = ledger.counts();
+/// The summary's rows: every member, the crash and the join.
+fn rows(
+    ledger: &Ledger,
+    board: &Board,
+    reading_at_end: &BTreeMap<usize, Vec<ShardId>>,
+) -> (Vec<MemberRow>, Option<CrashRow>, Option<JoinRow>) {
     let members = board
         .members
         .iter()
@@ -369,34 +473,14 @@ pub(crate) async fn run(
         name: board.members[&j.member].name.clone(),
         first_shard: j.first_shard.map(|(t, s)| (t - j.at, s)),
     });
-    Ok(Report {
-        settings: Arc::clone(&settings),
-        counts,
-        checks: shared.history.check(),
-        unacknowledged_processed: ledger.processed_unacknowledged(),
-        members,
-        crash,
-        join,
-        publish_secs,
-        process_secs: counts
-            .last_new_at
-            .map_or(0.0, |t| t.saturating_duration_since(publish_start).as_secs_f64()),
-        total_secs: start.elapsed().as_secs_f64(),
-        deadline_passed,
-        coordinator: coordinator_label,
-        redis: redis_label,
-        slot_migrations,
-    })
+    (members, crash, join)
 }
 
 /// Prints which master serves each shard's slot; answers the shards of each node (by index).
-async fn print_spread(out: &Output, cluster: &ClusterLauncher, stream: &StreamName) -> Result<Vec<Vec<ShardId>>> {
+async fn print_spread(out: &Output, cluster: &RedisCluster, stream: &StreamName) -> Result<Vec<Vec<ShardId>>> {
     let mut by_node: Vec<Vec<ShardId>> = vec![Vec::new(); cluster.nodes().len()];
     for s in 0..SHARDS {
-        let owner = cluster
-            .owner_of_slot(keys::shard_slot(stream, ShardId(s)))
-            .await
-            .map_err(anyhow::Error::msg)?;
+        let owner = cluster.owner_of_slot(keys::shard_slot(stream, ShardId(s))).await;
         by_node[owner].push(ShardId(s));
     }
     let spread: Vec<String> = by_node
@@ -426,7 +510,7 @@ async fn print_spread(out: &Output, cluster: &ClusterLauncher, stream: &StreamNa
 /// Moves the slot of one shard of the master with the most shards, live, to the master with the fewest (as an
 /// operator rebalancing a cluster would), and says so; producers and consumers follow `ASK` and `MOVED`. Answers
 /// the move in one line for the summary.
-async fn migrate_one_shard(out: &Output, cluster: &ClusterLauncher, stream: &StreamName) -> Result<String> {
+async fn migrate_one_shard(out: &Output, cluster: &RedisCluster, stream: &StreamName) -> Result<String> {
     let by_node = print_spread(out, cluster, stream).await?;
     let (from, _) = by_node
         .iter()
@@ -449,24 +533,27 @@ async fn migrate_one_shard(out: &Output, cluster: &ClusterLauncher, stream: &Str
         port(from),
         port(to)
     ));
-    let moved = cluster.migrate_slot(slot, to).await.map_err(anyhow::Error::msg)?;
+    let started = Instant::now();
+    let moved_from = cluster.owner_of_slot(slot).await;
+    let keys_moved = cluster.migrate_slot(slot, to).await;
+    let took = started.elapsed();
     out.event(format!(
         "slot migration: slot {slot} (shard {}) moved from master 127.0.0.1:{} to master 127.0.0.1:{}, {} key(s) in \
          {} ms",
         shard.0,
-        port(moved.from),
-        port(moved.to),
-        moved.keys,
-        moved.took.as_millis()
+        port(moved_from),
+        port(to),
+        keys_moved,
+        took.as_millis()
     ));
     print_spread(out, cluster, stream).await?;
     Ok(format!(
         "slot {slot} (shard {}): :{} -> :{}, {} key(s), {} ms",
         shard.0,
-        port(moved.from),
-        port(moved.to),
-        moved.keys,
-        moved.took.as_millis()
+        port(moved_from),
+        port(to),
+        keys_moved,
+        took.as_millis()
     ))
 }
 

@@ -21,7 +21,9 @@
 //!   renamed or disabled commands, replication, extra arguments), kill, graceful
 //!   stop, restart on the same port, logs, connections, and the rollback helpers
 //!   ([`RedisServer::dump_key`], [`RedisServer::restore_key`],
-//!   [`RedisServer::snapshot_keys`], [`RedisServer::restore_snapshot`]).
+//!   [`RedisServer::snapshot_keys`], [`RedisServer::restore_snapshot`]); and for
+//!   programs (the demo, the benchmarks) [`RedisServerBuilder::try_start`], which finds or provides the binary
+//!   (`scripts/ensure-redis.sh`) and returns a [`LaunchError`] saying what is missing.
 //! - [`snapshot`] — [`Snapshot`], the point-in-time copy of every key matching
 //!   a pattern.
 //! - [`replica`] — [`ReplicaPair`], a primary and its replica, with
@@ -88,7 +90,9 @@ pub use gate::Gate;
 pub use port::free_port;
 pub use proxy::{FaultProxy, Mode};
 pub use replica::{wait_replicated, ReplicaPair};
-pub use server::{RedisServer, RedisServerBuilder, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV};
+pub use server::{
+    LaunchError, RedisServer, RedisServerBuilder, INSTALL_HINT, READY_TIMEOUT, RESPONSE_TIMEOUT, SERVER_BIN_ENV,
+};
 pub use snapshot::Snapshot;
 pub use streams::pending_total;
 pub use wait::{poll_every, poll_for, poll_until, wait_for, wait_until};

@@ -1,9 +1,9 @@
 //! Latency benchmark (issue 7, items 5 and 6): rebalance latency (join, graceful leave, kill) and end-to-end
-//! publish-to-handler latency, against one private `redis-server` (started through `examples::redis_launcher`)
+//! publish-to-handler latency, against one private `redis-server` (started through `test_support::RedisServer`)
 //! and an in-process coordinator.
 //!
 //! ```text
-//! cargo run --release -p examples --bin latency_bench -- --trials 5 --rate 2000 --e2e-secs 10
+//! cargo run --release -p benches --bin latency_bench -- --trials 5 --rate 2000 --e2e-secs 10
 //! ```
 //!
 //! Timings: the defaults (member TTL 10 s, heartbeat 2 s, lease 8 s) scaled down: member TTL 3 s, heartbeat
@@ -35,13 +35,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use coord_server::server::CoordinatorHandle;
-use examples::redis_launcher::RedisLauncher;
 use protocol::keys;
 use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
 use protocol::names::{GroupName, StreamName};
 use stream_consumer::{CancellationToken, Consumer, ConsumerBuilder, ConsumerHandle, Message, ShardId};
 use stream_producer::Producer;
+use test_support::RedisServer;
 
 /// Shards of both streams.
 const SHARDS: u32 = 8;
@@ -475,7 +475,10 @@ fn median_max(v: &[Duration]) -> String {
 async fn main() -> Result<()> {
     let args = Args::parse();
     let _ = origin();
-    let redis = RedisLauncher::start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let redis = RedisServer::builder()
+        .try_start()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let client = redis::Client::open(redis.url())?;
     let mut config = coord_server::Config::new(redis.url());
     config.listen = "127.0.0.1:0".parse()?;
@@ -510,59 +513,68 @@ async fn main() -> Result<()> {
         Some(end_to_end(&env, &args).await?)
     };
 
-    let interval = Duration::from_millis(t.heartbeat_interval_ms);
-    let ttl = Duration::from_millis(t.member_ttl_ms);
-    let work = Duration::from_millis(args.handler_ms);
     if let Some(s) = &rebalance_samples {
-        println!();
-        println!(
-            "## Rebalance latency (member TTL {} ms, heartbeat {} ms, lease {} ms, tick {} ms; {} trials)",
-            t.member_ttl_ms, t.heartbeat_interval_ms, t.assignment_lease_ms, args.tick_ms, args.trials
-        );
-        println!(
-            "| event -> shards read by their new owner | first shard median | max | all shards median | max | goal |"
-        );
-        println!("|---|---:|---:|---:|---:|---:|");
-        println!(
-            "| join -> first read of a newly assigned shard ({} joins) | {} | {} | |",
-            s.join_first.len(),
-            median_max(&s.join_first),
-            median_max(&s.join_all)
-        );
-        println!(
-            "| graceful leave (close) -> read elsewhere | {} | {} | <= {:.0} ms (1 interval + drain {} ms) |",
-            median_max(&s.leave_first),
-            median_max(&s.leave_all),
-            ms(interval + work),
-            args.handler_ms
-        );
-        println!(
-            "| kill (abort, no leave) -> read elsewhere | {} | {} | <= {:.0} ms (TTL + 1 interval) |",
-            median_max(&s.kill_first),
-            median_max(&s.kill_all),
-            ms(ttl + interval)
-        );
+        print_rebalance(&args, s);
     }
     if let Some(e) = &e2e {
-        let l = &e.latencies;
-        println!();
-        println!(
-            "## End-to-end latency (producer send() -> handler; {} records/s for {} s, {} consumers, {SHARDS} shards)",
-            args.rate, args.e2e_secs, args.e2e_members
-        );
-        println!("| sent | handled | p50 | p90 | p99 | max |");
-        println!("|---:|---:|---:|---:|---:|---:|");
-        println!(
-            "| {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
-            e.sent,
-            e.received,
-            ms(percentile(l, 0.5)),
-            ms(percentile(l, 0.9)),
-            ms(percentile(l, 0.99)),
-            ms(l.last().copied().unwrap_or_default())
-        );
+        print_end_to_end(&args, e);
     }
     env.coordinator.shutdown().await;
     drop(redis);
     Ok(())
+}
+
+/// The rebalance table: join, graceful leave and kill, against their goals.
+fn print_rebalance(args: &Args, s: &Samples) {
+    let t = timings();
+    let interval = Duration::from_millis(t.heartbeat_interval_ms);
+    let ttl = Duration::from_millis(t.member_ttl_ms);
+    let work = Duration::from_millis(args.handler_ms);
+    println!();
+    println!(
+        "## Rebalance latency (member TTL {} ms, heartbeat {} ms, lease {} ms, tick {} ms; {} trials)",
+        t.member_ttl_ms, t.heartbeat_interval_ms, t.assignment_lease_ms, args.tick_ms, args.trials
+    );
+    println!("| event -> shards read by their new owner | first shard median | max | all shards median | max | goal |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| join -> first read of a newly assigned shard ({} joins) | {} | {} | |",
+        s.join_first.len(),
+        median_max(&s.join_first),
+        median_max(&s.join_all)
+    );
+    println!(
+        "| graceful leave (close) -> read elsewhere | {} | {} | <= {:.0} ms (1 interval + drain {} ms) |",
+        median_max(&s.leave_first),
+        median_max(&s.leave_all),
+        ms(interval + work),
+        args.handler_ms
+    );
+    println!(
+        "| kill (abort, no leave) -> read elsewhere | {} | {} | <= {:.0} ms (TTL + 1 interval) |",
+        median_max(&s.kill_first),
+        median_max(&s.kill_all),
+        ms(ttl + interval)
+    );
+}
+
+/// The end-to-end latency table.
+fn print_end_to_end(args: &Args, e: &E2e) {
+    let l = &e.latencies;
+    println!();
+    println!(
+        "## End-to-end latency (producer send() -> handler; {} records/s for {} s, {} consumers, {SHARDS} shards)",
+        args.rate, args.e2e_secs, args.e2e_members
+    );
+    println!("| sent | handled | p50 | p90 | p99 | max |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+        e.sent,
+        e.received,
+        ms(percentile(l, 0.5)),
+        ms(percentile(l, 0.9)),
+        ms(percentile(l, 0.99)),
+        ms(l.last().copied().unwrap_or_default())
+    );
 }
