@@ -1,5 +1,6 @@
 //! What the benchmark binaries (`producer_bench`, `consumer_bench`, `latency_bench`, in src/bin) share: the global
-//! allocator, and the process's own CPU time ([`cpu`]) and memory ([`mem`]).
+//! allocator, the process's own CPU time ([`cpu`]) and memory ([`mem`]), and waiting for a group to settle
+//! ([`settle`]).
 //!
 //! The benchmarks start their own private `redis-server` (or local Redis Cluster) through `test_support`, and an
 //! in-process coordinator; `scripts/bench.sh` runs them all, BENCHMARKS.md keeps their figures.
@@ -21,3 +22,4 @@ pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
 
 pub mod cpu;
 pub mod mem;
+pub mod settle;

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use benches::settle::settled;
 use clap::Parser;
 use coord_server::server::CoordinatorHandle;
 use protocol::keys;
@@ -213,26 +214,6 @@ fn rebalance_member(
     Ok(consumer.spawn())
 }
 
-/// Waits until the members read every shard between them, each at least one, none pending or revoking.
-async fn settled(members: &[&ConsumerHandle], deadline: Duration) -> Result<()> {
-    let until = Instant::now() + deadline;
-    loop {
-        let statuses: Vec<_> = members.iter().map(|m| m.status()).collect();
-        let reading: usize = statuses.iter().map(|s| s.reading.len()).sum();
-        if reading == SHARDS as usize
-            && statuses
-                .iter()
-                .all(|s| !s.reading.is_empty() && s.pending.is_empty() && s.revoking.is_empty())
-        {
-            return Ok(());
-        }
-        if Instant::now() > until {
-            bail!("members did not settle within {deadline:?}: {statuses:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn shards_of(h: &ConsumerHandle) -> Vec<u32> {
     h.status().reading.iter().map(|s| s.0).collect()
 }
@@ -297,7 +278,7 @@ async fn join_trial(
     reads.reset();
     let t0 = Instant::now();
     let b = rebalance_member(env, stream, member, reads, work)?;
-    settled(&[a, &b], Duration::from_secs(20)).await?;
+    settled(&[a, &b], SHARDS, Duration::from_secs(20)).await?;
     let mine = shards_of(&b);
     let (first, last) = reads.wait_all(member, &mine, Duration::from_secs(10)).await?;
     samples.join_first.push(first - t0);
@@ -313,7 +294,7 @@ async fn rebalance(env: &Env, args: &Args, client: &redis::Client) -> Result<Sam
     let reads = FirstReads::default();
     let work = Duration::from_millis(args.handler_ms);
     let a = rebalance_member(env, &stream, "a", &reads, work)?;
-    settled(&[&a], Duration::from_secs(20)).await?;
+    settled(&[&a], SHARDS, Duration::from_secs(20)).await?;
     let mut samples = Samples::default();
     for trial in 1..=args.trials {
         // Join, then graceful leave.
@@ -329,7 +310,7 @@ async fn rebalance(env: &Env, args: &Args, client: &redis::Client) -> Result<Sam
         ensure!(report.left, "{member} did not leave");
         samples.leave_first.push(first - t0);
         samples.leave_all.push(last - t0);
-        settled(&[&a], Duration::from_secs(20)).await?;
+        settled(&[&a], SHARDS, Duration::from_secs(20)).await?;
 
         // Join (a second sample), then kill.
         let member = format!("c{trial}");
@@ -342,7 +323,7 @@ async fn rebalance(env: &Env, args: &Args, client: &redis::Client) -> Result<Sam
         let (first, last) = reads.wait_all("a", &moved, Duration::from_secs(30)).await?;
         samples.kill_first.push(first - t0);
         samples.kill_all.push(last - t0);
-        settled(&[&a], Duration::from_secs(20)).await?;
+        settled(&[&a], SHARDS, Duration::from_secs(20)).await?;
         println!(
             "trial {trial}: join {:.0}/{:.0} ms, leave {:.0}/{:.0} ms, join {:.0}/{:.0} ms, kill {:.0}/{:.0} ms \
              (first shard / all shards)",
@@ -391,7 +372,7 @@ async fn end_to_end(env: &Env, args: &Args) -> Result<E2e> {
         members.push(consumer.spawn());
     }
     let refs: Vec<&ConsumerHandle> = members.iter().collect();
-    settled(&refs, Duration::from_secs(20)).await?;
+    settled(&refs, SHARDS, Duration::from_secs(20)).await?;
 
     let producer = Arc::new(
         Producer::builder(stream.as_str())

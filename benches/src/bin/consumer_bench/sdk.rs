@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use benches::settle::settled;
 use coord_server::server::CoordinatorHandle;
 use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
@@ -35,26 +36,6 @@ pub(crate) struct SdkEnv<'a> {
     pub(crate) count: usize,
 }
 
-/// Waits until the members read every shard between them, nothing pending or revoking, each at least one.
-pub(crate) async fn settled(members: &[ConsumerHandle], deadline: Duration) -> Result<()> {
-    let until = Instant::now() + deadline;
-    loop {
-        let statuses: Vec<_> = members.iter().map(ConsumerHandle::status).collect();
-        let reading: usize = statuses.iter().map(|s| s.reading.len()).sum();
-        if reading == SHARDS as usize
-            && statuses
-                .iter()
-                .all(|s| !s.reading.is_empty() && s.pending.is_empty() && s.revoking.is_empty())
-        {
-            return Ok(());
-        }
-        if Instant::now() > until {
-            bail!("members did not settle within {deadline:?}: {statuses:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 pub(crate) async fn sdk_run(
     env: &SdkEnv<'_>,
     con: &mut Connection,
@@ -77,7 +58,8 @@ pub(crate) async fn sdk_run(
             done: done.clone(),
         },
     )?;
-    settled(&handles, Duration::from_secs(30)).await?;
+    let refs: Vec<&ConsumerHandle> = handles.iter().collect();
+    settled(&refs, SHARDS, Duration::from_secs(30)).await?;
     let expected = total_len(con, stream).await? + u64::from(SHARDS);
     target.store(expected, Ordering::Relaxed);
     let before = Cost::now(nodes).await?;
