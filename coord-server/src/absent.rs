@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use crate::error::Error;
 use crate::section::unavailable;
-use crate::slots::Slots;
+use crate::group_slots::Slots;
 use crate::stats::Stats;
 use crate::store::traces::{self, Absence};
 use crate::store::Store;

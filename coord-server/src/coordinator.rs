@@ -4,7 +4,7 @@
 //! This module only wires: the critical section is written once (`section`), with one kind per hash
 //! (`group_section`; `routing_section` for routing and group creation); every Redis command is in [`crate::store`];
 //! the decisions are pure functions of [`crate::state_machine`] (the grace and suspected loss, recreate semantics,
-//! the producer routing answer among them); per-group memory is `slots`.
+//! the producer routing answer among them); per-group memory is `group_slots`.
 //! What stays here: requests of one group queue on its local lock, and heartbeats that queue together run as one
 //! section (group commit).
 
@@ -29,14 +29,14 @@ use crate::recent::{RecentEvent, RecentRebalances};
 use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
 use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
-use crate::slots::{GroupSlot, Queued, Slots};
+use crate::group_slots::{GroupSlot, Queued, Slots};
 use crate::spans;
 use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
-pub use crate::slots::SLOT_RETENTION;
+pub use crate::group_slots::SLOT_RETENTION;
 
 mod reshard;
 
@@ -65,7 +65,7 @@ struct Inner {
     store: Store,
     gate: ShutdownGate,
     stats: Stats,
-    /// Per-group local lock, heartbeat queue and memory (see [`crate::slots`]).
+    /// Per-group local lock, heartbeat queue and memory (see [`crate::group_slots`]).
     slots: Slots,
     /// Redis time (ms) before which nobody is expired, after a Redis restart (run id change).
     global_grace_until_ms: AtomicU64,

@@ -14,7 +14,7 @@ use crate::absent;
 use crate::error::{Error, StoreError};
 use crate::recent::RecentRebalances;
 use crate::section::{store_error, unavailable, Section, Verdict};
-use crate::slots::{GroupMemory, GroupSlot, Slots};
+use crate::group_slots::{GroupMemory, GroupSlot, Slots};
 use crate::state_machine::grace::{self, Suspicion};
 use crate::state_machine::{Clock, Event, Liveness, Transition};
 use crate::stats::Stats;

@@ -7,7 +7,7 @@
 //! * [`store_reshard`]: the seal script of a parent shard and the drain observation of a group.
 //! * [`coordinator`]: the public operations, wired from the parts below.
 //! * `section`: the critical section, written once (shutdown gate, mutex, load, decide, write, answer);
-//!   `group_section` and `routing_section`: its kinds; `slots`: per-group local lock, queue and memory;
+//!   `group_section` and `routing_section`: its kinds; `group_slots`: per-group local lock, queue and memory;
 //!   `absent`: "never created" or "lost" answers.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
@@ -42,7 +42,7 @@ mod routing_section;
 mod section;
 pub mod server;
 pub mod shutdown;
-mod slots;
+mod group_slots;
 pub mod spans;
 pub mod startup;
 pub mod state_machine;
