@@ -20,16 +20,16 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn, Instrument};
 
-use crate::absent;
 use crate::config::Config;
 use crate::error::{Error, StoreError};
 use crate::group_section::{Decide, GroupEnv, GroupSection};
+use crate::group_slots::{GroupSlot, Queued, Slots};
 use crate::memory_policy::{self, PolicyCheck};
+use crate::missing_metadata;
 use crate::recent::{RecentEvent, RecentRebalances};
 use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
 use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
-use crate::group_slots::{GroupSlot, Queued, Slots};
 use crate::spans;
 use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
@@ -593,7 +593,7 @@ impl Coordinator {
 
     async fn absent_group(&self, stream: &StreamName, group: &GroupName) -> Error {
         let inner = &self.inner;
-        absent::group(&inner.store, &inner.stats, &inner.slots, stream, group).await
+        missing_metadata::group(&inner.store, &inner.stats, &inner.slots, stream, group).await
     }
 
     fn env(&self) -> Env<'_> {
@@ -684,7 +684,7 @@ impl Coordinator {
             .await
             .map_err(|e| section::store_error(&inner.stats, e))?;
         let Some((rev, json)) = routing else {
-            return Err(absent::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
+            return Err(missing_metadata::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
         };
         let r = store::decode_routing(&json).map_err(|e| unavailable(&inner.stats, e))?;
         Ok((rev, r))

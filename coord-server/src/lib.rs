@@ -8,7 +8,7 @@
 //! * [`coordinator`]: the public operations, wired from the parts below.
 //! * `section`: the critical section, written once (shutdown gate, mutex, load, decide, write, answer);
 //!   `group_section` and `routing_section`: its kinds; `group_slots`: per-group local lock, queue and memory;
-//!   `absent`: "never created" or "lost" answers.
+//!   `missing_metadata`: the "never created" or "lost" answer.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
 //! * [`tick`]: the loop that ticks every group.
@@ -24,7 +24,6 @@
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
 #![warn(missing_docs)]
 
-mod absent;
 pub mod auth;
 pub mod config;
 pub mod coordinator;
@@ -33,16 +32,17 @@ pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group_section;
+mod group_slots;
 pub mod http;
 pub mod log_limit;
 pub mod memory_policy;
 pub mod metrics;
+mod missing_metadata;
 pub mod recent;
 mod routing_section;
 mod section;
 pub mod server;
 pub mod shutdown;
-mod group_slots;
 pub mod spans;
 pub mod startup;
 pub mod state_machine;
