@@ -4,7 +4,7 @@
 //! # Layout
 //! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
 //! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
-//! * [`store_reshard`]: the seal script of a parent shard and the drain observation of a group.
+//! * [`store::reshard`]: the seal script of a parent shard and the drain observation of a group.
 //! * [`coordinator`]: the public operations, wired from the parts below.
 //! * `section`: the critical section, written once (shutdown gate, mutex, load, decide, write, answer);
 //!   `group_section` and `routing_section`: its kinds; `group_slots`: per-group local lock, queue and memory;
@@ -48,7 +48,7 @@ pub mod startup;
 pub mod state_machine;
 pub mod stats;
 pub mod store;
-pub mod store_reshard;
+
 pub mod tick;
 
 pub use store::traces;

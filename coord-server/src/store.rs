@@ -73,6 +73,7 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 pub mod lag;
 pub mod nodes;
+pub mod reshard;
 pub mod traces;
 
 /// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical

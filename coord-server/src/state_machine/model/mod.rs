@@ -34,7 +34,7 @@ pub enum Bug {
     /// The routing check's producers are not refused for a layout with fewer shards than the record's
     /// `fenceCount` / `bornCount` (versions alone are compared).
     PublishWithoutCountCheck,
-    /// The tick's sweep leaves a record's counts as they are (no `store_reshard::RECOUNT`).
+    /// The tick's sweep leaves a record's counts as they are (no `store::reshard::RECOUNT`).
     SweepWithoutRecount,
     /// The tick's sweep ignores the fences it reads (only shard 0's fence says a growth was lost).
     SweepIgnoresFences,

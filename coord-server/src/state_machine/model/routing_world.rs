@@ -8,7 +8,7 @@
 //! `state_machine::routing::answer` answers the producers. What the I/O shell does around them is re-stated here,
 //! with the file it comes from: the probe and the tick's look (`routing_section::probe`,
 //! `Coordinator::tend_routing`), the routing fetch (`Coordinator::routing`), the seal and record scripts
-//! (`store_reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
+//! (`store::reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
 //! (`routing_section::RoutingSection`), the producer's cache (`stream-producer` `routing_cache.rs`) and its
 //! fenced publish rule (fence and record, `docs/resharding.md` "A write needs a shard the routing knows").
 //!
@@ -23,13 +23,13 @@ use protocol::keys::LAYOUT_VERSION;
 use protocol::messages::RoutingQuery;
 use protocol::metadata::StreamRouting;
 use protocol::names::StreamName;
-use protocol::reshard::EntryId;
+use protocol::reshard::{Birth, EntryId};
 use protocol::routing::shard_for_key;
 use protocol::{RoutingVersion, ShardId, Status, StoreRevision};
 
 use super::{injected, Bug};
 use crate::routing_section::{self, Probed, RoutingStep};
-use crate::state_machine::routing::{self, answer, Birth, Report, SealTodo, Why};
+use crate::state_machine::routing::{self, answer, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded};
 
@@ -605,7 +605,7 @@ impl RoutingWorld {
                 .into_iter()
                 .filter(|b| self.redis.shards[b.shard.0 as usize].born.is_none())
                 .collect();
-            // `store_reshard::RECOUNT`: a record naming more shards than the routing at or below its version.
+            // `store::reshard::RECOUNT`: a record naming more shards than the routing at or below its version.
             let (v, mut recounted) = (r.routing_version.0, Vec::new());
             let recount = !injected(Bug::SweepWithoutRecount);
             for (s, side) in self.redis.shards.iter_mut().enumerate().take(n as usize) {

@@ -90,7 +90,7 @@ pub(super) fn run_name(run: u32) -> String {
     format!("{run:040x}")
 }
 
-/// `store_reshard::RECORD`: a record is never rewritten.
+/// `store::reshard::RECORD`: a record is never rewritten.
 pub(super) fn write_records(shards: &mut [ShardSide], records: &[Birth]) -> String {
     let mut text = Vec::new();
     for b in records {
