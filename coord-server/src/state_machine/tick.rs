@@ -17,7 +17,8 @@ use protocol::names::MemberId;
 
 use super::lease::{is_expired, is_held, lease_end, rebalance_timed_out};
 use super::reconcile::settle;
-use super::{correction, reshard, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::transition::{Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{correction, reshard, target};
 use protocol::Status;
 
 pub(super) fn tick(
