@@ -39,6 +39,8 @@ pub mod memory_policy;
 pub mod metrics;
 mod missing_metadata;
 pub mod recent;
+#[cfg(test)]
+mod routing_model;
 mod routing_section;
 mod section;
 pub mod server;

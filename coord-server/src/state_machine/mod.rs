@@ -49,7 +49,7 @@ mod harness;
 #[cfg(test)]
 mod late_request_tests;
 #[cfg(test)]
-mod model;
+pub(crate) mod model;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

@@ -10,8 +10,6 @@
 //! `MODEL_CHECK_DEPTH`, `MODEL_CHECK_MEMBERS`, `MODEL_CHECK_SHARDS`, `MODEL_CHECK_FAULTS`, `MODEL_CHECK_NET`
 //! and `MODEL_CHECK_LIVENESS_EVERY` (`MODEL_CHECK_PROGRESS=1` prints every layer).
 
-mod routing_check;
-mod routing_world;
 mod world;
 
 use std::cell::Cell;

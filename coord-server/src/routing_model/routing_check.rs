@@ -19,7 +19,7 @@ use std::hash::{DefaultHasher, Hasher};
 use std::time::Instant;
 
 use super::routing_world::{describe, Action, RoutingBudget, RoutingConfig, RoutingWorld};
-use super::{Counterexample, Report};
+use crate::state_machine::model::{Counterexample, Report};
 
 impl RoutingConfig {
     /// The first configuration the test suite runs: one Redis node that fails over once (losing what its
@@ -299,8 +299,8 @@ pub fn replay(config: &RoutingConfig, actions: &[Action]) -> Result<(), String> 
 
 #[cfg(test)]
 mod tests {
-    use super::super::{inject, Bug};
     use super::*;
+    use crate::state_machine::model::{inject, Bug};
 
     fn run(config: &RoutingConfig) -> Result<Report, Box<Counterexample>> {
         let r = check(config);

@@ -27,8 +27,8 @@ use protocol::reshard::{Birth, EntryId};
 use protocol::routing::shard_for_key;
 use protocol::{RoutingVersion, ShardId, Status, StoreRevision};
 
-use super::{injected, Bug};
 use crate::routing_section::{self, Probed, RoutingStep};
+use crate::state_machine::model::{injected, Bug};
 use crate::state_machine::routing::{self, answer, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded};
