@@ -22,6 +22,8 @@
 //! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
 //! * [`config`], [`error`], [`stats`].
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
+//! * `routing_model` (tests only): the exhaustive model check of a stream's routing through Redis losses, over
+//!   `routing_section` and a modelled Redis (the group model check is `state_machine`'s).
 #![warn(missing_docs)]
 
 pub mod auth;
