@@ -27,7 +27,7 @@ pub fn group_refs(raw: &[String]) -> Vec<GroupRef> {
     groups
 }
 
-/// Schema versions this build writes, for callers building a [`Write`].
+/// Schema versions this build writes, for callers building a `Write`.
 pub const fn schema_of_group() -> u32 {
     GROUP_SCHEMA_VERSION
 }
@@ -47,7 +47,7 @@ pub fn decode_group(loaded: &Loaded, json: &[u8]) -> Result<GroupMetadata, Strin
 }
 
 /// Decodes a routing document whose hash fields were checked already ([`check_versions`], or the checks of
-/// [`Store::read`]).
+/// `Store::read`).
 ///
 /// # Errors
 /// A sentence for the `METADATA_UNAVAILABLE` answer.

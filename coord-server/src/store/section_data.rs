@@ -65,7 +65,7 @@ pub enum LivenessScope<'a> {
 pub struct Cached<'a> {
     /// The revision it was read or written at.
     pub revision: StoreRevision,
-    /// [`digest`] of its JSON.
+    /// [`digest`](super::digest) of its JSON.
     pub digest: &'a str,
     /// Length of its JSON in bytes.
     pub len: usize,
@@ -86,7 +86,7 @@ pub struct Loaded {
     pub layout_version: Option<u32>,
     /// The aggregate JSON, unless the caller's cached one is still current (or the hash is missing).
     pub aggregate: Option<Vec<u8>>,
-    /// [`digest`] of the aggregate this load stands for (the one sent, or the cached one on a hit); empty when
+    /// [`digest`](super::digest) of the aggregate this load stands for (the one sent, or the cached one on a hit); empty when
     /// there is none.
     pub aggregate_digest: String,
     /// Whether the caller's [`Cached`] aggregate is the stored one (same revision, same bytes).
