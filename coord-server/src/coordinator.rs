@@ -4,7 +4,7 @@
 //! This module only wires: the critical section is written once (`section`), with one kind per hash
 //! (`group_section`; `routing_section` for routing and group creation); every Redis command is in [`crate::store`];
 //! the decisions are pure functions of [`crate::state_machine`] (the grace and suspected loss, recreate semantics,
-//! the producer routing answer among them); per-group memory is `slots`.
+//! the producer routing answer among them); per-group memory is `group_slots`.
 //! What stays here: requests of one group queue on its local lock, and heartbeats that queue together run as one
 //! section (group commit).
 
@@ -20,24 +20,24 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tracing::{info, warn, Instrument};
 
-use crate::absent;
 use crate::clock::LastRun;
 use crate::config::Config;
 use crate::error::{Error, StoreError};
 use crate::group_section::{Decide, GroupEnv, GroupSection};
+use crate::group_slots::{GroupSlot, Queued, Slots};
 use crate::memory_policy::{self, PolicyCheck};
+use crate::missing_metadata;
 use crate::recent::{RecentEvent, RecentRebalances};
 use crate::routing_section::{self, check_if_match, CreateSection, RoutingSection, RoutingStep};
 use crate::section::{self, unavailable, Env};
 use crate::shutdown::ShutdownGate;
-use crate::slots::{GroupSlot, Queued, Slots};
 use crate::spans;
 use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input, Liveness, Outcome, Transition};
 use crate::stats::Stats;
 use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
-pub use crate::slots::SLOT_RETENTION;
+pub use crate::group_slots::SLOT_RETENTION;
 
 mod reshard;
 
@@ -66,7 +66,7 @@ struct Inner {
     store: Store,
     gate: ShutdownGate,
     stats: Stats,
-    /// Per-group local lock, heartbeat queue and memory (see [`crate::slots`]).
+    /// Per-group local lock, heartbeat queue and memory (see [`crate::group_slots`]).
     slots: Slots,
     /// Redis time (ms) before which nobody is expired, after a Redis restart (run id change).
     global_grace_until_ms: AtomicU64,
@@ -594,7 +594,7 @@ impl Coordinator {
 
     async fn absent_group(&self, stream: &StreamName, group: &GroupName) -> Error {
         let inner = &self.inner;
-        absent::group(&inner.store, &inner.stats, &inner.slots, stream, group).await
+        missing_metadata::group(&inner.store, &inner.stats, &inner.slots, stream, group).await
     }
 
     fn env(&self) -> Env<'_> {
@@ -685,7 +685,7 @@ impl Coordinator {
             .await
             .map_err(|e| section::store_error(&inner.stats, e))?;
         let Some((rev, json)) = routing else {
-            return Err(absent::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
+            return Err(missing_metadata::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
         };
         let r = store::decode_routing(&json).map_err(|e| unavailable(&inner.stats, e))?;
         Ok((rev, r))

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 
-use crate::absent;
 use crate::error::{Error, StoreError};
+use crate::group_slots::{GroupMemory, GroupSlot, Slots};
+use crate::missing_metadata;
 use crate::recent::RecentRebalances;
 use crate::section::{store_error, unavailable, Section, Verdict};
-use crate::slots::{GroupMemory, GroupSlot, Slots};
 use crate::state_machine::grace::{self, Suspicion};
 use crate::state_machine::{Clock, Event, Liveness, Transition};
 use crate::stats::Stats;
@@ -77,8 +77,8 @@ impl<F: Decide> GroupSection<'_, F> {
         let (stream, group, slot) = (self.stream, self.group, self.slot);
         let Some(rev) = loaded.revision else {
             slot.drop_aggregate();
-            // Counted by `absent::group`, which tells a lost group (counted) from a never-created one.
-            return Err(absent::missing_group(stream, group));
+            // Counted by `missing_metadata::group`, which tells a lost group (counted) from a never-created one.
+            return Err(missing_metadata::missing_group(stream, group));
         };
         // Every load is checked, cached or not: the cache only saves the JSON parse.
         store::check_versions(loaded, store::schema_of_group()).map_err(|e| self.corrupt(e))?;
@@ -190,7 +190,8 @@ impl<F: Decide> Section for GroupSection<'_, F> {
         if loaded.revision.is_none() {
             // Looked up after the mutex is released: the lookup needs no lock, and only requests for groups
             // without metadata pay for it.
-            return absent::group(self.env.store, self.env.stats, self.env.slots, self.stream, self.group).await;
+            return missing_metadata::group(self.env.store, self.env.stats, self.env.slots, self.stream, self.group)
+                .await;
         }
         e
     }

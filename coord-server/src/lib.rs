@@ -4,11 +4,11 @@
 //! # Layout
 //! * [`state_machine`]: the pure core: `(metadata, liveness, input, now) -> (next metadata, answer)`.
 //! * [`store`]: the Redis hash per group, the revision compare-and-set and mutex scripts, Redis `TIME`.
-//! * [`store_reshard`]: the seal script of a parent shard and the drain observation of a group.
+//! * [`store::reshard`]: the seal script of a parent shard and the drain observation of a group.
 //! * [`coordinator`]: the public operations, wired from the parts below.
 //! * `section`: the critical section, written once (shutdown gate, mutex, load, decide, write, answer);
-//!   `group_section` and `routing_section`: its kinds; `slots`: per-group local lock, queue and memory;
-//!   `absent`: "never created" or "lost" answers.
+//!   `group_section` and `routing_section`: its kinds; `group_slots`: per-group local lock, queue and memory;
+//!   `missing_metadata`: the "never created" or "lost" answer.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
 //! * [`tick`]: the loop that ticks every group.
@@ -23,9 +23,10 @@
 //! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
 //! * [`config`], [`error`], [`stats`].
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
+//! * `routing_model` (tests only): the exhaustive model check of a stream's routing through Redis losses, over
+//!   `routing_section` and a modelled Redis (the group model check is `state_machine`'s).
 #![warn(missing_docs)]
 
-mod absent;
 pub mod auth;
 mod clock;
 pub mod config;
@@ -35,22 +36,25 @@ pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod group_section;
+mod group_slots;
 pub mod http;
 pub mod log_limit;
 pub mod memory_policy;
 pub mod metrics;
+mod missing_metadata;
 pub mod recent;
+#[cfg(test)]
+mod routing_model;
 mod routing_section;
 mod section;
 pub mod server;
 pub mod shutdown;
-mod slots;
 pub mod spans;
 pub mod startup;
 pub mod state_machine;
 pub mod stats;
 pub mod store;
-pub mod store_reshard;
+
 pub mod tick;
 
 pub use store::traces;

@@ -12,16 +12,15 @@
 use futures::{StreamExt, TryStreamExt};
 use protocol::metadata::{GroupMetadata, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
-use protocol::reshard::MAX_RECORDED_GROWTHS;
+use protocol::reshard::{Birth, MAX_RECORDED_GROWTHS};
 use protocol::{RoutingVersion, ShardId, StoreRevision};
 
 use crate::error::Error;
 use crate::section::{unavailable, Section, Verdict};
 use crate::state_machine;
-use crate::state_machine::routing::{Birth, Evidence, Plan, Report, SealTodo, Why};
+use crate::state_machine::routing::{Evidence, Plan, Report, SealTodo, Why};
 use crate::stats::Stats;
 use crate::store::{self, Loaded, SectionKeys, Store, Write};
-use crate::store_reshard;
 
 /// Data-plane writes sent at once (seals, records): a growth of a large stream touches up to `MAX_SHARDS` keys.
 const DATA_PLANE_IN_FLIGHT: usize = 64;
@@ -76,7 +75,7 @@ impl Probed {
 /// A Redis failure; a record that does not parse.
 pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) -> Result<Probed, Error> {
     let mut conn = store.connection();
-    let (fence, sealed_for) = store_reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
+    let (fence, sealed_for) = store::reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
     let mut beyond = Vec::new();
     let mut next = shard_count;
     // Usually none: one read says so. A lost growth is read in batches.
@@ -100,7 +99,7 @@ pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) 
         let mut past = Vec::new();
         let mut next = state_machine::routing::first_past_gap(m, sealed_for);
         while let Some(shard) = next.filter(|_| past.len() <= MAX_RECORDED_GROWTHS) {
-            let found = store_reshard::birth(&mut conn, stream, ShardId(shard)).await?;
+            let found = store::reshard::birth(&mut conn, stream, ShardId(shard)).await?;
             next = found.and_then(|b| state_machine::routing::next_past_gap(m, &b));
             past.extend(found);
         }
@@ -118,7 +117,7 @@ async fn births(
     Ok(futures::stream::iter(shards)
         .map(|shard| {
             let mut conn = conn.clone();
-            async move { store_reshard::birth(&mut conn, stream, ShardId(shard)).await }
+            async move { store::reshard::birth(&mut conn, stream, ShardId(shard)).await }
         })
         .buffered(DATA_PLANE_IN_FLIGHT)
         .try_collect()
@@ -387,7 +386,7 @@ where
                 let mut conn = conn.clone();
                 let stream = &stream;
                 async move {
-                    let s = store_reshard::seal_reusing(
+                    let s = store::reshard::seal_reusing(
                         &mut conn,
                         stream,
                         todo.shard,
@@ -413,7 +412,7 @@ where
             .map(|birth| {
                 let mut conn = conn.clone();
                 let stream = &stream;
-                async move { store_reshard::record(&mut conn, stream, birth).await.map(|_| ()) }
+                async move { store::reshard::record(&mut conn, stream, birth).await.map(|_| ()) }
             })
             .buffered(DATA_PLANE_IN_FLIGHT)
             .try_collect::<Vec<()>>()

@@ -2,7 +2,7 @@
 //! the seal position is the last entry at that instant, atomically with concurrent fenced writers; add-shards
 //! seals every parent and records the positions in the routing.
 
-use coord_server::store_reshard::{drain_state, seal};
+use coord_server::store::reshard::{drain_state, seal};
 use coord_server::{Config, Coordinator};
 use protocol::keys::{self, shard_fence_fields};
 use protocol::messages::CreateGroupRequest;

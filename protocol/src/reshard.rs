@@ -94,6 +94,20 @@ impl<'de> Deserialize<'de> for EntryId {
     }
 }
 
+/// What one shard's record (its fence hash, beside the shard stream) says of its birth: written once by the
+/// coordinator when a layout creates the shard, read back to tell which growth a shard belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Birth {
+    /// The shard.
+    pub shard: ShardId,
+    /// The routing version whose layout created it.
+    pub born: RoutingVersion,
+    /// The shard count before that growth (0 for a stream's first shards).
+    pub parents: u32,
+    /// The shard count of the layout that created it (`bornCount`; 0: a record written before counts were).
+    pub count: u32,
+}
+
 /// One add-shards, as the stream routing records it.
 ///
 /// Every shard below `parents` is a parent (with jump hash any old shard can send keys to any new one); every

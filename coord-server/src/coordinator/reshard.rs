@@ -5,6 +5,7 @@
 
 use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
+use protocol::reshard::Birth;
 use protocol::{RoutingVersion, ShardId};
 use tracing::{info, warn, Instrument};
 
@@ -15,10 +16,9 @@ use crate::error::Error;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
-use crate::state_machine::routing::{Birth, Report};
+use crate::state_machine::routing::Report;
 use crate::state_machine::{self, Input};
 use crate::store::{self, LivenessScope};
-use crate::store_reshard;
 
 /// Seal scripts sent at once by [`Coordinator::seal_growths`].
 const SEALS_IN_FLIGHT: usize = 64;
@@ -88,9 +88,9 @@ impl Coordinator {
     pub async fn tend_routing(&self, stream: &StreamName) -> Result<(), Error> {
         let (_, r) = self.read_routing(stream).await?;
         let mut conn = self.inner.store.connection();
-        let fence = store_reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
+        let fence = store::reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
         let beyond = if r.shard_count < MAX_SHARDS {
-            store_reshard::birth(&mut conn, stream, ShardId(r.shard_count)).await?
+            store::reshard::birth(&mut conn, stream, ShardId(r.shard_count)).await?
         } else {
             None
         };
@@ -112,7 +112,7 @@ impl Coordinator {
     /// where the last call stopped. A record is written only where none is (never overwriting one), with the
     /// birth the routing's growths give the shard. A record that names a layout with more shards than the routing
     /// at or below its version (a Cluster master that lost the retirement's seal kept a lost layout's) gets the
-    /// routing's count ([`store_reshard::recount`]), else that layout's producers would be refused there for good.
+    /// routing's count ([`store::reshard::recount`]), else that layout's producers would be refused there for good.
     ///
     /// Answers the highest fence above the routing's version it saw (`None`: none): a growth that sealed those
     /// shards was lost, and the caller restores the routing past it.
@@ -126,7 +126,7 @@ impl Coordinator {
         let conn = self.inner.store.connection();
         let window: Vec<Birth> = births[start as usize..end as usize].to_vec();
         let shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
-        let found = store_reshard::swept(&conn, stream, &shards).await?;
+        let found = store::reshard::swept(&conn, stream, &shards).await?;
         let fence_above = found.iter().map(|f| f.fence).filter(|&f| f > r.routing_version).max();
         let recount: Vec<ShardId> = found
             .iter()
@@ -140,10 +140,10 @@ impl Coordinator {
             .filter_map(|(b, f)| f.birth.is_none().then_some(b))
             .collect();
         for b in &lost {
-            store_reshard::record(&mut conn.clone(), stream, *b).await?;
+            store::reshard::record(&mut conn.clone(), stream, *b).await?;
         }
         for &s in &recount {
-            store_reshard::recount(&mut conn.clone(), stream, s, r.routing_version, r.shard_count).await?;
+            store::reshard::recount(&mut conn.clone(), stream, s, r.routing_version, r.shard_count).await?;
         }
         if !recount.is_empty() {
             warn!(stream = %stream, shards = ?recount.iter().map(|s| s.0).collect::<Vec<_>>(),
@@ -192,7 +192,7 @@ impl Coordinator {
                         .iter()
                         .find(|g| g.routing_version == version)
                         .map_or(0, |g| g.shard_count);
-                    let s = store_reshard::seal(&mut conn, stream, shard, version, count).await?;
+                    let s = store::reshard::seal(&mut conn, stream, shard, version, count).await?;
                     Ok::<_, Error>(Seal {
                         routing_version: version,
                         shard,
@@ -237,7 +237,7 @@ impl Coordinator {
                     shard,
                     shard_count,
                 } => {
-                    let s = store_reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
+                    let s = store::reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
                     observed.push(Observation::Sealed(Seal {
                         routing_version,
                         shard,
@@ -250,13 +250,13 @@ impl Coordinator {
                     seal,
                     shard_count,
                 } => {
-                    let d = store_reshard::drain_state(&mut conn, stream, group, shard, seal).await?;
+                    let d = store::reshard::drain_state(&mut conn, stream, group, shard, seal).await?;
                     if d.fence < routing_version {
                         // The fence is gone (a Redis rollback): producers of the old routing could have written
                         // after the recorded seal. Seal again; the parent drains up to the new position.
                         warn!(stream = %stream, group = %group, shard = %shard, version = %routing_version,
                             fence = %d.fence, "parent fence lost; sealing again");
-                        let s = store_reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
+                        let s = store::reshard::seal(&mut conn, stream, shard, routing_version, shard_count).await?;
                         observed.push(Observation::Resealed(Seal {
                             routing_version,
                             shard,

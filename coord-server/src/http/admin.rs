@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::auth::{AdminAuth, AuthRejection};
 use super::error::ApiError;
 use super::extract::{etag, GroupPath, IfMatch, JsonBody, MemberPath, QueryParams, StreamPath};
-use super::AppState;
+use super::state::AppState;
 use crate::auth::{Denied, Role};
 
 fn group_answer(status: StatusCode, group: GroupDescription) -> Response {

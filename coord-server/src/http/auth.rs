@@ -10,7 +10,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use crate::auth::{self, Access, Denied, Role};
 
 /// A refused request.

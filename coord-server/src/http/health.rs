@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use crate::error::{Error, StoreError};
 
 /// How long `/readyz` waits for Redis to answer; a probe must answer before its own timeout.

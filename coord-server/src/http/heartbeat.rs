@@ -7,7 +7,7 @@ use protocol::messages::{HeartbeatRequest, HeartbeatResponse};
 use super::auth::ConsumerAuth;
 use super::error::ApiError;
 use super::extract::{GroupPath, JsonBody};
-use super::AppState;
+use super::state::AppState;
 
 /// Answers from what the critical section wrote to Redis, so a lost answer is repaired by the next heartbeat.
 pub(super) async fn heartbeat(

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 
-use super::AppState;
+use super::state::AppState;
 
 /// The Prometheus text exposition format, version 0.0.4.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -28,6 +28,7 @@ mod health;
 mod heartbeat;
 mod metrics;
 mod routing;
+mod state;
 mod status;
 
 use axum::extract::{DefaultBodyLimit, Request};
@@ -35,14 +36,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
-use std::future::Future;
 use std::time::Duration;
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
-use crate::error::Error;
 pub use error::{error_response, ApiError};
+use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
 pub use protocol::routes::{
@@ -76,39 +76,6 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
     })
 }
 
-/// What every handler shares.
-#[derive(Clone)]
-struct AppState {
-    coordinator: Coordinator,
-}
-
-impl AppState {
-    /// Runs a mutation to completion in its own task (see the module docs), after a fast refusal once shutdown
-    /// began: the coordinator checks the gate again after the group's local lock, but a request queued behind a
-    /// section in flight should not wait for it only to be refused.
-    async fn mutate<T, F, Fut>(&self, op: F) -> Result<T, ApiError>
-    where
-        F: FnOnce(Coordinator) -> Fut,
-        Fut: Future<Output = Result<T, Error>> + Send + 'static,
-        T: Send + 'static,
-    {
-        if self.coordinator.gate().is_terminating() {
-            return Err(Error::Terminating.into());
-        }
-        match tokio::spawn(op(self.coordinator.clone())).await {
-            Ok(result) => result.map_err(|e| {
-                let metrics = self.coordinator.stats().metrics();
-                if matches!(e, Error::RevisionConflict { .. }) {
-                    metrics.admin_revision_conflict();
-                }
-                metrics.error(&e);
-                ApiError::from(e)
-            }),
-            Err(e) => Err(ApiError::internal(format!("the operation failed: {e}"))),
-        }
-    }
-}
-
 /// The router of the whole API, with the body limit and request timeout of the coordinator's configuration.
 ///
 /// # Panics
@@ -130,7 +97,7 @@ pub fn router(coordinator: Coordinator) -> Router {
             request_deadline(req, next, timeout)
         }))
         .layer(TraceLayer::new_for_http().on_failure(log_failure))
-        .with_state(AppState { coordinator })
+        .with_state(AppState::new(coordinator))
 }
 
 /// tower-http's default writes an ERROR line for every 5xx: a second line for each refusal [`ApiError`] already

@@ -9,7 +9,7 @@ use crate::Error;
 use super::auth::ProducerAuth;
 use super::error::ApiError;
 use super::extract::{QueryParams, StreamPath};
-use super::AppState;
+use super::state::AppState;
 
 /// A read: it takes no mutex and is not run detached. A terminating instance still refuses it (with
 /// `Connection: close`), so producers move to another instance with the consumers instead of holding on to one

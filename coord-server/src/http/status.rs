@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use super::auth::AuthRejection;
 use super::extract::QueryParams;
-use super::AppState;
+use super::state::AppState;
 use crate::auth::{self, Role};
 use crate::metrics::{shard_backlog, ShardBacklog};
 use crate::recent::RecentEvent;

@@ -22,7 +22,8 @@ use std::collections::BTreeSet;
 
 use protocol::metadata::CorrectionRound;
 
-use super::{bounds, fencing, Event, Tx};
+use super::transition::{Event, Tx};
+use super::{bounds, fencing};
 
 /// Opens a round, or feeds the open one. A higher reported version raises the version retired at the close.
 /// Only the coordinator's own evidence of a new loss (`restart_wait`: a Redis run id change, or a version it saw

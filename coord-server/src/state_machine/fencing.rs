@@ -14,7 +14,7 @@
 
 use protocol::FencingToken;
 
-use super::Tx;
+use super::transition::Tx;
 
 /// The token that follows `last` at Redis time `now_ms`. Saturates at [`FencingToken::MAX`], which Redis time in
 /// ms reaches only in about 285,000 years.

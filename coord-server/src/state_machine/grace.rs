@@ -9,7 +9,7 @@
 use protocol::metadata::GroupMetadata;
 use protocol::MetadataVersion;
 
-use super::Clock;
+use super::transition::Clock;
 
 /// What this process remembers of a group from earlier loads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{FencingToken, Incarnation, MemberEpoch, MetadataVersion, ShardId};
 
-use super::{apply, create_group, Clock, Input, Liveness, Outcome, Rejection, Transition};
+use super::transition::{Clock, Liveness, Outcome, Rejection, Transition};
+use super::{apply, create_group, Input};
 
 pub const TTL: u64 = 10_000;
 pub const INTERVAL: u64 = 1_000;

@@ -22,7 +22,8 @@ use std::collections::BTreeSet;
 use super::incarnation::{self, Identity, Stale};
 use super::lease::{is_held, lease_end};
 use super::reconcile::{accept_revoked, has_revokes, settle, view};
-use super::{bounds, correction, fencing, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::transition::{Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{bounds, correction, fencing, target};
 
 pub(super) fn heartbeat(
     meta: &protocol::metadata::GroupMetadata,

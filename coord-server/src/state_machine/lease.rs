@@ -8,7 +8,7 @@
 use protocol::metadata::MemberRecord;
 use protocol::names::MemberId;
 
-use super::{Clock, Liveness};
+use super::transition::{Clock, Liveness};
 
 /// The end of `member`'s lease, in Redis time (ms).
 pub fn lease_end(id: &MemberId, member: &MemberRecord, liveness: &Liveness) -> u64 {

@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::harness::{Harness, INTERVAL, TTL};
-use super::{Event, Input, Liveness, Outcome};
+use super::transition::{Event, Liveness, Outcome};
+use super::Input;
 use protocol::metadata::GroupMetadata;
 
 const MEMBERS: u8 = 4;

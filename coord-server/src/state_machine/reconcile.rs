@@ -13,7 +13,8 @@ use protocol::{MetadataVersion, ShardId};
 use std::collections::BTreeSet;
 
 use super::lease::is_held;
-use super::{bounds, fencing, reshard, Event, Tx};
+use super::transition::{Event, Tx};
+use super::{bounds, fencing, reshard};
 
 /// What one member may do with each shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use protocol::reshard::{EntryId, GroupReshard, Growth, MAX_RECORDED_GROWTHS};
 use protocol::{RoutingVersion, ShardId};
 use std::collections::BTreeSet;
 
-use super::{Answer, Clock, Event, Liveness, Transition, Tx};
+use super::transition::{Answer, Clock, Event, Liveness, Transition, Tx};
 
 /// The routing after adding `count` shards: the next version, with a growth record whose parents are all still
 /// to be sealed. Only the last [`MAX_RECORDED_GROWTHS`] growths are kept.

@@ -27,7 +27,7 @@
 
 use protocol::messages::{RoutingQuery, RoutingResponse};
 use protocol::metadata::{StreamRouting, MAX_SHARDS};
-use protocol::reshard::{Growth, MAX_RECORDED_GROWTHS};
+use protocol::reshard::{Birth, Growth, MAX_RECORDED_GROWTHS};
 use protocol::{MetadataVersion, RoutingVersion, ShardId, Status};
 
 use super::bounds::LOST_HISTORY_SLACK;
@@ -49,19 +49,6 @@ pub fn answer(stored: &StreamRouting, query: &RoutingQuery) -> RoutingResponse {
         refresh_interval_ms: (stored.routing_lease_ms / 3).max(1),
         shard_records: stored.shard_records,
     }
-}
-
-/// What one shard's record says of its birth.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Birth {
-    /// The shard.
-    pub shard: ShardId,
-    /// The routing version whose layout created it.
-    pub born: RoutingVersion,
-    /// The shard count before that growth (0 for a stream's first shards).
-    pub parents: u32,
-    /// The shard count of the layout that created it (`bornCount`; 0: a record written before counts were).
-    pub count: u32,
 }
 
 /// A client's report of the highest routing it saw.

@@ -4,7 +4,7 @@ use protocol::names::MemberId;
 use std::collections::BTreeSet;
 
 use super::assignor;
-use super::Tx;
+use super::transition::Tx;
 
 /// Recomputes every shard's target. Fenced members are not eligible. Bumps the assignment epoch when the targets
 /// change, or always when `membership_changed` (so a new incarnation's epoch is above every earlier one).

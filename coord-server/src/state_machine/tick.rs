@@ -17,7 +17,8 @@ use protocol::names::MemberId;
 
 use super::lease::{is_expired, is_held, lease_end, rebalance_timed_out};
 use super::reconcile::settle;
-use super::{correction, reshard, target, Answer, Clock, Event, Liveness, Transition, Tx};
+use super::transition::{Answer, Clock, Event, Liveness, Transition, Tx};
+use super::{correction, reshard, target};
 use protocol::Status;
 
 pub(super) fn tick(
@@ -43,6 +44,39 @@ pub(super) fn tick(
         membership_changed = true;
     }
 
+    membership_changed |= fence_overdue(&mut tx, meta, now);
+
+    let ended: Vec<MemberId> = tx
+        .get()
+        .members
+        .iter()
+        .filter(|(_, m)| m.hold_until_ms.is_some_and(|h| now >= h))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in ended {
+        end_hold(&mut tx, &id);
+    }
+
+    if let Some(r) = routing.filter(|r| r.routing_version != meta.routing_version) {
+        membership_changed |= adopt_routing(&mut tx, meta, r, now);
+    }
+
+    if let Some(r) = routing {
+        reshard::copy_seals(&mut tx, r);
+    }
+    reshard::release(&mut tx, now);
+
+    if membership_changed {
+        target::recompute(&mut tx, true);
+    }
+    settle(&mut tx, now);
+    correction::try_close(&mut tx, now);
+    tx.finish(None, Answer::Done, now)
+}
+
+/// Fences the members that let their rebalance run out, or that hold an overdue correction round open. Whether
+/// any was fenced.
+fn fence_overdue(tx: &mut Tx<'_>, meta: &GroupMetadata, now: u64) -> bool {
     let timeout = meta.timings.rebalance_timeout_ms;
     let round_overdue = meta
         .correction
@@ -68,54 +102,34 @@ pub(super) fn tick(
             }
         })
         .collect();
+    let fenced = !to_fence.is_empty();
     for (id, reason) in to_fence {
-        fence(&mut tx, &id, reason, now);
-        membership_changed = true;
+        fence(tx, &id, reason, now);
     }
+    fenced
+}
 
-    let ended: Vec<MemberId> = tx
-        .get()
-        .members
-        .iter()
-        .filter(|(_, m)| m.hold_until_ms.is_some_and(|h| now >= h))
-        .map(|(id, _)| id.clone())
-        .collect();
-    for id in ended {
-        end_hold(&mut tx, &id);
+/// Adopts a routing of another version, or refuses it; whether the group adopted it. Any other routing version is
+/// adopted, not only a higher one: a routing hash lost and recreated starts its versions again, and a group
+/// holding out for a higher number would never read the shards producers now use. Shards are never removed, so a
+/// routing with fewer shards is refused.
+fn adopt_routing(tx: &mut Tx<'_>, meta: &GroupMetadata, r: &StreamRouting, now: u64) -> bool {
+    if r.shard_count >= meta.shard_count && reshard::adopt(tx, r, meta.shard_count, now) {
+        let next = tx.get_mut();
+        next.routing_version = r.routing_version;
+        next.shards.resize(r.shard_count as usize, ShardRecord::default());
+        next.shard_count = r.shard_count;
+        tx.events.push(Event::RoutingAdopted {
+            version: r.routing_version,
+            shard_count: r.shard_count,
+        });
+        true
+    } else {
+        tx.events.push(Event::RoutingRefused {
+            version: r.routing_version,
+        });
+        false
     }
-
-    // Any other routing version is adopted, not only a higher one: a routing hash lost and recreated starts its
-    // versions again, and a group holding out for a higher number would never read the shards producers now use.
-    // Shards are never removed, so a routing with fewer shards is refused.
-    if let Some(r) = routing.filter(|r| r.routing_version != meta.routing_version) {
-        if r.shard_count >= meta.shard_count && reshard::adopt(&mut tx, r, meta.shard_count, now) {
-            let next = tx.get_mut();
-            next.routing_version = r.routing_version;
-            next.shards.resize(r.shard_count as usize, ShardRecord::default());
-            next.shard_count = r.shard_count;
-            tx.events.push(Event::RoutingAdopted {
-                version: r.routing_version,
-                shard_count: r.shard_count,
-            });
-            membership_changed = true;
-        } else {
-            tx.events.push(Event::RoutingRefused {
-                version: r.routing_version,
-            });
-        }
-    }
-
-    if let Some(r) = routing {
-        reshard::copy_seals(&mut tx, r);
-    }
-    reshard::release(&mut tx, now);
-
-    if membership_changed {
-        target::recompute(&mut tx, true);
-    }
-    settle(&mut tx, now);
-    correction::try_close(&mut tx, now);
-    tx.finish(None, Answer::Done, now)
 }
 
 /// Admin fencing: the member gets FENCED_MEMBER_EPOCH from now on; its shards move when its lease ends.

@@ -128,7 +128,19 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
         (Some(_), Some(json)) => decode_routing(&json).map_or(1, |r| r.shard_count),
         _ => 1,
     };
-    let shards: Vec<ShardId> = (0..shard_count.min(SHARDS_CHECKED)).map(ShardId).collect();
+    let existing = existing_shards(store, stream, shard_count.min(SHARDS_CHECKED)).await?;
+    if existing.is_empty() {
+        return Ok(Absence::NeverCreated);
+    }
+    if let Some(shard) = shard_with_group(store, stream, group, existing).await? {
+        return Ok(Absence::Lost(Trace::ConsumerGroup(shard)));
+    }
+    Ok(Absence::NeverCreated)
+}
+
+/// The shard streams that exist among the first `count`.
+async fn existing_shards(store: &Store, stream: &StreamName, count: u32) -> Result<Vec<ShardId>, StoreError> {
+    let shards: Vec<ShardId> = (0..count).map(ShardId).collect();
     let exists: Vec<(String, Cmd)> = shards
         .iter()
         .map(|&shard| {
@@ -142,14 +154,20 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
         .into_iter()
         .map(|r| typed(Some(r)))
         .collect::<Result<_, _>>()?;
-    let existing: Vec<ShardId> = shards
+    Ok(shards
         .into_iter()
         .zip(present)
         .filter_map(|(shard, present)| present.then_some(shard))
-        .collect();
-    if existing.is_empty() {
-        return Ok(Absence::NeverCreated);
-    }
+        .collect())
+}
+
+/// The first of the `existing` shard streams that has a Redis consumer group named `group`.
+async fn shard_with_group(
+    store: &Store,
+    stream: &StreamName,
+    group: &GroupName,
+    existing: Vec<ShardId>,
+) -> Result<Option<ShardId>, StoreError> {
     let infos: Vec<(String, Cmd)> = existing
         .iter()
         .map(|&shard| {
@@ -163,12 +181,11 @@ pub async fn of_group(store: &Store, stream: &StreamName, group: &GroupName) -> 
         .into_iter()
         .map(|r| typed(Some(r)))
         .collect::<Result<_, _>>()?;
-    for (shard, reply) in existing.into_iter().zip(replies) {
-        if reply.groups.iter().any(|g| g.name == group.as_str()) {
-            return Ok(Absence::Lost(Trace::ConsumerGroup(shard)));
-        }
-    }
-    Ok(Absence::NeverCreated)
+    Ok(existing
+        .into_iter()
+        .zip(replies)
+        .find(|(_, reply)| reply.groups.iter().any(|g| g.name == group.as_str()))
+        .map(|(shard, _)| shard))
 }
 
 /// What remains of a stream whose routing hash has no readable revision.

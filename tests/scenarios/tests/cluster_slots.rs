@@ -145,7 +145,7 @@ async fn every_script_runs_in_one_slot_on_a_cluster() {
     let cluster = RedisCluster::start().await;
     let mut con = cluster.connection().await;
     load_publish_script(&cluster).await;
-    let [(_, seal), (_, drain), (_, record)] = coord_server::store_reshard::script_sources();
+    let [(_, seal), (_, drain), (_, record)] = coord_server::store::reshard::script_sources();
     let (seal, drain, record) = (Script::new(seal), Script::new(drain), Script::new(record));
 
     let stream = StreamName::new("orders").unwrap();

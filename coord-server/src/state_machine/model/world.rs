@@ -5,117 +5,20 @@
 
 use client_core::lease::{effective_lease, Lease, Millis};
 use client_core::membership::{Membership, ShardState};
-use protocol::messages::{HeartbeatRequest, HeartbeatResponse};
+use protocol::messages::HeartbeatRequest;
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting};
-use protocol::names::{GroupName, MemberId, StreamName};
-use protocol::{FencingToken, MetadataVersion, ShardId, Status};
+use protocol::names::{GroupName, StreamName};
+use protocol::{FencingToken, MetadataVersion, ShardId};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::super::{apply, create_group, Clock, Input, Liveness, Outcome, Transition};
-use super::Config;
-
-/// Group timings, in logical ms: one time step is one heartbeat interval, a client lease lasts two steps, a
-/// member's TTL three, so expiry is a few steps away.
-pub const INTERVAL: u64 = 100;
-/// The assignment lease.
-pub const LEASE: u64 = 200;
-/// The member TTL.
-pub const TTL: u64 = 300;
-/// The rebalance timeout.
-pub const REBALANCE: u64 = 300;
-const START_MS: u64 = 1_000;
-
-/// Redis as the coordinator sees it: the group's metadata and liveness hash, and the run id of the Redis
-/// process that wrote them last.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Redis {
-    pub meta: GroupMetadata,
-    pub liveness: Liveness,
-    pub written_by_run: u32,
-}
-
-/// What a coordinator process remembers about the group (lost when it crashes): the shell's part of the clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShellMemory {
-    pub highest: MetadataVersion,
-    pub grace_until: u64,
-}
-
-/// An answer waiting in the network for the client whose current request it answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Heartbeat(HeartbeatResponse),
-    Rejected(Status),
-}
-
-/// One consumer process slot; the process may be down. Slots start one per member id; a replacement adds a slot
-/// that runs under the member id of the process it replaces, while that one keeps running.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Client {
-    /// The member id the slot's processes run as (`m<member>`).
-    pub member: u8,
-    /// The real client rules; `None` while no process runs.
-    pub membership: Option<Membership>,
-    /// Which process of the slot runs (its instance id is `m<member>-<process>`): bumped by a crash, and by a
-    /// start after a graceful leave. A give-back keeps the process (and so its instance id).
-    pub process: u32,
-    /// Its version store is damaged (or its owner hostile): every request reports a version one above the one
-    /// it applied last, a version no coordinator issued.
-    pub creeping: bool,
-    /// The version store, kept across processes.
-    pub stored_max: MetadataVersion,
-    pub lease: Lease<Millis>,
-    /// Send time of the request the client waits for (one at a time, as the SDK's heartbeat loop).
-    pub outstanding: Option<u64>,
-    /// The answer to that request, delivered but not yet received.
-    pub answer: Option<Answer>,
-    /// The last process closed gracefully (a leave was sent).
-    pub left: bool,
-}
-
-/// A request in the network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InFlight {
-    pub from: u8,
-    /// Whether its sender still waits for it (a timed-out request, a copy whose twin was answered, or one from a
-    /// process that is gone arrives late and its answer is dropped).
-    pub current: bool,
-    pub sent_at: u64,
-    pub req: HeartbeatRequest,
-}
-
-/// Budgets of the faults still allowed on this path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    pub crashes: u8,
-    pub coord_crashes: u8,
-    pub failovers: u8,
-    pub dups: u8,
-    pub leaves: u8,
-    /// Give-backs: the SDK leaves (Redis unreadable) and rejoins in the same process.
-    pub give_backs: u8,
-    /// A second process starts under a running process's member id; the first keeps running (stalled, then
-    /// resumed: a stall is any stretch of steps it takes no part in).
-    pub replacements: u8,
-    /// A process's version store is damaged: it reports versions no coordinator issued from then on.
-    pub creeps: u8,
-}
-
-impl Budget {
-    /// No faults at all.
-    pub const NONE: Budget = Budget {
-        crashes: 0,
-        coord_crashes: 0,
-        failovers: 0,
-        dups: 0,
-        leaves: 0,
-        give_backs: 0,
-        replacements: 0,
-        creeps: 0,
-    };
-}
+use super::config::Config;
+use super::parts::{
+    describe_answer, describe_request, ids, instance, member, Action, Answer, Budget, Client, InFlight, Redis,
+    ShellMemory, Violation, INTERVAL, LEASE, REBALANCE, START_MS, TTL,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct World {
@@ -134,105 +37,6 @@ pub struct World {
     pub readers: BTreeMap<ShardId, ((u8, u32), FencingToken)>,
     /// Correction rounds opened so far (the fair suffix may open at most one: see [`World::settle`]).
     pub rounds_opened: u32,
-}
-
-/// One atomic step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// A client sends its next heartbeat; it stays in the network.
-    Send(u8),
-    /// A whole round trip with no interference: send, deliver, receive.
-    RoundTrip(u8),
-    /// The coordinator handles request `i` of the network.
-    Deliver(usize),
-    /// The coordinator handles a duplicate of request `i`; the original stays in the network.
-    Duplicate(usize),
-    /// Request `i` is lost.
-    LoseRequest(usize),
-    /// The client receives the answer to its request.
-    Receive(u8),
-    /// The client gives up waiting (request timeout, or its request or the answer was lost); the request may
-    /// still arrive.
-    Timeout(u8),
-    /// Every draining reader of the client finishes its in-flight work.
-    Drain(u8),
-    /// Graceful close: stop every reader, send the leave, exit.
-    Leave(u8),
-    /// The SDK's give-back (Redis unreadable for too long): stop every reader, send the leave without waiting
-    /// for it, forget the assignment; the next request joins again from the same process.
-    GiveBack(u8),
-    /// A new process starts under the member id of slot `i`'s running process, in a slot of its own; the old one
-    /// keeps running.
-    Replace(u8),
-    /// Slot `i`'s version store is damaged: from now on it reports versions no coordinator issued.
-    Corrupt(u8),
-    /// A process starts in the slot (a new instance id after a crash or a leave).
-    Start(u8),
-    /// The process dies: its readers stop, its requests may still arrive.
-    Crash(u8),
-    /// The coordinator's periodic tick.
-    Tick,
-    /// Time moves one interval; client leases and member TTLs may run out.
-    Advance,
-    /// The coordinator restarts: its memory is lost.
-    CoordinatorCrash,
-    /// The replica catches up with the primary.
-    Replicate,
-    /// Failover: the replica (possibly behind) becomes the primary, with a new run id.
-    Failover,
-}
-
-/// A property violation, with what was seen.
-pub type Violation = String;
-
-pub fn member(m: u8) -> MemberId {
-    MemberId::new(format!("m{m}")).expect("valid member id")
-}
-
-fn instance(m: u8, process: u32) -> String {
-    format!("m{m}-{process}")
-}
-
-fn ids(v: &[ShardId]) -> String {
-    let parts: Vec<String> = v.iter().map(|s| s.0.to_string()).collect();
-    format!("[{}]", parts.join(","))
-}
-
-pub fn describe_request(r: &HeartbeatRequest) -> String {
-    let revoking: Vec<String> = r
-        .revoking
-        .iter()
-        .map(|x| format!("{}:{:?}", x.shard.0, x.state))
-        .collect();
-    format!(
-        "{} {} epoch {} v{} owned {} revoking [{}]",
-        r.member_id,
-        r.instance_id,
-        r.member_epoch,
-        r.metadata_version.0,
-        ids(&r.owned),
-        revoking.join(",")
-    )
-}
-
-fn describe_answer(a: &Answer) -> String {
-    match a {
-        Answer::Heartbeat(r) => format!(
-            "{} epoch {} v{} assigned {} pending {} revoke {} tokens [{}]",
-            r.status,
-            r.member_epoch,
-            r.metadata_version.0,
-            ids(&r.assigned),
-            ids(&r.pending),
-            ids(&r.revoke),
-            r.fencing_tokens
-                .iter()
-                .map(|t| format!("{}:{}", t.shard.0, t.token))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-        Answer::Rejected(s) => format!("rejected {s}"),
-    }
 }
 
 impl World {
@@ -568,7 +372,7 @@ impl World {
     }
 
     /// The client stops waiting: later answers to what it sent are dropped.
-    fn give_up(&mut self, m: u8) {
+    pub(super) fn give_up(&mut self, m: u8) {
         let c = &mut self.clients[m as usize];
         c.outstanding = None;
         c.answer = None;
@@ -578,7 +382,7 @@ impl World {
     }
 
     /// The coordinator handles request `i` (leaving it in the network when `dup`).
-    fn deliver(&mut self, i: usize, dup: bool) -> Result<String, Violation> {
+    pub(super) fn deliver(&mut self, i: usize, dup: bool) -> Result<String, Violation> {
         let f = if dup {
             self.budget.dups -= 1;
             self.net[i].clone()
@@ -704,7 +508,7 @@ impl World {
     }
 
     /// The client applies the answer it waited for, as the SDK's heartbeat loop does.
-    fn receive(&mut self, m: u8) -> Result<String, Violation> {
+    pub(super) fn receive(&mut self, m: u8) -> Result<String, Violation> {
         let now = Millis(self.now);
         let c = &mut self.clients[m as usize];
         let answer = c.answer.take().expect("an answer to receive");
@@ -786,139 +590,6 @@ impl World {
                 .cmp(&(b.from, b.sent_at, b.current, b.req.metadata_version, b.req.member_epoch))
                 .then_with(|| format!("{:?}", a.req).cmp(&format!("{:?}", b.req)))
         });
-    }
-
-    /// Safety: no shard is held by two members whose leases are valid (a draining reader still holds it).
-    pub fn check(&self) -> Result<(), Violation> {
-        let now = Millis(self.now);
-        let mut holders: BTreeMap<ShardId, Vec<u8>> = BTreeMap::new();
-        for (i, c) in self.clients.iter().enumerate() {
-            let Some(membership) = &c.membership else { continue };
-            if !c.lease.is_valid_at(now) {
-                continue;
-            }
-            for state in [ShardState::Reading, ShardState::Draining] {
-                for s in membership.shards_in(state) {
-                    holders.entry(s).or_default().push(i as u8);
-                }
-            }
-        }
-        for (s, who) in holders {
-            if who.len() > 1 {
-                return Err(format!(
-                    "shard {s} held under valid leases by {:?} at time {}",
-                    who.iter()
-                        .map(|&i| {
-                            let c = &self.clients[i as usize];
-                            let name = format!("{}", member(c.member));
-                            if self.clients.iter().filter(|o| o.member == c.member).count() > 1 {
-                                MemberId::new(format!("{name}-slot{i}")).expect("valid")
-                            } else {
-                                member(c.member)
-                            }
-                        })
-                        .collect::<Vec<_>>(),
-                    self.now
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// One fault-free round: time moves, every running client finishes its draining, and heartbeats once with a
-    /// round trip; then the tick.
-    fn fair_round(&mut self) -> Result<(), Violation> {
-        self.step(Action::Advance)?;
-        for m in 0..self.clients.len() as u8 {
-            if self.clients[m as usize].membership.is_none() {
-                continue;
-            }
-            self.give_up(m);
-            let draining = self.clients[m as usize]
-                .membership
-                .as_ref()
-                .is_some_and(|ms| !ms.shards_in(ShardState::Draining).is_empty());
-            if draining {
-                self.step(Action::Drain(m))?;
-            }
-            self.step(Action::RoundTrip(m))?;
-        }
-        self.step(Action::Tick)?;
-        Ok(())
-    }
-
-    /// Liveness under fairness: from this state, with no more faults (every late request arrives, then every
-    /// running client heartbeats each interval and drains at once), every shard ends up read by exactly one
-    /// running client under a valid lease, and stays so.
-    pub fn settle(&self) -> Result<(), Violation> {
-        let mut w = self.clone();
-        let rounds_before = w.rounds_opened;
-        while !w.net.is_empty() {
-            w.deliver(0, false)?;
-            w.check()?;
-        }
-        for m in 0..w.clients.len() as u8 {
-            if w.clients[m as usize].answer.is_some() {
-                w.receive(m)?;
-            }
-        }
-        // Four member TTLs and rebalance timeouts: expiry, fencing and a correction round all end within them.
-        const ROUNDS: usize = 12;
-        const STABLE: usize = 3;
-        let mut last = None;
-        for round in 0..ROUNDS + STABLE {
-            w.fair_round()?;
-            // No fault happens in the suffix: the only evidence of a loss it can bring is what happened before it
-            // (one round corrects that) or a version no coordinator issued, which must not hold the group.
-            if w.rounds_opened > rounds_before + 1 {
-                return Err(format!(
-                    "liveness: {} correction rounds opened in the fault-free suffix (at most one may)",
-                    w.rounds_opened - rounds_before
-                ));
-            }
-            if round < ROUNDS {
-                continue;
-            }
-            let running: Vec<&Client> = w.clients.iter().filter(|c| c.membership.is_some()).collect();
-            if running.is_empty() {
-                return Ok(());
-            }
-            let mut readers: Vec<Vec<u8>> = Vec::new();
-            for s in 0..w.redis.meta.shard_count {
-                let who: Vec<u8> = w
-                    .clients
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, c)| {
-                        c.lease.is_valid_at(Millis(w.now))
-                            && c.membership
-                                .as_ref()
-                                .is_some_and(|ms| ms.state(ShardId(s)) == Some(ShardState::Reading))
-                    })
-                    .map(|(i, _)| i as u8)
-                    .collect();
-                if who.len() != 1 {
-                    return Err(format!(
-                        "liveness: after {ROUNDS} fair rounds shard {s} is read by {who:?} (running: {:?})\nmetadata {:#?}",
-                        w.clients
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, c)| c.membership.is_some())
-                            .map(|(i, _)| i)
-                            .collect::<Vec<_>>(),
-                        w.redis.meta
-                    ));
-                }
-                readers.push(who);
-            }
-            if last.as_ref().is_some_and(|l| l != &readers) {
-                return Err(format!(
-                    "liveness: the assignment still moves after {ROUNDS} fair rounds"
-                ));
-            }
-            last = Some(readers);
-        }
-        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ use std::hash::{DefaultHasher, Hasher};
 use std::time::Instant;
 
 use super::routing_world::{describe, Action, RoutingBudget, RoutingConfig, RoutingWorld};
-use super::{Counterexample, Report};
+use crate::state_machine::model::{Counterexample, Report};
 
 impl RoutingConfig {
     /// The first configuration the test suite runs: one Redis node that fails over once (losing what its
@@ -299,8 +299,8 @@ pub fn replay(config: &RoutingConfig, actions: &[Action]) -> Result<(), String> 
 
 #[cfg(test)]
 mod tests {
-    use super::super::{inject, Bug};
     use super::*;
+    use crate::state_machine::model::{inject, Bug};
 
     fn run(config: &RoutingConfig) -> Result<Report, Box<Counterexample>> {
         let r = check(config);
@@ -370,7 +370,7 @@ mod tests {
     /// master loses a growth, the tick retires the version (one shard, shard 0's fence and count with it), then
     /// shard 0's master loses that seal and keeps the lost growth's (v2, 2 shards). The count refused the
     /// retired layout's producers there for good. Fixed by the tick's sweep, which lowers a record's counts to
-    /// the routing's where it names more shards at or below the routing's version (`store_reshard::RECOUNT`).
+    /// the routing's where it names more shards at or below the routing's version (`store::reshard::RECOUNT`).
     #[test]
     fn a_retirement_seal_lost_on_a_cluster_leaves_no_shard_refusing_the_routing() {
         use Action::*;

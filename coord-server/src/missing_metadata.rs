@@ -6,8 +6,8 @@ use protocol::names::{GroupName, StreamName};
 use std::sync::atomic::Ordering;
 
 use crate::error::Error;
+use crate::group_slots::Slots;
 use crate::section::unavailable;
-use crate::slots::Slots;
 use crate::stats::Stats;
 use crate::store::traces::{self, Absence};
 use crate::store::Store;

@@ -1,7 +1,13 @@
 //! The modelled Redis: the routing hash and, per shard, one hash slot (the shard's record and its stream), what
 //! a failover keeps, and how the model prints them.
 
-use super::*;
+use protocol::keys::LAYOUT_VERSION;
+use protocol::metadata::StreamRouting;
+use protocol::reshard::{Birth, EntryId};
+use protocol::StoreRevision;
+use std::collections::BTreeMap;
+
+use crate::store::{self, Loaded};
 
 /// A stream entry: the key, and the routing the producer wrote it with (ghost fields: `producer`, `seq`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +96,7 @@ pub(super) fn run_name(run: u32) -> String {
     format!("{run:040x}")
 }
 
-/// `store_reshard::RECORD`: a record is never rewritten.
+/// `store::reshard::RECORD`: a record is never rewritten.
 pub(super) fn write_records(shards: &mut [ShardSide], records: &[Birth]) -> String {
     let mut text = Vec::new();
     for b in records {
@@ -148,4 +154,9 @@ pub(super) fn describe_side(s: u32, side: &ShardSide) -> String {
         side.seals.keys().collect::<Vec<_>>(),
         entries.join(" ")
     )
+}
+
+/// The name of the model's key `k` in a printout.
+pub(super) fn key_name(k: u8) -> &'static str {
+    ["a", "b"][k as usize]
 }

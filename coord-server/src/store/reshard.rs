@@ -5,13 +5,12 @@
 
 use protocol::keys::{self, shard_fence_fields};
 use protocol::names::{GroupName, StreamName};
-use protocol::reshard::EntryId;
+use protocol::reshard::{Birth, EntryId};
 use protocol::{RoutingVersion, ShardId};
 use redis::{Script, Value};
 use std::sync::LazyLock;
 
 use crate::error::StoreError;
-use crate::state_machine::routing::Birth;
 
 /// Sets the fence to the growth's version (never lowers it) and records, in the shard's own record, where the
 /// growth sealed it: the last entry id the stream generated at that instant (`0-0` for a missing stream). Nothing

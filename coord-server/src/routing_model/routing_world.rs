@@ -8,7 +8,7 @@
 //! `state_machine::routing::answer` answers the producers. What the I/O shell does around them is re-stated here,
 //! with the file it comes from: the probe and the tick's look (`routing_section::probe`,
 //! `Coordinator::tend_routing`), the routing fetch (`Coordinator::routing`), the seal and record scripts
-//! (`store_reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
+//! (`store::reshard::{SEAL, RECORD}`), the data-plane writes before the commit and the compare-and-set commit
 //! (`routing_section::RoutingSection`), the producer's cache (`stream-producer` `routing_cache.rs`) and its
 //! fenced publish rule (fence and record, `docs/resharding.md` "A write needs a shard the routing knows").
 //!
@@ -19,28 +19,28 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
-use protocol::keys::LAYOUT_VERSION;
 use protocol::messages::RoutingQuery;
 use protocol::metadata::StreamRouting;
 use protocol::names::StreamName;
-use protocol::reshard::EntryId;
+use protocol::reshard::{Birth, EntryId};
 use protocol::routing::shard_for_key;
-use protocol::{RoutingVersion, ShardId, Status, StoreRevision};
+use protocol::{RoutingVersion, ShardId, Status};
 
-use super::{injected, Bug};
 use crate::routing_section::{self, Probed, RoutingStep};
-use crate::state_machine::routing::{self, answer, Birth, Report, SealTodo, Why};
+use crate::state_machine::model::{injected, Bug};
+use crate::state_machine::routing::{self, answer, Report, SealTodo, Why};
 use crate::stats::Stats;
-use crate::store::{self, Loaded};
+use crate::store::Loaded;
 
 mod modelled_redis;
+mod producer_cache;
 mod producers;
 mod properties;
 
 pub use modelled_redis::describe;
-use modelled_redis::{describe_side, loaded_of, pos, shards, write_records};
+use modelled_redis::{describe_side, key_name, loaded_of, pos, shards, write_records};
 pub use modelled_redis::{Entry, Redis, Replicas, RoutingHash, ShardSide};
-pub use producers::Producer;
+pub use producer_cache::Producer;
 
 /// Redis time at the start, in ms: above the first routing versions (1, 2, …), as Redis time is in a deployment.
 pub const START_MS: u64 = 1_000;
@@ -237,10 +237,6 @@ pub fn keys(shards: u32) -> [Vec<u8>; 2] {
         }
     }
     found.map(|k| k.expect("a key for every growth among the first 10,000 names"))
-}
-
-fn key_name(k: u8) -> &'static str {
-    ["a", "b"][k as usize]
 }
 
 impl RoutingWorld {
@@ -605,7 +601,7 @@ impl RoutingWorld {
                 .into_iter()
                 .filter(|b| self.redis.shards[b.shard.0 as usize].born.is_none())
                 .collect();
-            // `store_reshard::RECOUNT`: a record naming more shards than the routing at or below its version.
+            // `store::reshard::RECOUNT`: a record naming more shards than the routing at or below its version.
             let (v, mut recounted) = (r.routing_version.0, Vec::new());
             let recount = !injected(Bug::SweepWithoutRecount);
             for (s, side) in self.redis.shards.iter_mut().enumerate().take(n as usize) {

@@ -1,0 +1,190 @@
+//! The store's Lua scripts: `LOAD` and `COMMIT` (each after the shared strict field checks), `ADOPT_RUN_ID` and
+//! `RELEASE`. Every script touches keys of one hash tag only, so it runs on Redis Cluster (see the store's module
+//! docs for why each one stays right when it runs twice).
+
+/// Lua helpers shared by `LOAD` and `COMMIT`: the strict parsing of every stored field. A field is a canonical
+/// decimal (no sign, no leading zero, no spaces) short enough to be exact as a Lua number and as a Redis integer;
+/// anything else is corrupt. The checks run before the script writes anything (Redis does not roll back a script
+/// that fails half way), so a corrupt hash is answered `METADATA_UNAVAILABLE` and left exactly as it was.
+pub(super) const FIELD_CHECKS: &str = r#"
+local function canonical(v, digits)
+  return #v <= digits and (v == '0' or string.find(v, '^[1-9]%d*$') ~= nil)
+end
+local function quote(v) return string.format('%q', string.sub(v, 1, 40)) end
+local function check_hash(f, schema, layout)
+  if f[1] and not canonical(f[1], 18) then return 'revision is ' .. quote(f[1]) end
+  if f[2] and not canonical(f[2], 18) then return 'livenessRevision is ' .. quote(f[2]) end
+  if f[3] and not canonical(f[3], 9) then return 'schemaVersion is ' .. quote(f[3]) end
+  if f[4] and not canonical(f[4], 9) then return 'layoutVersion is ' .. quote(f[4]) end
+  if f[5] and not (#f[5] == 40 and string.find(f[5], '^%x+$')) then return 'runId is ' .. quote(f[5]) end
+  if f[6] and not canonical(f[6], 15) then return 'updatedAt is ' .. quote(f[6]) end
+  if f[1] then
+    if f[4] ~= layout then
+      return 'unknown layoutVersion ' .. quote(f[4] or 'missing') .. ' (this build understands ' .. layout .. ')'
+    end
+    if f[3] ~= schema then
+      return 'unknown schemaVersion ' .. quote(f[3] or 'missing') .. ' (this build understands ' .. schema .. ')'
+    end
+  end
+  return nil
+end
+local function check_lease(m, v)
+  if v and not canonical(v, 15) then return 'liveness of ' .. quote(m) .. ' is ' .. quote(v) end
+  return nil
+end
+local FIELDS = {'revision', 'livenessRevision', 'schemaVersion', 'layoutVersion', 'runId', 'updatedAt'}
+"#;
+
+/// Validates, then takes the mutex (`SET NX PX`) and reads. A corrupt hash answers `{2, why}` without taking the
+/// mutex; a busy mutex answers `{0, holder}` so the caller can recognise a stale mutex of its own.
+///
+/// ARGV: token, ttl ms, cached revision, cached aggregate check (`len:<bytes>` or `sha1:<hex>`), schema, layout,
+/// liveness scope, members...
+pub(super) const LOAD: &str = r#"
+local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+local bad = check_hash(f, ARGV[5], ARGV[6])
+if bad then return {2, bad} end
+local live = {}
+if ARGV[7] == '*' then
+  live = redis.call('HGETALL', KEYS[2])
+  for i = 1, #live, 2 do
+    bad = check_lease(live[i], live[i + 1])
+    if bad then return {2, bad} end
+  end
+elseif ARGV[7] == 'm' and #ARGV > 7 then
+  local members = {unpack(ARGV, 8)}
+  local values = redis.call('HMGET', KEYS[2], unpack(members))
+  for i, m in ipairs(members) do
+    bad = check_lease(m, values[i])
+    if bad then return {2, bad} end
+    if values[i] then live[#live + 1] = m; live[#live + 1] = values[i] end
+  end
+end
+-- Free: missing or empty (released). Our own token: this LOAD was sent again after it ran (a cluster client
+-- re-sends after a lost connection); tokens are unique per attempt, so the mutex is ours: go on as if just taken.
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= '' and holder ~= ARGV[1] then return {0, holder} end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+-- The cache may skip sending and parsing the aggregate, never checking it: at the cached revision, the stored
+-- aggregate must still have the cached length (O(1): a deleted or replaced aggregate), or, when asked (ticks),
+-- the cached SHA-1 (any edit, at the price of hashing it).
+local agg, hit = '', 0
+if f[1] then
+  local same = false
+  if f[1] == ARGV[3] then
+    local kind, want = string.match(ARGV[4], '^(%a+):(%w+)$')
+    if kind == 'len' then
+      same = redis.call('HSTRLEN', KEYS[1], 'aggregate') == tonumber(want)
+    elseif kind == 'sha1' then
+      local a = redis.call('HGET', KEYS[1], 'aggregate')
+      same = a and redis.sha1hex(a) == want
+    end
+  end
+  if same then hit = 1 else agg = redis.call('HGET', KEYS[1], 'aggregate') or '' end
+end
+return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', agg, live, f[5] or '', run,
+  redis.call('EXISTS', KEYS[2]), hit}
+"#;
+
+/// Validates everything it reads or overwrites, then writes; a corrupt hash answers `{2, why}` with nothing
+/// written and the mutex released.
+///
+/// ARGV: token, expected revision, expected liveness revision, aggregate, schema, layout, updatedAt, runId,
+/// SHA-1 of the aggregate the decision read, renewal count, (member, lease)..., forgotten members...
+pub(super) const COMMIT: &str = r#"
+local function release()
+  if redis.call('GET', KEYS[3]) ~= ARGV[1] then return end
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SET', KEYS[3], '') else redis.call('DEL', KEYS[3]) end
+end
+local function corrupt(why)
+  release()
+  return {2, why}
+end
+local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+local bad = check_hash(f, ARGV[5], ARGV[6])
+if bad then return corrupt(bad) end
+local rev = f[1] or ''
+local live = f[2] or '0'
+if rev ~= ARGV[2] or (ARGV[4] ~= '' and live ~= ARGV[3]) then
+  release()
+  return {0, rev}
+end
+-- A decision is written only to the server it was loaded from: after a failover between the load and here, what
+-- the section wrote elsewhere before its commit (a growth's seals and records) may be lost while the revision
+-- still matches. A conflict: the section loads again and sees the new run id.
+if ARGV[4] ~= '' and ARGV[8] ~= '' and (string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '') ~= ARGV[8] then
+  release()
+  return {0, rev}
+end
+if rev == '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  return corrupt('the hash exists without a revision')
+end
+if ARGV[4] ~= '' and rev ~= '' then
+  -- Never overwrite an aggregate other than the one the decision read (a same-length edit passes LOAD's check).
+  local stored = redis.call('HGET', KEYS[1], 'aggregate')
+  if not stored or redis.sha1hex(stored) ~= ARGV[9] then
+    return corrupt('the aggregate is not the one this decision read')
+  end
+end
+local renewals = tonumber(ARGV[10])
+local current = {}
+for i = 0, renewals - 1 do
+  local m = ARGV[11 + 2 * i]
+  local v = redis.call('HGET', KEYS[2], m)
+  bad = check_lease(m, v)
+  if bad then return corrupt(bad) end
+  current[i] = tonumber(v or '0')
+end
+local newrev = rev
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'aggregate', ARGV[4], 'schemaVersion', ARGV[5], 'layoutVersion', ARGV[6],
+    'updatedAt', ARGV[7], 'runId', ARGV[8])
+  newrev = redis.call('HINCRBY', KEYS[1], 'revision', 1)
+end
+for i = 0, renewals - 1 do
+  local m, lease = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  if tonumber(lease) > current[i] then redis.call('HSET', KEYS[2], m, lease) end
+end
+if renewals > 0 then redis.call('HINCRBY', KEYS[1], 'livenessRevision', 1) end
+for i = 11 + 2 * renewals, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+release()
+return {1, newrev}
+"#;
+
+/// After a slot migration: the metadata was last written on the node the slot left (its run id is stored) and is
+/// read now on the node it moved to. Once the caller has checked that the stored run id is the one of a live
+/// master (so no failover or restart replaced that node), this records the run id of the node the script runs
+/// on, provided it is still the one `LOAD` saw and the stored one is unchanged. Run under the group's mutex.
+///
+/// ARGV: stored run id, current run id. Answers 1 when it wrote.
+pub(super) const ADOPT_RUN_ID: &str = r#"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+if run ~= ARGV[2] or redis.call('HGET', KEYS[1], 'runId') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'runId', run)
+return 1
+"#;
+
+/// Frees the mutex if `ARGV[1]` holds it: sets it empty (no TTL) while the hash (`KEYS[2]`) exists, rather than
+/// deleting it (see the module docs); deletes it when there is no hash, so a request naming a group that does not
+/// exist leaves no key behind.
+pub(super) const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('SET', KEYS[1], '') else redis.call('DEL', KEYS[1]) end
+  return 1
+end
+return 0
+"#;
+
+/// The sources of the store's scripts as [`Store`] runs them: `LOAD` and `COMMIT` (each after the shared field
+/// checks), then `RELEASE`. Not part of the API: for the Redis Cluster slot test (issue 15), which runs them
+/// through a cluster connection.
+#[doc(hidden)]
+pub fn script_sources() -> [(&'static str, String); 3] {
+    [
+        ("LOAD", format!("{FIELD_CHECKS}{LOAD}")),
+        ("COMMIT", format!("{FIELD_CHECKS}{COMMIT}")),
+        ("RELEASE", RELEASE.to_owned()),
+    ]
+}
