@@ -21,5 +21,6 @@ pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
 };
 
 pub mod cpu;
+pub mod group;
 pub mod mem;
 pub mod settle;

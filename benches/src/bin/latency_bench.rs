@@ -37,9 +37,8 @@ use benches::settle::settled;
 use clap::Parser;
 use coord_server::server::CoordinatorHandle;
 use protocol::keys;
-use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
-use protocol::names::{GroupName, StreamName};
+use protocol::names::StreamName;
 use stream_consumer::{CancellationToken, Consumer, ConsumerBuilder, ConsumerHandle, Message, ShardId};
 use stream_producer::Producer;
 use test_support::RedisServer;
@@ -118,19 +117,7 @@ struct Env {
 
 impl Env {
     async fn create_group(&self, stream: &StreamName, group: &str) -> Result<()> {
-        self.coordinator
-            .coordinator()
-            .create_group(
-                stream,
-                &GroupName::new(group)?,
-                &CreateGroupRequest {
-                    shard_count: Some(SHARDS),
-                    timings: Some(timings()),
-                },
-            )
-            .await
-            .context("create the group")?;
-        Ok(())
+        benches::group::create(&self.coordinator, stream, group, SHARDS, Some(timings())).await
     }
 
     fn builder(&self, stream: &StreamName, group: &str, member: &str) -> ConsumerBuilder {

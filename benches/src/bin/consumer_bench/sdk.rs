@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use benches::settle::settled;
 use coord_server::server::CoordinatorHandle;
-use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupTimings;
-use protocol::names::{GroupName, StreamName};
+use protocol::names::StreamName;
 use redis_link::Connection;
 use stream_consumer::{Consumer, ConsumerHandle, Message};
 use tokio::sync::Notify;
@@ -141,18 +140,7 @@ fn spawn_members(env: &SdkEnv<'_>, group: &str, members: usize, count: &Handled)
 /// reading anything.
 async fn create_groups(env: &SdkEnv<'_>, con: &mut Connection, group: &str) -> Result<()> {
     let stream = env.stream;
-    env.coordinator
-        .coordinator()
-        .create_group(
-            stream,
-            &GroupName::new(group)?,
-            &CreateGroupRequest {
-                shard_count: Some(SHARDS),
-                timings: Some(timings()),
-            },
-        )
-        .await
-        .context("create the coordinator group")?;
+    benches::group::create(env.coordinator, stream, group, SHARDS, Some(timings())).await?;
     // At the end of every shard: the members join and settle without reading anything.
     create_redis_groups(con, stream, group, "$").await?;
     Ok(())

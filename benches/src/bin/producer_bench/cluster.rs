@@ -1,6 +1,5 @@
 //! `--cluster`: the raw cluster loop against the SDK modes on a local 3-master Redis Cluster.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,14 +7,14 @@ use anyhow::{bail, ensure, Context, Result};
 use protocol::names::StreamName;
 use protocol::routing::shard_for_key;
 use redis::cluster_async::ClusterConnection;
-use stream_producer::{BatchingConfig, Producer};
+use stream_producer::{Durability, Producer};
 
 use crate::args::Args;
 use crate::bench_coordinator;
 use crate::measure::{load_average, median, process_cpu, rate, redis_cpu};
 use crate::modes::SDK_MODES;
-use crate::raw::Workload;
-use crate::sdk::{sdk_batch_run, sdk_enqueue_run};
+use crate::raw::{Claims, Workload};
+use crate::sdk::{bench_producer, sdk_batch_run, sdk_enqueue_run};
 
 /// `--sdk-tasks` tasks each taking `--sdk-batch` records, grouping them by shard and sending every shard's
 /// pipeline of `XADD`s concurrently through one shared redis-rs cluster connection.
@@ -26,21 +25,20 @@ pub(crate) async fn raw_cluster_run(
 ) -> Result<Duration> {
     let n = work.keys.len();
     let batch = args.sdk_batch;
-    let next = Arc::new(AtomicUsize::new(0));
+    let claims = Claims::new(n, batch);
     let start = Instant::now();
     let tasks: Vec<_> = (0..args.sdk_tasks)
         .map(|_| {
             let con = con.clone();
             let work = work.clone();
-            let next = next.clone();
+            let claims = claims.clone();
             tokio::spawn(async move {
                 let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); work.shards as usize];
                 loop {
-                    let from = next.fetch_add(batch, Ordering::Relaxed);
-                    if from >= n {
+                    let Some(range) = claims.next() else {
                         return Ok::<_, anyhow::Error>(());
-                    }
-                    let to = (from + batch).min(n);
+                    };
+                    let (from, to) = (range.start, range.end);
                     by_shard.iter_mut().for_each(Vec::clear);
                     for i in from..to {
                         by_shard[shard_for_key(work.keys[i].as_bytes(), work.shards).index()].push(i);
@@ -106,22 +104,15 @@ pub(crate) async fn cluster_main(args: Args) -> Result<()> {
     let target = format!("cluster:{}", cluster.urls().join(","));
     // On the cluster itself: the shard records a fenced write checks live with the shards (issue 30).
     let coordinator = bench_coordinator(&target, &stream, args.shards).await?;
-    let build = |fencing: bool, idempotence: bool| -> Result<Arc<Producer>> {
-        Ok(Arc::new(
-            Producer::builder(stream.as_str())
-                .coordinator(coordinator.url())
-                .redis(target.as_str())
-                .connections(args.sdk_connections)
-                .max_batch_size(args.max_batch_size)
-                .queue_capacity((args.max_batch_size * 16).max(10_000))
-                .max_in_flight_batches(
-                    args.max_in_flight_batches
-                        .unwrap_or(BatchingConfig::default().max_in_flight_batches),
-                )
-                .fencing(fencing)
-                .idempotence(idempotence)
-                .build()?,
-        ))
+    let url = coordinator.url();
+    let build = |fencing: bool, idempotence: bool| {
+        bench_producer(
+            &args,
+            &stream,
+            (url.as_str(), target.as_str()),
+            (fencing, idempotence),
+            Durability::Primary,
+        )
     };
     let producers = [
         ("sdk-batch", build(true, false)?),

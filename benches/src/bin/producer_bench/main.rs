@@ -70,8 +70,7 @@ mod single;
 use anyhow::{Context, Result};
 use clap::Parser;
 use coord_server::server::CoordinatorHandle;
-use protocol::messages::CreateGroupRequest;
-use protocol::names::{GroupName, StreamName};
+use protocol::names::StreamName;
 
 use crate::args::Args;
 use crate::cluster::cluster_main;
@@ -82,18 +81,7 @@ pub(crate) async fn bench_coordinator(redis_url: &str, stream: &StreamName, shar
     let mut config = coord_server::Config::new(redis_url);
     config.listen = "127.0.0.1:0".parse()?;
     let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
-    coordinator
-        .coordinator()
-        .create_group(
-            stream,
-            &GroupName::new("bench")?,
-            &CreateGroupRequest {
-                shard_count: Some(shards),
-                timings: None,
-            },
-        )
-        .await
-        .context("create the stream routing")?;
+    benches::group::create(&coordinator, stream, "bench", shards, None).await?;
     Ok(coordinator)
 }
 

@@ -22,6 +22,29 @@ pub(crate) struct Workload {
     pub(crate) shard_keys: Vec<String>,
 }
 
+/// The records still to send, claimed a slice at a time by the tasks of a run.
+pub(crate) struct Claims {
+    next: AtomicUsize,
+    n: usize,
+    batch: usize,
+}
+
+impl Claims {
+    pub(crate) fn new(n: usize, batch: usize) -> Arc<Self> {
+        Arc::new(Claims {
+            next: AtomicUsize::new(0),
+            n,
+            batch,
+        })
+    }
+
+    /// The next slice of record indexes, `None` once every record was claimed.
+    pub(crate) fn next(&self) -> Option<std::ops::Range<usize>> {
+        let from = self.next.fetch_add(self.batch, Ordering::Relaxed);
+        (from < self.n).then(|| from..(from + self.batch).min(self.n))
+    }
+}
+
 impl Workload {
     pub(crate) fn new(args: &Args, stream: &StreamName) -> Workload {
         Workload {
@@ -58,22 +81,21 @@ pub(crate) async fn raw_run(url: &str, shape: RawShape, n: usize, work: &Arc<Wor
         return resp_run(url, shape, n, work).await;
     }
     let cons = raw_connections(url, shape.connections).await?;
-    let next = Arc::new(AtomicUsize::new(0));
+    let claims = Claims::new(n, shape.depth);
     let depth = shape.depth;
     let start = Instant::now();
     let tasks: Vec<_> = (0..shape.tasks)
         .map(|t| {
             let mut con = cons[t % cons.len()].clone();
             let work = work.clone();
-            let next = next.clone();
+            let claims = claims.clone();
             tokio::spawn(async move {
                 let mut order: Vec<(usize, usize)> = Vec::with_capacity(depth);
                 loop {
-                    let from = next.fetch_add(depth, Ordering::Relaxed);
-                    if from >= n {
+                    let Some(range) = claims.next() else {
                         return Ok::<_, anyhow::Error>(());
-                    }
-                    let to = (from + depth).min(n);
+                    };
+                    let (from, to) = (range.start, range.end);
                     order.clear();
                     order.extend((from..to).map(|i| (shard_for_key(work.keys[i].as_bytes(), work.shards).index(), i)));
                     if shape.grouped {
@@ -115,24 +137,23 @@ pub(crate) async fn resp_run(url: &str, shape: RawShape, n: usize, work: &Arc<Wo
         socket.set_nodelay(true)?;
         sockets.push(socket);
     }
-    let next = Arc::new(AtomicUsize::new(0));
+    let claims = Claims::new(n, shape.depth);
     let depth = shape.depth;
     let start = Instant::now();
     let tasks: Vec<_> = sockets
         .into_iter()
         .map(|mut socket| {
             let work = work.clone();
-            let next = next.clone();
+            let claims = claims.clone();
             tokio::spawn(async move {
                 let mut order: Vec<(usize, usize)> = Vec::with_capacity(depth);
                 let mut out: Vec<u8> = Vec::with_capacity(depth * (work.payload.len() + 96));
                 let mut replies = ReplyBuffer::default();
                 loop {
-                    let from = next.fetch_add(depth, Ordering::Relaxed);
-                    if from >= n {
+                    let Some(range) = claims.next() else {
                         return Ok::<_, anyhow::Error>(());
-                    }
-                    let to = (from + depth).min(n);
+                    };
+                    let (from, to) = (range.start, range.end);
                     order.clear();
                     order.extend((from..to).map(|i| (shard_for_key(work.keys[i].as_bytes(), work.shards).index(), i)));
                     order.sort_unstable();

@@ -1,33 +1,32 @@
 //! The SDK modes: `Producer::send_batch` and `Producer::enqueue` from several tasks over the same records.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use stream_producer::{Producer, Record};
+use protocol::names::StreamName;
+use stream_producer::{BatchingConfig, Durability, Producer, Record};
 
 use crate::args::Args;
-use crate::raw::Workload;
+use crate::raw::{Claims, Workload};
 
 pub(crate) async fn sdk_batch_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workload>) -> Result<Duration> {
     let n = work.keys.len();
     let batch = args.sdk_batch;
-    let next = Arc::new(AtomicUsize::new(0));
+    let claims = Claims::new(n, batch);
     let start = Instant::now();
     let tasks: Vec<_> = (0..args.sdk_tasks)
         .map(|_| {
             let producer = producer.clone();
             let work = work.clone();
-            let next = next.clone();
+            let claims = claims.clone();
             tokio::spawn(async move {
                 loop {
-                    let from = next.fetch_add(batch, Ordering::Relaxed);
-                    if from >= n {
+                    let Some(range) = claims.next() else {
                         return Ok::<_, anyhow::Error>(());
-                    }
-                    let to = (from + batch).min(n);
+                    };
+                    let (from, to) = (range.start, range.end);
                     let records: Vec<Record> = (from..to).map(|i| work.record(i)).collect();
                     let published = producer.send_batch(records).await?;
                     ensure!(
@@ -75,4 +74,31 @@ pub(crate) async fn sdk_enqueue_run(producer: &Arc<Producer>, args: &Args, work:
         t.await??;
     }
     Ok(start.elapsed())
+}
+
+/// The producer every SDK mode of the bench builds: the bench's batching flags, and `fencing`, `idempotence` and
+/// `durability` as the mode asks.
+pub(crate) fn bench_producer(
+    args: &Args,
+    stream: &StreamName,
+    (coordinator, redis): (&str, &str),
+    (fencing, idempotence): (bool, bool),
+    durability: Durability,
+) -> Result<Arc<Producer>> {
+    Ok(Arc::new(
+        Producer::builder(stream.as_str())
+            .coordinator(coordinator)
+            .redis(redis)
+            .connections(args.sdk_connections)
+            .max_batch_size(args.max_batch_size)
+            .queue_capacity((args.max_batch_size * 16).max(10_000))
+            .max_in_flight_batches(
+                args.max_in_flight_batches
+                    .unwrap_or(BatchingConfig::default().max_in_flight_batches),
+            )
+            .fencing(fencing)
+            .idempotence(idempotence)
+            .durability(durability)
+            .build()?,
+    ))
 }

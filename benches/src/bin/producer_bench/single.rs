@@ -17,7 +17,7 @@ use crate::measure::{
 };
 use crate::modes::{calibrate, Mode, SDK_MODES, SHAPE_LEGEND};
 use crate::raw::{raw_run, Workload};
-use crate::sdk::{sdk_batch_run, sdk_enqueue_run};
+use crate::sdk::{bench_producer, sdk_batch_run, sdk_enqueue_run};
 use crate::server::{wait_ready, wait_replicating, PrivateRedis};
 
 /// The producers of the SDK modes, one per configuration (fenced, plain, idempotent, durable, durable plain).
@@ -33,23 +33,8 @@ impl Producers {
     /// Builds every producer and waits until each can publish (the durable ones only when a replica runs).
     async fn ready(args: &Args, stream: &StreamName, coordinator: &str, redis: &str, replica: bool) -> Result<Self> {
         let durability = Durability::replicas(args.durable_replicas, Duration::from_millis(args.durable_timeout_ms));
-        let build_with = |fencing: bool, idempotence: bool, durability: Durability| -> Result<Arc<Producer>> {
-            Ok(Arc::new(
-                Producer::builder(stream.as_str())
-                    .coordinator(coordinator)
-                    .redis(redis)
-                    .connections(args.sdk_connections)
-                    .max_batch_size(args.max_batch_size)
-                    .queue_capacity((args.max_batch_size * 16).max(10_000))
-                    .max_in_flight_batches(
-                        args.max_in_flight_batches
-                            .unwrap_or(BatchingConfig::default().max_in_flight_batches),
-                    )
-                    .fencing(fencing)
-                    .idempotence(idempotence)
-                    .durability(durability)
-                    .build()?,
-            ))
+        let build_with = |fencing: bool, idempotence: bool, durability: Durability| {
+            bench_producer(args, stream, (coordinator, redis), (fencing, idempotence), durability)
         };
         let build = |fencing: bool, idempotence: bool| build_with(fencing, idempotence, Durability::Primary);
         let producers = Producers {
