@@ -157,15 +157,7 @@ impl Rounds<'_> {
             link,
         ))
         .await?;
-        println!(
-            "round {round} raw {:<21} {:>9.0} records/s ({} in {:.2?}; {}; {})",
-            link.label(),
-            rate(run.records, run.took),
-            run.records,
-            run.took,
-            run.cost.per_record(run.records),
-            run.memory()
-        );
+        print_run(&format!("round {round} raw {:<21}", link.label()), &run);
         Ok(run)
     }
 
@@ -173,17 +165,22 @@ impl Rounds<'_> {
     async fn sdk(&mut self, round: usize, members: usize) -> Result<RunResult> {
         let group = format!("sdk{members}-r{round}");
         let run = measured(sdk_run(self.env, self.con, self.nodes, &group, members)).await?;
-        println!(
-            "round {round} sdk {members} member{} {:>9.0} records/s ({} in {:.2?}; {}; {})",
-            if members == 1 { " " } else { "s" },
-            rate(run.records, run.took),
-            run.records,
-            run.took,
-            run.cost.per_record(run.records),
-            run.memory()
-        );
+        let plural = if members == 1 { " " } else { "s" };
+        print_run(&format!("round {round} sdk {members} member{plural}"), &run);
         Ok(run)
     }
+}
+
+/// One run's line: rate, records, time, cost and memory after `label`.
+fn print_run(label: &str, run: &RunResult) {
+    println!(
+        "{label} {:>9.0} records/s ({} in {:.2?}; {}; {})",
+        rate(run.records, run.took),
+        run.records,
+        run.took,
+        run.cost.per_record(run.records),
+        run.memory()
+    );
 }
 
 /// The table of medians: each raw link and each SDK member count, with the ratios to the raw baselines.

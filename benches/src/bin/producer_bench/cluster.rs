@@ -1,7 +1,7 @@
 //! `--cluster`: the raw cluster loop against the SDK modes on a local 3-master Redis Cluster.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use protocol::names::StreamName;
@@ -13,7 +13,7 @@ use crate::args::Args;
 use crate::bench_coordinator;
 use crate::measure::{load_average, median, process_cpu, rate, redis_cpu};
 use crate::modes::SDK_MODES;
-use crate::raw::{Claims, Workload};
+use crate::raw::{timed_tasks, Claims, Workload};
 use crate::sdk::{bench_producer, sdk_batch_run, sdk_enqueue_run};
 
 /// `--sdk-tasks` tasks each taking `--sdk-batch` records, grouping them by shard and sending every shard's
@@ -26,59 +26,48 @@ pub(crate) async fn raw_cluster_run(
     let n = work.keys.len();
     let batch = args.sdk_batch;
     let claims = Claims::new(n, batch);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..args.sdk_tasks)
-        .map(|_| {
-            let con = con.clone();
-            let work = work.clone();
-            let claims = claims.clone();
-            tokio::spawn(async move {
-                let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); work.shards as usize];
-                loop {
-                    let Some(range) = claims.next() else {
-                        return Ok::<_, anyhow::Error>(());
-                    };
-                    let (from, to) = (range.start, range.end);
-                    by_shard.iter_mut().for_each(Vec::clear);
-                    for i in from..to {
-                        by_shard[shard_for_key(work.keys[i].as_bytes(), work.shards).index()].push(i);
-                    }
-                    let sends = by_shard
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, r)| !r.is_empty())
-                        .map(|(shard, records)| {
-                            let mut con = con.clone();
-                            let mut pipe = redis::pipe();
-                            for _ in records {
-                                pipe.cmd("XADD")
-                                    .arg(work.shard_keys[shard].as_str())
-                                    .arg("*")
-                                    .arg("p")
-                                    .arg(work.payload.as_slice());
-                            }
-                            let expected = records.len();
-                            async move {
-                                let replies: Vec<redis::Value> = pipe.query_async(&mut con).await?;
-                                ensure!(
-                                    replies.len() == expected,
-                                    "{} replies to {expected} XADDs",
-                                    replies.len()
-                                );
-                                Ok(())
-                            }
-                        });
-                    for r in futures::future::join_all(sends).await {
-                        r?;
-                    }
+    timed_tasks(args.sdk_tasks, |_| {
+        let (con, work, claims) = (con.clone(), work.clone(), claims.clone());
+        async move {
+            let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); work.shards as usize];
+            while let Some(range) = claims.next() {
+                by_shard.iter_mut().for_each(Vec::clear);
+                for i in range {
+                    by_shard[shard_for_key(work.keys[i].as_bytes(), work.shards).index()].push(i);
                 }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await??;
-    }
-    Ok(start.elapsed())
+                let sends = by_shard
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| !r.is_empty())
+                    .map(|(shard, records)| {
+                        let mut con = con.clone();
+                        let mut pipe = redis::pipe();
+                        for _ in records {
+                            pipe.cmd("XADD")
+                                .arg(work.shard_keys[shard].as_str())
+                                .arg("*")
+                                .arg("p")
+                                .arg(work.payload.as_slice());
+                        }
+                        let expected = records.len();
+                        async move {
+                            let replies: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+                            ensure!(
+                                replies.len() == expected,
+                                "{} replies to {expected} XADDs",
+                                replies.len()
+                            );
+                            Ok(())
+                        }
+                    });
+                for r in futures::future::join_all(sends).await {
+                    r?;
+                }
+            }
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// One sample of a mode: records/s, client CPU and Redis CPU (both in us per record).

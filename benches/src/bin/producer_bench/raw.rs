@@ -29,6 +29,20 @@ pub(crate) struct Claims {
     batch: usize,
 }
 
+/// Runs `tasks` tasks made by `task` (given its number) to their end; the time they took together.
+pub(crate) async fn timed_tasks<F, Fut>(tasks: usize, task: F) -> Result<Duration>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks).map(|t| tokio::spawn(task(t))).collect();
+    for h in handles {
+        h.await??;
+    }
+    Ok(start.elapsed())
+}
+
 impl Claims {
     pub(crate) fn new(n: usize, batch: usize) -> Arc<Self> {
         Arc::new(Claims {
@@ -46,6 +60,12 @@ impl Claims {
 }
 
 impl Workload {
+    /// `order` becomes the (shard, record) pairs of the records in `range`.
+    pub(crate) fn route(&self, range: std::ops::Range<usize>, order: &mut Vec<(usize, usize)>) {
+        order.clear();
+        order.extend(range.map(|i| (shard_for_key(self.keys[i].as_bytes(), self.shards).index(), i)));
+    }
+
     pub(crate) fn new(args: &Args, stream: &StreamName) -> Workload {
         Workload {
             keys: (0..args.records).map(|i| format!("key-{}", i % args.keys)).collect(),
@@ -96,8 +116,7 @@ pub(crate) async fn raw_run(url: &str, shape: RawShape, n: usize, work: &Arc<Wor
                         return Ok::<_, anyhow::Error>(());
                     };
                     let (from, to) = (range.start, range.end);
-                    order.clear();
-                    order.extend((from..to).map(|i| (shard_for_key(work.keys[i].as_bytes(), work.shards).index(), i)));
+                    work.route(range, &mut order);
                     if shape.grouped {
                         order.sort_unstable();
                     }
@@ -154,8 +173,7 @@ pub(crate) async fn resp_run(url: &str, shape: RawShape, n: usize, work: &Arc<Wo
                         return Ok::<_, anyhow::Error>(());
                     };
                     let (from, to) = (range.start, range.end);
-                    order.clear();
-                    order.extend((from..to).map(|i| (shard_for_key(work.keys[i].as_bytes(), work.shards).index(), i)));
+                    work.route(range, &mut order);
                     order.sort_unstable();
                     out.clear();
                     for &(shard, _) in &order {

@@ -9,40 +9,29 @@ use protocol::names::StreamName;
 use stream_producer::{BatchingConfig, Durability, Producer, Record};
 
 use crate::args::Args;
-use crate::raw::{Claims, Workload};
+use crate::raw::{timed_tasks, Claims, Workload};
 
 pub(crate) async fn sdk_batch_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workload>) -> Result<Duration> {
     let n = work.keys.len();
     let batch = args.sdk_batch;
     let claims = Claims::new(n, batch);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..args.sdk_tasks)
-        .map(|_| {
-            let producer = producer.clone();
-            let work = work.clone();
-            let claims = claims.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Some(range) = claims.next() else {
-                        return Ok::<_, anyhow::Error>(());
-                    };
-                    let (from, to) = (range.start, range.end);
-                    let records: Vec<Record> = (from..to).map(|i| work.record(i)).collect();
-                    let published = producer.send_batch(records).await?;
-                    ensure!(
-                        published.len() == to - from,
-                        "{} outcomes of {}",
-                        published.len(),
-                        to - from
-                    );
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await??;
-    }
-    Ok(start.elapsed())
+    timed_tasks(args.sdk_tasks, |_| {
+        let (producer, work, claims) = (producer.clone(), work.clone(), claims.clone());
+        async move {
+            while let Some(range) = claims.next() {
+                let expected = range.len();
+                let records: Vec<Record> = range.map(|i| work.record(i)).collect();
+                let published = producer.send_batch(records).await?;
+                ensure!(
+                    published.len() == expected,
+                    "{} outcomes of {expected}",
+                    published.len()
+                );
+            }
+            Ok(())
+        }
+    })
+    .await
 }
 
 pub(crate) async fn sdk_enqueue_run(producer: &Arc<Producer>, args: &Args, work: &Arc<Workload>) -> Result<Duration> {
