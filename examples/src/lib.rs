@@ -1,6 +1,7 @@
 //! Example programs (see src/bin) and what they share with their tests: the demo itself ([`demo`], run by the
 //! `demo` binary), the demo's delivery bookkeeping
-//! ([`ledger`]), and fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]).
+//! ([`ledger`]), fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]), and the workers'
+//! shared flags ([`member_args`]).
 
 /// The allocator of every binary of this crate (feature `jemalloc`, on by default). Records are allocated by the
 /// caller's task and freed by the producer's batcher or a connection's task, often on another thread; glibc's
@@ -13,6 +14,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
+pub mod member_args;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a
 /// warning on stderr naming `new`. The examples' old names (`COORDINATOR_URL`, `COORDINATOR_TOKEN`) keep working

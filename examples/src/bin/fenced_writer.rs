@@ -15,24 +15,15 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use examples::fenced_write::{apply_entry, FencedHash, WriteOutcome};
+use examples::member_args::MemberArgs;
 use stream_consumer::{CancellationToken, Consumer, FencingToken, Message, RebalanceListener, ShardId};
 use tracing::{info, warn};
 
 #[derive(Parser, Debug)]
 #[command(about = "A redis-stream-coord worker with fenced writes to Redis hashes")]
 struct Args {
-    /// Logical stream (prefix of the shard keys).
-    #[arg(long, env = "STREAM")]
-    stream: String,
-    /// Consumer group.
-    #[arg(long, env = "GROUP")]
-    group: String,
-    /// Stable member id; random when absent.
-    #[arg(long, env = "MEMBER_ID")]
-    member_id: Option<String>,
-    /// Redis URL of the shard streams and of the hashes written.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    member: MemberArgs,
     /// Coordinator base URL; repeat the flag (or comma-separate the variable) for several.
     #[arg(
         long = "coordinator-url",
@@ -58,21 +49,25 @@ async fn main() -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
-    let client = redis::Client::open(args.redis_url.as_str()).context("invalid Redis URL")?;
+    let client = redis::Client::open(args.member.redis_url.as_str()).context("invalid Redis URL")?;
     let conn = client
         .get_multiplexed_async_connection()
         .await
         .context("cannot connect to Redis")?;
     let hash = FencedHash::new();
-    let mut builder = Consumer::builder(&args.stream, &args.group)
+    let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
-        .redis(&args.redis_url)
+        .redis(&args.member.redis_url)
         .rebalance_listener(LogTokens);
-    if let Some(id) = &args.member_id {
+    if let Some(id) = &args.member.member_id {
         builder = builder.member_id(id);
     }
     // The member id is only known once the builder picked one; the handler needs it for the `writer` field.
-    let writer = args.member_id.clone().unwrap_or_else(|| "fenced-writer".to_owned());
+    let writer = args
+        .member
+        .member_id
+        .clone()
+        .unwrap_or_else(|| "fenced-writer".to_owned());
     let consumer = builder
         .handler(move |msg: Message| {
             let (hash, mut conn, writer) = (hash.clone(), conn.clone(), writer.clone());
@@ -89,7 +84,7 @@ async fn main() -> Result<()> {
         })
         .build()
         .context("invalid configuration")?;
-    info!(stream = %args.stream, group = %args.group, member_id = %consumer.member_id(), "fenced writer starting");
+    info!(stream = %args.member.stream, group = %args.member.group, member_id = %consumer.member_id(), "fenced writer starting");
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
     tokio::spawn(async move {

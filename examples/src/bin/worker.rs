@@ -15,6 +15,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
+use examples::member_args::MemberArgs;
 use redis::streams::StreamInfoGroupsReply;
 use redis::AsyncCommands;
 use std::collections::BTreeMap;
@@ -30,18 +31,8 @@ use tracing::{debug, info, warn};
 #[derive(Parser, Debug, Clone)]
 #[command(about = "A redis-stream-coord consumer-group worker")]
 struct Args {
-    /// Logical stream (prefix of the shard keys).
-    #[arg(long, env = "STREAM")]
-    stream: String,
-    /// Consumer group.
-    #[arg(long, env = "GROUP")]
-    group: String,
-    /// Stable member id (for example the pod name); random when absent.
-    #[arg(long, env = "MEMBER_ID")]
-    member_id: Option<String>,
-    /// Redis URL of the shard streams.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    member: MemberArgs,
     /// Coordinator base URL; repeat the flag (or comma-separate the variable) for several. Required (flag,
     /// `COORD_URL`, or the deprecated `COORDINATOR_URL`).
     #[arg(long = "coordinator-url", env = "COORD_URL", value_delimiter = ',')]
@@ -118,9 +109,9 @@ async fn main() -> Result<()> {
     let counts = Arc::clone(&handled);
     let processed = Arc::new(AtomicU64::new(0));
     let processed_in_handler = Arc::clone(&processed);
-    let mut builder = Consumer::builder(&args.stream, &args.group)
+    let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
-        .redis(&args.redis_url)
+        .redis(&args.member.redis_url)
         .start_from(match args.start_from {
             Start::Beginning => StartPosition::Beginning,
             Start::End => StartPosition::End,
@@ -138,7 +129,7 @@ async fn main() -> Result<()> {
                 Ok::<_, std::convert::Infallible>(())
             }
         });
-    if let Some(id) = &args.member_id {
+    if let Some(id) = &args.member.member_id {
         builder = builder.member_id(id);
     }
     if let Some(token) = &args.coordinator_token {
@@ -154,8 +145,8 @@ async fn main() -> Result<()> {
         .iter()
         .map(|u| protocol::redact::redact_url(u))
         .collect();
-    info!(stream = %args.stream, group = %args.group, member_id = %consumer.member_id(),
-        redis = %protocol::redact::redact_url(&args.redis_url), ?coordinators, "worker starting");
+    info!(stream = %args.member.stream, group = %args.member.group, member_id = %consumer.member_id(),
+        redis = %protocol::redact::redact_url(&args.member.redis_url), ?coordinators, "worker starting");
 
     tokio::spawn(log_assignments(consumer.status()));
 
@@ -198,10 +189,10 @@ async fn report_progress(
     status: tokio::sync::watch::Receiver<stream_consumer::ConsumerStatus>,
     processed: Arc<AtomicU64>,
 ) {
-    let Ok(stream) = protocol::names::StreamName::new(&args.stream) else {
+    let Ok(stream) = protocol::names::StreamName::new(&args.member.stream) else {
         return;
     };
-    let redis = match redis::Client::open(args.redis_url.as_str()) {
+    let redis = match redis::Client::open(args.member.redis_url.as_str()) {
         Ok(client) => client,
         Err(e) => {
             warn!(error = %e, "no progress lines: the Redis URL is not usable");
@@ -230,7 +221,7 @@ async fn report_progress(
                     lag_known = false;
                     continue;
                 };
-                if let Some(g) = reply.groups.iter().find(|g| g.name == args.group) {
+                if let Some(g) = reply.groups.iter().find(|g| g.name == args.member.group) {
                     pending += g.pending;
                     match g.lag {
                         Some(l) => lag += l,
