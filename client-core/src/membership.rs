@@ -68,6 +68,17 @@ pub struct Actions {
     pub max_observed_grew: Option<MetadataVersion>,
 }
 
+/// Where a member stands after an answer: what [`Membership::resume`] rebuilds a member at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// The incarnation the answer named.
+    pub incarnation: Incarnation,
+    /// The member epoch the answer gave.
+    pub epoch: MemberEpoch,
+    /// The metadata version of the answer.
+    pub metadata_version: MetadataVersion,
+}
+
 /// Client-side membership: epoch, versions and per-shard state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
@@ -130,17 +141,15 @@ impl Membership {
     pub fn resume(
         member_id: MemberId,
         instance_id: String,
-        incarnation: Incarnation,
-        epoch: MemberEpoch,
-        metadata_version: MetadataVersion,
         max_observed: MetadataVersion,
+        standing: Standing,
         shards: [&[ShardId]; 3],
     ) -> Self {
         let mut m = Membership::new(member_id, instance_id, max_observed);
-        m.incarnation = incarnation;
-        m.epoch = epoch;
-        m.metadata_version = metadata_version;
-        m.joined = !epoch.is_join();
+        m.incarnation = standing.incarnation;
+        m.epoch = standing.epoch;
+        m.metadata_version = standing.metadata_version;
+        m.joined = !standing.epoch.is_join();
         let [reading, draining, revoked] = shards;
         for (list, state) in [
             (reading, ShardState::Reading),
@@ -689,13 +698,16 @@ mod tests {
 
     #[test]
     fn a_resumed_member_sends_what_it_was_given() {
+        let standing = Standing {
+            incarnation: Incarnation(7),
+            epoch: MemberEpoch(4),
+            metadata_version: MetadataVersion(7),
+        };
         let m = Membership::resume(
             MemberId::new("m1").unwrap(),
             "inst-1".into(),
-            Incarnation(7),
-            MemberEpoch(4),
-            MetadataVersion(7),
             MetadataVersion(9),
+            standing,
             [&ids(&[0, 1]), &ids(&[2]), &ids(&[3])],
         );
         let req = m.request();

@@ -48,8 +48,15 @@ impl Store {
         cached: Option<Cached<'_>>,
         scope: LivenessScope<'_>,
     ) -> Result<Option<Loaded>, StoreError> {
+        let ask = Ask {
+            keys,
+            token,
+            mutex_ttl,
+            cached,
+            scope,
+        };
         for _ in 0..2 {
-            match self.load_once(keys, token, mutex_ttl, cached, scope).await? {
+            match self.load_once(&ask).await? {
                 Attempt::Loaded(loaded) => return Ok(Some(loaded)),
                 Attempt::Busy(holder) if self.is_stale_own(&holder) => {
                     let mut conn = self.conn.clone();
@@ -71,14 +78,14 @@ impl Store {
         Ok(None)
     }
 
-    async fn load_once(
-        &self,
-        keys: &SectionKeys,
-        token: &str,
-        mutex_ttl: Duration,
-        cached: Option<Cached<'_>>,
-        scope: LivenessScope<'_>,
-    ) -> Result<Attempt, StoreError> {
+    async fn load_once(&self, ask: &Ask<'_>) -> Result<Attempt, StoreError> {
+        let Ask {
+            keys,
+            token,
+            mutex_ttl,
+            cached,
+            scope,
+        } = *ask;
         let (scope_arg, members): (&str, Vec<&MemberId>) = match scope {
             LivenessScope::None => ("", Vec::new()),
             LivenessScope::Member(m) => ("m", vec![m]),
@@ -299,6 +306,16 @@ impl Store {
             _ => None,
         })
     }
+}
+
+/// What one load attempt asks of the load script (the arguments of [`Store::try_load`]).
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    keys: &'a SectionKeys,
+    token: &'a str,
+    mutex_ttl: Duration,
+    cached: Option<Cached<'a>>,
+    scope: LivenessScope<'a>,
 }
 
 /// What one `LOAD` attempt found.

@@ -203,10 +203,12 @@ pub fn follow_up(last: &HeartbeatResponse, reading: &[ShardId]) -> HeartbeatRequ
     client_core::membership::Membership::resume(
         last.member_id.clone(),
         format!("{}-i", last.member_id),
-        last.incarnation,
-        last.member_epoch,
         last.metadata_version,
-        last.metadata_version,
+        client_core::membership::Standing {
+            incarnation: last.incarnation,
+            epoch: last.member_epoch,
+            metadata_version: last.metadata_version,
+        },
         [reading, &[], &last.revoke],
     )
     .request()

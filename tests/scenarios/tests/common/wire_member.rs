@@ -70,10 +70,12 @@ impl WireMember {
         let mut m = Membership::resume(
             self.id.clone(),
             self.instance.clone(),
-            self.incarnation,
-            self.epoch,
-            self.version,
             self.max_observed,
+            client_core::membership::Standing {
+                incarnation: self.incarnation,
+                epoch: self.epoch,
+                metadata_version: self.version,
+            },
             [&reading, &draining, &revoked],
         );
         // No lease here: the test decides when the member stops.
