@@ -152,6 +152,17 @@ struct Run<E> {
 }
 
 impl<E: Clone> Run<E> {
+    fn new(count: usize, policy: RetryPolicy) -> Self {
+        Run {
+            out: (0..count).map(|_| None).collect(),
+            pending: (0..count).map(|i| (i, None)).collect(),
+            deadline: Instant::now() + policy.window,
+            backoff: BACKOFF_MIN,
+            redirects: 0,
+            max_redirects: policy.max_redirects,
+        }
+    }
+
     fn finish(&mut self, f: impl Fn(Option<&RedisError>) -> CommandOutcome<E>) {
         for (i, last) in std::mem::take(&mut self.pending) {
             self.out[i] = Some(f(last.as_ref()));
@@ -221,14 +232,7 @@ impl<N> ClusterRouter<N> {
         policy: RetryPolicy,
         driver: &mut D,
     ) -> Vec<CommandOutcome<D::Error>> {
-        let mut run = Run {
-            out: (0..count).map(|_| None).collect(),
-            pending: (0..count).map(|i| (i, None)).collect(),
-            deadline: Instant::now() + policy.window,
-            backoff: BACKOFF_MIN,
-            redirects: 0,
-            max_redirects: policy.max_redirects,
-        };
+        let mut run = Run::new(count, policy);
         // `None`: the slot's master by the map; else the node, and whether with `ASKING`.
         let mut to: Option<(NodeAddr, bool)> = first.map(|n| (n, false));
         let mut whole = true;
@@ -262,22 +266,11 @@ impl<N> ClusterRouter<N> {
                     break;
                 }
                 Err(SendError::Unreachable(e)) => {
-                    // Not sent. The node may be gone (a failover moves its slots): read the map again, then retry
-                    // until the deadline.
-                    driver.settling();
-                    let _ = self.refresh().await;
                     to = None;
-                    let retried = run.pending.len() as u64;
-                    if Instant::now() + run.backoff > run.deadline {
-                        run.finish(|_| CommandOutcome::NotSent(e.clone()));
-                        break;
+                    if self.unreachable(&mut run, e, driver).await {
+                        continue;
                     }
-                    driver.resent(Resends {
-                        retried,
-                        ..Resends::default()
-                    });
-                    run.wait().await;
-                    continue;
+                    break;
                 }
                 Err(SendError::Lost(e)) => {
                     let e = Arc::new(e);
@@ -303,6 +296,25 @@ impl<N> ClusterRouter<N> {
             .into_iter()
             .map(|o| o.unwrap_or_else(|| CommandOutcome::Unexpected("no outcome".into())))
             .collect()
+    }
+
+    /// After a node could not be reached (nothing sent): the map read again (a failover may have moved the
+    /// slot), then a backoff, unless that passes the deadline (then the commands are not sent). Whether they may
+    /// go again.
+    async fn unreachable<D: PipelineDriver>(&self, run: &mut Run<D::Error>, e: D::Error, driver: &mut D) -> bool {
+        driver.settling();
+        let _ = self.refresh().await;
+        let retried = run.pending.len() as u64;
+        if Instant::now() + run.backoff > run.deadline {
+            run.finish(|_| CommandOutcome::NotSent(e.clone()));
+            return false;
+        }
+        driver.resent(Resends {
+            retried,
+            ..Resends::default()
+        });
+        run.wait().await;
+        true
     }
 
     /// Before commands answered with a redirect or a retry go again: counts, refresh, bounds, backoff. Whether
