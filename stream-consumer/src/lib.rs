@@ -144,6 +144,7 @@
 //! * `in_flight`: per-shard in-flight counters.
 //! * `supervisor`: the member supervisor; heartbeats (`supervisor::heartbeat`), drives membership and lease,
 //!   starts and stops the readers (`supervisor::readers`).
+//! * `redis_nodes`: opens the shared connection and the nodes of the blocking reads (`redis_link::Nodes`).
 //! * `shard_reader`: one task per shard: claim pending entries, blocking reads, handler, ack, retry,
 //!   dead-letter.
 //! * `stream_reply`: parsing of `XREADGROUP` / `XAUTOCLAIM` / `XPENDING` replies.
