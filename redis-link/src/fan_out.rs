@@ -57,7 +57,7 @@ impl<N> ClusterRouter<N> {
     /// No slot map; a master unreachable (named; its connection is dropped, the next call reconnects).
     pub async fn each_master(&self) -> Result<Vec<(NodeAddr, Connection)>, MastersError> {
         let mut nodes = Vec::new();
-        for node in self.masters().await? {
+        for node in self.pool().refresh().await?.masters() {
             match self.pool().connection(&node).await {
                 Ok(conn) => nodes.push((node, Connection::Node(conn))),
                 Err(source) => {

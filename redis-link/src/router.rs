@@ -1,6 +1,7 @@
 //! [`ClusterRouter`]: the cluster's topology for every component, and the state each keeps per node.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use redis::{AsyncConnectionConfig, RedisResult};
@@ -57,16 +58,17 @@ impl<N> ClusterRouter<N> {
     ///
     /// # Errors
     /// No node answered with a full slot map.
-    pub async fn slot_map(&self) -> Result<Arc<SlotMap>, TopologyError> {
-        self.pool.slot_map().await
+    pub fn slot_map(&self) -> impl Future<Output = Result<Arc<SlotMap>, TopologyError>> + Send + '_ {
+        // The pool's future itself, not one wrapped in another: callers' futures nest deep enough already.
+        self.pool.slot_map()
     }
 
     /// Reads the slot map again (concurrent callers share one read).
     ///
     /// # Errors
     /// No node answered with a full slot map.
-    pub async fn refresh(&self) -> Result<Arc<SlotMap>, TopologyError> {
-        self.pool.refresh().await
+    pub fn refresh(&self) -> impl Future<Output = Result<Arc<SlotMap>, TopologyError>> + Send + '_ {
+        self.pool.refresh()
     }
 
     /// The master of `slot` by the current map.
