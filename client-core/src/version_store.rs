@@ -267,6 +267,12 @@ impl VersionStore for FileVersionStore {
     }
 }
 
+/// The key under which a consumer of `group` on `stream` keeps its highest observed group metadata version
+/// (`"<stream>/<group>"`; re-exported as `stream_consumer::version_store::version_key`).
+pub fn group_version_key(stream: &protocol::names::StreamName, group: &protocol::names::GroupName) -> String {
+    format!("{stream}/{group}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,7 +96,7 @@ use decode::time_ms;
 pub struct Store {
     conn: Connection,
     /// The cluster's nodes (for what every master must answer), `None` on one server.
-    nodes: Option<Arc<redis_link::NodePool>>,
+    nodes: Option<Arc<redis_link::ClusterRouter>>,
     load: Script,
     commit: Script,
     release: Script,
@@ -121,7 +121,7 @@ impl Store {
         Self::with_connection(Connection::Single(conn), None)
     }
 
-    fn with_connection(conn: Connection, nodes: Option<Arc<redis_link::NodePool>>) -> Self {
+    fn with_connection(conn: Connection, nodes: Option<Arc<redis_link::ClusterRouter>>) -> Self {
         Store {
             conn,
             nodes,
@@ -166,14 +166,14 @@ impl Store {
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CLUSTER_CONNECT_TIMEOUT))
                     .set_response_timeout(Some(CLUSTER_RESPONSE_TIMEOUT));
-                let nodes = redis_link::NodePool::new(&seeds, config)?;
+                let nodes = redis_link::ClusterRouter::new(&seeds, config)?;
                 Ok(Self::with_connection(conn, Some(Arc::new(nodes))))
             }
         }
     }
 
     /// The cluster's nodes, `None` on one server.
-    pub fn nodes(&self) -> Option<&Arc<redis_link::NodePool>> {
+    pub fn nodes(&self) -> Option<&Arc<redis_link::ClusterRouter>> {
         self.nodes.as_ref()
     }
 

@@ -11,7 +11,7 @@ use crate::config::{ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, 
 use crate::consumer::Consumer;
 use crate::error::ConfigError;
 use crate::handler::{DynHandler, DynListener, Handler, RebalanceListener};
-use crate::version_store::{SharedVersionStore, VersionStore};
+use client_core::{SharedVersionStore, VersionStore};
 
 impl Consumer {
     /// Starts building a consumer of `group` on the logical stream `stream`.

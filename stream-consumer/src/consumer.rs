@@ -1,7 +1,6 @@
 //! The consumer: [`Consumer`] (built, not running), [`Consumer::run`] to run it in the current task until a
 //! token is cancelled, or [`Consumer::spawn`] to run it in the background behind a [`ConsumerHandle`].
 
-use crate::redis_nodes::RedisNodes;
 use protocol::names::MemberId;
 use protocol::MetadataVersion;
 use std::sync::Arc;
@@ -13,13 +12,14 @@ use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::handler::{DynHandler, DynListener, NoListener};
 use crate::lease::LeaseView;
-use crate::membership::Membership;
 use crate::metrics::ConsumerMetrics;
 use crate::redis_check::check_redis;
 use crate::shard_reader::ReaderShared;
 use crate::status::{CloseReport, ConsumerStatus};
 use crate::supervisor::Driver;
-use crate::version_store::{version_key, SharedVersionStore};
+use client_core::membership::Membership;
+use client_core::version_store::group_version_key as version_key;
+use client_core::SharedVersionStore;
 use client_core::{CoordClient, CoordTransport, PersistPolicy, VersionPersister};
 
 /// A consumer group member, configured and not yet running.
@@ -140,7 +140,7 @@ impl Consumer {
     /// # Errors
     /// [`ConsumerError::RedisUnusable`] (or [`ConsumerError::Redis`]) when Redis fails the check.
     pub async fn start(self) -> Result<ConsumerHandle, ConsumerError> {
-        let (_, nodes) = RedisNodes::open(&self.config.redis_url, self.config.timings.redis_response_timeout)
+        let (_, nodes) = crate::redis_nodes::open(&self.config.redis_url, self.config.timings.redis_response_timeout)
             .map_err(ConsumerError::Redis)?;
         check_redis(&nodes, &self.config).await?;
         Ok(self.spawn_checked(true))
@@ -194,7 +194,7 @@ impl Consumer {
         let max_observed = self.store.load(&key).await?;
         // Lazy: Redis being down at start is an outage to ride out, not a start failure.
         let (conn, redis) =
-            RedisNodes::open(&c.redis_url, c.timings.redis_response_timeout).map_err(ConsumerError::Redis)?;
+            crate::redis_nodes::open(&c.redis_url, c.timings.redis_response_timeout).map_err(ConsumerError::Redis)?;
         if !checked {
             check_redis(&redis, c).await?;
         }

@@ -137,18 +137,20 @@
 //! * `message`: [`Message`] and [`EntryId`].
 //! * `outcome`: [`Outcome`], handler outcomes beyond `Ok` and `Err` (retry after a delay, dead-letter now).
 //! * `pull`: [`MessageStream`] of [`PulledMessage`]s with explicit acks ([`ConsumerBuilder::build_stream`]).
-//! * `membership`: pure client-side membership state built from coordinator answers (what to start, drain,
-//!   report): `client_core::membership`, shared with the test models.
+//! * membership: the pure client-side membership state built from coordinator answers (what to start, drain,
+//!   report) is `client_core::membership`, shared with the test models, driven by the supervisor.
 //! * `lease`: the pure assignment lease of `client_core::lease` (counted from the heartbeat's send time), the
 //!   lease view the readers share and the combinator that polls a handler under the lease end.
 //! * `in_flight`: per-shard in-flight counters.
 //! * `supervisor`: the member supervisor; heartbeats (`supervisor::heartbeat`), drives membership and lease,
 //!   starts and stops the readers (`supervisor::readers`).
+//! * `redis_nodes`: opens the shared connection and the nodes of the blocking reads (`redis_link::Nodes`).
 //! * `shard_reader`: one task per shard: claim pending entries, blocking reads, handler, ack, retry,
 //!   dead-letter.
 //! * `stream_reply`: parsing of `XREADGROUP` / `XAUTOCLAIM` / `XPENDING` replies.
 //! * [`dead_letter`]: the dead-letter entry format.
-//! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer).
+//! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer; declared
+//!   in this file).
 //! * `error`: [`ConsumerError`] (with [`is_retryable`](ConsumerError::is_retryable)), [`ConfigError`],
 //!   [`HandlerError`], [`RedisUnusableReason`]. [`CoordError`] and [`RedisCheckError`], which they carry, are
 //!   re-exported.
@@ -166,7 +168,6 @@ mod error;
 mod handler;
 mod in_flight;
 mod lease;
-mod membership;
 mod message;
 pub mod metrics;
 mod outcome;
@@ -177,7 +178,22 @@ mod shard_reader;
 mod status;
 mod stream_reply;
 mod supervisor;
-pub mod version_store;
+/// The version-store SPI, shared with the producer SDK (defined once in `client_core`, re-exported here).
+///
+/// The consumer keeps the highest group metadata version it has ever observed under the key
+/// `"<stream>/<group>"` ([`version_key`]). It loads it once at start and stores it every time it grows, retrying
+/// a failed write until it succeeds ([`client_core::persist`]: the consumer keeps reading within its lease
+/// meanwhile, and says so in a `warn` log and the `redis_stream_consumer_version_store_failures_total` /
+/// `redis_stream_consumer_version_unpersisted` metrics). The default is the process-wide
+/// [`MemoryVersionStore::process`], shared by every consumer and producer of the process, so a consumer
+/// recreated in the same process still reports what an earlier one saw; [`FileVersionStore`] keeps it across
+/// restarts, so a restarted process still reports the version it saw before, and the coordinator notices a
+/// Redis rollback that happened while the process was down. A custom store (a database row, a config service)
+/// implements [`VersionStore`]; see `examples/custom_version_store.rs`.
+pub mod version_store {
+    pub use client_core::version_store::group_version_key as version_key;
+    pub use client_core::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
+}
 
 pub use builder::ConsumerBuilder;
 pub use config::{ConsumerConfig, StartPosition, Timings, DEFAULT_BATCH_SIZE, DEFAULT_MAX_DELIVERIES};

@@ -4,7 +4,9 @@
 use client_core::redis_check::{check_redis as check_server, RedisRequirements, MIN_REDIS_VERSION};
 use redis::AsyncConnectionConfig;
 
-use crate::redis_nodes::{RedisNodes, CONNECT_TIMEOUT};
+use redis_link::Nodes;
+
+use crate::redis_nodes::CONNECT_TIMEOUT;
 
 use crate::config::ConsumerConfig;
 use crate::error::{ConsumerError, RedisUnusableReason};
@@ -31,7 +33,7 @@ pub const REDIS_REQUIREMENTS: RedisRequirements = RedisRequirements {
 /// The start-up check of the shard streams' Redis: reachable, 6.2 or newer, every command the consumer sends; on
 /// a cluster, every master (a shard may be on any of them). Bounded by the connection timeout plus two response
 /// timeouts per server.
-pub(crate) async fn check_redis(nodes: &RedisNodes, config: &ConsumerConfig) -> Result<(), ConsumerError> {
+pub(crate) async fn check_redis(nodes: &Nodes, config: &ConsumerConfig) -> Result<(), ConsumerError> {
     let response_timeout = config.timings.redis_response_timeout;
     let connection = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))

@@ -43,7 +43,8 @@
 //! stream (see [`crate::dead_letter`]).
 //!
 //! # Layout
-//! This file is the task: what it waits for, sends and retries. What can be decided without I/O is in the
+//! This file is the task: what it waits for, sends and retries; [`dedicated`] holds its own connection for the
+//! blocking read (where it goes, the read, `CLIENT UNBLOCK`). What can be decided without I/O is in the
 //! submodules: [`ack_batch`] (which entries the next `XACK` carries, and when it must go out), [`retry`]
 //! (acknowledge, dead-letter, or retry after which delay), [`commands`] (every Redis command the reader sends,
 //! and the pairing of a claim batch with its delivery counts) and [`health`] (how long the reader has failed to
@@ -51,6 +52,7 @@
 
 mod ack_batch;
 mod commands;
+mod dedicated;
 mod health;
 mod retry;
 
@@ -60,8 +62,7 @@ use protocol::keys;
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{FencingToken, ShardId};
 use redis::{RedisError, Value};
-use redis_link::PipelinedConnection;
-use redis_link::{Connection, Redirect};
+use redis_link::{Connection, KeyRoute, Nodes, Redirect, Route};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -76,15 +77,12 @@ use crate::in_flight::{InFlight, InFlightGuard};
 use crate::lease::{now, LeaseExpired, LeaseView, UnderLease};
 use crate::message::{EntryId, Message};
 use crate::metrics::ConsumerMetrics;
-use crate::redis_nodes::{ReadRoute, RedisNodes};
 use crate::stream_reply::{self, RawEntry};
 use ack_batch::AckBatch;
 use commands::{with_delivery_counts, ShardCommands};
+use dedicated::Dedicated;
 pub(crate) use health::ReadHealth;
 use retry::{jittered, Decision, Retries};
-
-/// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
-const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
 
 /// Everything the readers of one consumer share.
 pub(crate) struct ReaderShared {
@@ -92,7 +90,7 @@ pub(crate) struct ReaderShared {
     pub group: GroupName,
     pub member_id: MemberId,
     /// Where the dedicated blocking connections go (see [`crate::redis_nodes`]).
-    pub redis: RedisNodes,
+    pub redis: Nodes,
     /// For every non-blocking command.
     pub conn: Connection,
     pub handler: Arc<dyn DynHandler>,
@@ -153,6 +151,7 @@ pub(crate) async fn run(
     in_flight: Arc<InFlight>,
     health: Arc<ReadHealth>,
 ) -> ReaderExit {
+    let route = KeyRoute::new(keys::shard_stream(&shared.stream, shard));
     let mut reader = Reader {
         stream: Arc::new(shared.stream.clone()),
         cmds: ShardCommands::new(
@@ -170,8 +169,7 @@ pub(crate) async fn run(
         failing: false,
         dedicated: None,
         blocked_client: None,
-        next_route: None,
-        refresh_route: false,
+        route,
         redirects: 0,
         redis_backoff: None,
         acks: AckBatch::default(),
@@ -215,12 +213,10 @@ struct Reader {
     /// The dedicated connection, once connected.
     dedicated: Option<Dedicated>,
     /// The client id of a blocking read in progress, and where it runs.
-    blocked_client: Option<(i64, ReadRoute)>,
-    /// Where the next dedicated connection goes, when a redirect said so (else the slot map decides).
-    next_route: Option<ReadRoute>,
-    /// Whether the slot map is read again before the next connection (the last one failed: a failover may
-    /// have moved the shard's slot to another master).
-    refresh_route: bool,
+    blocked_client: Option<(i64, Route)>,
+    /// Where the next dedicated connection goes: where a redirect said, or the slot's master (by a slot map read
+    /// again after a failed connection: a failover may have moved the shard's slot).
+    route: KeyRoute,
     /// Redirects since the last successful read (a second one in a row waits like an error).
     redirects: u32,
     /// Backoff after Redis errors; reset by a success.
@@ -229,16 +225,6 @@ struct Reader {
     acks: AckBatch<InFlightGuard>,
     /// When the last claim of pending entries finished (see [`ReaderShared::reclaim_every`]).
     last_claim: Instant,
-}
-
-/// A reader's own connection for `XREADGROUP BLOCK`: a pipelining connection whose small RESP parser reads the
-/// entry batches (the reply that carries every record) at about half the client CPU of redis-rs's.
-struct Dedicated {
-    conn: PipelinedConnection,
-    /// Its `CLIENT ID` (for `CLIENT UNBLOCK`), when the server told it.
-    client_id: Option<i64>,
-    /// The node it is connected to.
-    route: ReadRoute,
 }
 
 fn is_nogroup(e: &RedisError) -> bool {
@@ -439,63 +425,6 @@ impl Reader {
         Ok(rows.into_iter().map(|r| (r.id, r.delivery_count)).collect())
     }
 
-    /// Opens a dedicated connection and learns its `CLIENT ID` (for `CLIENT UNBLOCK`). Without the id (an ACL that
-    /// forbids `CLIENT`), a stop waits for the read to return on its own, at most `read_block`.
-    async fn connect_dedicated(&mut self) -> Result<Dedicated, RedisError> {
-        let route = match self.next_route.clone() {
-            Some(route) => route,
-            None => {
-                let refresh = std::mem::take(&mut self.refresh_route);
-                self.shared.redis.route_for(&self.cmds.key, refresh).await?
-            }
-        };
-        let client = self.shared.redis.client(&route)?;
-        let connected = PipelinedConnection::connect(
-            client.get_connection_info(),
-            Some(crate::redis_nodes::CONNECT_TIMEOUT),
-            Some(self.shared.blocking_response_timeout()),
-        )
-        .await;
-        let mut conn = match connected {
-            Ok(conn) => conn,
-            Err(e) => {
-                // The node may be gone (a failover): ask the cluster again next time.
-                self.next_route = None;
-                self.refresh_route = true;
-                return Err(e);
-            }
-        };
-        let name = format!("stream-consumer:{}:{}", self.shared.member_id, self.shard);
-        let named: Result<((), i64), RedisError> = redis::pipe()
-            .cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(name)
-            .cmd("CLIENT")
-            .arg("ID")
-            .query_async(&mut conn)
-            .await;
-        let client_id = match named {
-            Ok(((), id)) => Some(id),
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
-                self.next_route = None;
-                self.refresh_route = true;
-                return Err(e);
-            }
-            Err(e) => {
-                debug!(shard = %self.shard, error = %e, "CLIENT SETNAME/ID refused; stops wait for BLOCK to run out");
-                None
-            }
-        };
-        Ok(Dedicated { conn, client_id, route })
-    }
-
-    /// Ends a blocking read of client `id` on the node of `route` (it answers as if `BLOCK` ran out).
-    async fn unblock(&self, route: &ReadRoute, id: i64) {
-        if let Err(e) = self.shared.redis.unblock(&self.shared.conn, route, id).await {
-            debug!(shard = %self.shard, error = %e, "CLIENT UNBLOCK failed");
-        }
-    }
-
     /// Step 4: new entries. Returns `false` when stopped, `true` after a failed read (claim again first).
     async fn read_new(&mut self) -> bool {
         loop {
@@ -551,7 +480,7 @@ impl Reader {
                         // The shard's slot is served elsewhere (moved, or migrating and the stream already moved):
                         // nothing was read; read there, after claiming again like after any failed read.
                         debug!(shard = %self.shard, ?redirect, "XREADGROUP redirected");
-                        self.next_route = Some(self.shared.redis.after_redirect(&redirect).await);
+                        self.route.redirected(&self.shared.redis, &redirect).await;
                         self.redirects += 1;
                         if self.redirects == 1 {
                             return true;
@@ -560,97 +489,11 @@ impl Reader {
                     }
                     // The connection may be broken: reconnect after the backoff (to the slot's master by a fresh
                     // slot map), and claim again first.
-                    self.next_route = None;
-                    self.refresh_route = true;
+                    self.route.lost();
                     return self.redis_failed("XREADGROUP", &e).await;
                 }
             }
         }
-    }
-
-    /// One blocking `XREADGROUP`. A stop while blocked unblocks the read and still waits for its answer.
-    ///
-    /// The queued acknowledgements (the previous read's entries) are sent on the same connection just before
-    /// the read, without waiting for their answer first: both travel in one round trip, and the entries stop
-    /// being in flight as soon as the `XACK` answer arrives (it comes before the read's, which may block). If it
-    /// fails they stay queued and are sent again on the shared connection before anything is claimed.
-    async fn blocking_read(&mut self, dedicated: &mut Dedicated) -> Result<Vec<RawEntry>, RedisError> {
-        if !self.within_lease() {
-            // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
-            return Ok(Vec::new());
-        }
-        let client_id = dedicated.client_id;
-        let asking = dedicated.route.asking();
-        let conn = &mut dedicated.conn;
-        let mut read_pipe = redis::pipe();
-        if asking {
-            // Applies to the next command only: sent in one write with the read, its answer skipped.
-            read_pipe.cmd("ASKING");
-        }
-        read_pipe.add_command(self.cmds.read_new(self.shared.batch_size, self.shared.read_block));
-        let skip = usize::from(asking);
-        // While asking, the acknowledgements wait for the shared connection (they would need ASKING too).
-        // Handed over first, so it is answered before the read (which may block).
-        let ack = (!self.acks.is_empty() && !asking).then(|| {
-            let answer = conn.submit(vec![self.cmds.ack(self.acks.ids()).get_packed_command().into()], 1);
-            async move {
-                match answer.await?.pop() {
-                    Some(Value::ServerError(e)) => Err(RedisError::from(e)),
-                    Some(_) => Ok(()),
-                    None => Err(RedisError::from((redis::ErrorKind::Parse, "XACK answered nothing"))),
-                }
-            }
-        });
-        let mut ack_done = ack.is_none();
-        let ack = futures::future::OptionFuture::from(ack);
-        tokio::pin!(ack);
-        self.blocked_client = client_id.map(|id| (id, dedicated.route.clone()));
-        let route = dedicated.route.clone();
-        // Handed over now (after the acknowledgements, on the same connection); its reply comes back as RESP bytes
-        // and is decoded straight into entries.
-        let read = conn.submit_frames(vec![read_pipe.get_packed_pipeline().into()], skip + 1);
-        tokio::pin!(read);
-        let mut unblock_at: Option<tokio::time::Instant> = None;
-        let reply = loop {
-            tokio::select! {
-                biased;
-                r = &mut ack, if !ack_done => {
-                    ack_done = true;
-                    if let Some(Ok(_)) = r {
-                        self.acks.clear();
-                    }
-                }
-                r = &mut read => break r,
-                _ = self.stop.cancelled(), if unblock_at.is_none() && client_id.is_some() => {
-                    unblock_at = Some(tokio::time::Instant::now());
-                }
-                // Repeated: an UNBLOCK that reaches Redis before the read itself (they travel on different
-                // connections) finds nothing to unblock.
-                _ = tokio::time::sleep_until(unblock_at.unwrap_or_else(tokio::time::Instant::now)), if unblock_at.is_some() => {
-                    if let Some(id) = client_id {
-                        self.unblock(&route, id).await;
-                    }
-                    unblock_at = Some(tokio::time::Instant::now() + UNBLOCK_RETRY);
-                }
-            }
-        };
-        self.blocked_client = None;
-        if !ack_done {
-            // Sent before the read on the same connection: answered by now (or failed with it).
-            if let Some(Ok(_)) = ack.await {
-                self.acks.clear();
-            }
-        }
-        let frame = reply?.pop().unwrap_or_default();
-        if frame.first() == Some(&b'-') {
-            // An error reply: read by the parser every other reply goes through, so its kind (NOGROUP, MOVED, ASK)
-            // is redis-rs's.
-            return Err(match redis_link::resp::parse(&frame) {
-                Ok(Some((Value::ServerError(e), _))) => e.into(),
-                _ => RedisError::from((redis::ErrorKind::Parse, "unreadable XREADGROUP error reply")),
-            });
-        }
-        stream_reply::read_group_frame(&frame).map_err(reply_error)
     }
 
     /// Handles one entry until it is acknowledged, dead-lettered, or left pending because the shard is no longer

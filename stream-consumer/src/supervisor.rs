@@ -58,10 +58,10 @@ use crate::error::ConsumerError;
 use crate::handler::DynListener;
 use crate::in_flight::InFlight;
 use crate::lease::{now, Lease};
-use crate::membership::{Membership, ShardState};
 use crate::redis_check::check_redis;
 use crate::shard_reader::{ReadHealth, ReaderControl, ReaderExit, ReaderShared};
 use crate::status::{CloseReport, ConsumerStatus, HeartbeatCounters};
+use client_core::membership::{Membership, ShardState};
 
 /// Leave attempts on close (the member expires by TTL anyway if all fail).
 const LEAVE_ATTEMPTS: u32 = 3;

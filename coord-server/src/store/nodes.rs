@@ -1,21 +1,11 @@
-//! What the store asks of every master of a Redis Cluster, and reads that span slots.
-//!
-//! redis-rs's cluster connection routes a keyed command to its slot's master, refuses a pipeline whose keys span
-//! slots, and sends keyless node-local commands (`INFO`, `TIME`, `SCAN`, `COMMAND INFO`) to a node of its choice
-//! (or to all, merging answers this code cannot attribute). So on a cluster:
-//! - node-local questions go to every master over a direct connection ([`Store::each_master`]), and a failure
-//!   names the node ([`StoreError::Node`]);
-//! - multi-slot reads ([`Store::read_many`]) are grouped per master, one pipeline each, sent concurrently; a reply
-//!   that is a `MOVED` / `ASK` / `TRYAGAIN` (a slot moving, a failover) or a node that fails is asked again, that
-//!   command alone, through the cluster connection, which follows redirects. Only reads go this way: re-sending a
-//!   read is harmless.
+//! What the store asks of every master of a Redis Cluster, and reads that span slots: routed by
+//! [`redis_link::ClusterRouter`] (`on_each_master`, `read_many`); what stays here is the store's error mapping
+//! (a failure names its node, [`StoreError::Node`]) and the single-server path.
 //!
 //! On one server both are what they were: the shared connection, one pipeline.
 
-use std::collections::{BTreeMap, HashMap};
-
 use redis::{Cmd, RedisResult, Value};
-use redis_link::{Connection, NodeAddr};
+use redis_link::{Connection, MastersError, NodeAddr};
 
 use super::Store;
 use crate::error::StoreError;
@@ -38,18 +28,16 @@ impl Node {
     }
 }
 
-/// Whether a per-command reply means "ask again elsewhere or later": a redirect, a slot in migration, a cluster
-/// that is reconfiguring, or a connection problem.
-fn must_retry(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    redis_link::Redirect::from_error(e).is_some()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::CrossSlot)
-        )
-        || e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
+/// The router's failure as the store's: a node's names it.
+fn masters_error(e: MastersError) -> StoreError {
+    match e {
+        MastersError::Node { node, source } => StoreError::Redis(source).on_node(&node),
+        other => StoreError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "cannot read the cluster's slot map",
+            other.to_string(),
+        ))),
+    }
 }
 
 impl Store {
@@ -59,28 +47,17 @@ impl Store {
     /// # Errors
     /// No slot map could be read; a master unreachable (named).
     pub async fn each_master(&self) -> Result<Vec<Node>, StoreError> {
-        let Some(pool) = &self.nodes else {
+        let Some(router) = &self.nodes else {
             return Ok(vec![Node {
                 addr: None,
                 conn: self.conn.clone(),
             }]);
         };
-        let map = pool.refresh().await.map_err(topology)?;
-        let mut nodes = Vec::new();
-        for addr in map.masters() {
-            let conn = match pool.connection(&addr).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    pool.forget(&addr);
-                    return Err(StoreError::Redis(e).on_node(&addr));
-                }
-            };
-            nodes.push(Node {
-                addr: Some(addr),
-                conn: Connection::Node(conn),
-            });
-        }
-        Ok(nodes)
+        let nodes = router.each_master().await.map_err(masters_error)?;
+        Ok(nodes
+            .into_iter()
+            .map(|(addr, conn)| Node { addr: Some(addr), conn })
+            .collect())
     }
 
     /// Runs `cmd` on every master (see [`Store::each_master`]); answers in the masters' order.
@@ -91,23 +68,21 @@ impl Store {
         &self,
         cmd: &Cmd,
     ) -> Result<Vec<(Option<NodeAddr>, T)>, StoreError> {
-        let nodes = self.each_master().await?;
-        let answers = futures::future::join_all(nodes.into_iter().map(|mut node| async move {
-            let r: RedisResult<T> = cmd.query_async(&mut node.conn).await;
-            match r {
-                Ok(v) => Ok((node.addr, v)),
-                Err(e) => {
-                    if let (Some(pool), Some(addr)) = (&self.nodes, &node.addr) {
-                        if !matches!(e.kind(), redis::ErrorKind::Server(_)) {
-                            pool.forget(addr);
-                        }
-                    }
-                    Err(node.failed(StoreError::Redis(e)))
-                }
-            }
-        }))
-        .await;
-        answers.into_iter().collect()
+        let Some(router) = &self.nodes else {
+            let mut conn = self.conn.clone();
+            return Ok(vec![(
+                None,
+                cmd.query_async(&mut conn).await.map_err(StoreError::Redis)?,
+            )]);
+        };
+        let answers = router.on_each_master::<T>(cmd).await.map_err(masters_error)?;
+        answers
+            .into_iter()
+            .map(|(addr, answer)| match answer {
+                Ok(v) => Ok((Some(addr), v)),
+                Err(e) => Err(StoreError::Redis(e).on_node(&addr)),
+            })
+            .collect()
     }
 
     /// The run id of every master (`INFO server`), by address; on a single server, one entry without one.
@@ -135,8 +110,9 @@ impl Store {
 
     /// Runs read-only commands whose keys may lie in different slots; answers in order, one result per command
     /// (a command's own error, such as `XINFO` on a missing key, is its result). `reads` pairs each command with
-    /// the key that routes it. On a single server: one pipeline. On a cluster: one pipeline per master, then each
-    /// command that met a redirect or a failing node once more alone through the cluster connection.
+    /// the key that routes it. On a single server: one pipeline. On a cluster:
+    /// [`redis_link::ClusterRouter::read_many`] (one pipeline per master, then each command that met a redirect
+    /// or a failing node once more alone through the cluster connection).
     ///
     /// # Errors
     /// A failure of the single server's pipeline; on a cluster, only the retry's connection errors are reported
@@ -145,7 +121,7 @@ impl Store {
         if reads.is_empty() {
             return Ok(Vec::new());
         }
-        let Some(pool) = &self.nodes else {
+        let Some(router) = &self.nodes else {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for (_, cmd) in reads {
@@ -154,63 +130,7 @@ impl Store {
             let mut conn = self.conn.clone();
             return Ok(pipe.query_async(&mut conn).await?);
         };
-        let mut by_node: BTreeMap<NodeAddr, Vec<usize>> = BTreeMap::new();
-        match pool.slot_map().await {
-            Ok(map) => {
-                for (i, (key, _)) in reads.iter().enumerate() {
-                    by_node
-                        .entry(map.master_of_key(key.as_bytes()).clone())
-                        .or_default()
-                        .push(i);
-                }
-            }
-            // Without a map every read goes through the cluster connection below.
-            Err(e) => tracing::debug!(error = %e, "no slot map; reads go one by one"),
-        }
-        let mut results: HashMap<usize, RedisResult<Value>> = HashMap::with_capacity(reads.len());
-        let batches = futures::future::join_all(by_node.into_iter().map(|(addr, indices)| async move {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in &indices {
-                pipe.add_command(reads[i].1.clone());
-            }
-            let replies: RedisResult<Vec<RedisResult<Value>>> = match pool.connection(&addr).await {
-                Ok(mut conn) => pipe.query_async(&mut conn).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = &replies {
-                if !matches!(e.kind(), redis::ErrorKind::Server(_)) {
-                    pool.forget(&addr);
-                }
-            }
-            (indices, replies)
-        }))
-        .await;
-        let mut moved = false;
-        for (indices, replies) in batches {
-            let Ok(replies) = replies else { continue };
-            for (i, reply) in indices.into_iter().zip(replies) {
-                match reply {
-                    Err(e) if must_retry(&e) => moved = true,
-                    other => {
-                        results.insert(i, other);
-                    }
-                }
-            }
-        }
-        if moved {
-            // The next reads should go straight to the new owners.
-            let _ = pool.refresh().await;
-        }
-        let retries = futures::future::join_all((0..reads.len()).filter(|i| !results.contains_key(i)).map(|i| {
-            let mut conn = self.conn.clone();
-            async move { (i, reads[i].1.query_async::<Value>(&mut conn).await) }
-        }))
-        .await;
-        results.extend(retries);
-        Ok((0..reads.len())
-            .map(|i| results.remove(&i).unwrap_or(Ok(Value::Nil)))
-            .collect())
+        Ok(router.read_many(reads, &self.conn).await)
     }
 
     /// The largest Redis `TIME` of the masters, in ms (the server's on a single server): a deadline computed from
@@ -226,12 +146,4 @@ impl Store {
             .max()
             .unwrap_or(0))
     }
-}
-
-fn topology(e: redis_link::TopologyError) -> StoreError {
-    StoreError::Redis(redis::RedisError::from((
-        redis::ErrorKind::Io,
-        "cannot read the cluster's slot map",
-        e.to_string(),
-    )))
 }

@@ -1,38 +1,34 @@
-//! The cluster route: per-node lanes, and one shard's pipeline sent straight to the master of its slot with every
-//! redirect followed per command (see "Redis Cluster" in the [`publisher`](super) docs).
-//!
-//! Why not redis-rs's cluster connection: when one reply of a pipeline is a redirect (or the connection fails) it
-//! sends the *whole* pipeline again, so the commands before the redirect run twice. Here a command is sent again
-//! only when its own reply says it did not run (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`), or when it was never
-//! sent (no connection); a connection that fails after sending leaves its commands unknown.
+//! The cluster route: per-node lanes, and the order of each shard's pipelines (see "Redis Cluster" in the
+//! [`publisher`](super) docs). Where a pipeline goes and how each command's redirect is followed is
+//! [`redis_link::ClusterRouter::run_pipeline`]'s: a command is sent again only when its own reply says it did not
+//! run (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`), or when it was never sent (no connection); a connection that
+//! fails after sending leaves its commands unknown. What stays here is the producer's: its lanes per node (each
+//! node checked, the publish script loaded), the `WAIT` of a durable write, the order of a shard's pipelines and
+//! the counters.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use protocol::names::StreamName;
 use protocol::{keys, ShardId};
-use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, ServerErrorKind, Value};
-use redis_link::{NodeAddr, NodePool, Redirect, RedirectKind, TopologyError};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
+use redis_link::{
+    ClusterRouter, CommandOutcome, NodeAddr, NodeRequest, PipelineDriver, ReplyKind, Resends, RetryPolicy, SendError,
+    TopologyError,
+};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::{CmdOutcome, ConnectFailure, Durable, Lane, LaneError, LaneTimeouts, RedisGate, Replication};
 use crate::stats::Stats;
 
-/// Most `MOVED`/`ASK` rounds one call follows in a row (a backoff after `TRYAGAIN` starts the count again): more
-/// means the nodes disagree about the slot, and the call fails as not written instead of bouncing.
-pub(crate) const MAX_REDIRECTS: u32 = 5;
+/// Most `MOVED`/`ASK` rounds one call follows in a row (see [`redis_link::MAX_REDIRECTS`]).
+pub(crate) const MAX_REDIRECTS: u32 = redis_link::MAX_REDIRECTS;
 
-/// First wait before sending again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node; doubles per wait.
-const BACKOFF_MIN: Duration = Duration::from_millis(10);
-
-/// Longest such wait.
-const BACKOFF_MAX: Duration = Duration::from_millis(200);
-
-/// The per-node lanes of a cluster, its slot map, and the order of each shard's pipelines.
+/// The per-node lanes of a cluster, its router, and the order of each shard's pipelines.
 pub(crate) struct ClusterRoute {
-    pool: NodePool,
+    /// The slot map, the redirects, and every master's lanes.
+    router: ClusterRouter<Vec<Lane>>,
     timeouts: LaneTimeouts,
     connections: usize,
     /// Loads the publish script on every new node connection (scripted path).
@@ -40,9 +36,7 @@ pub(crate) struct ClusterRoute {
     /// What each node's check requires beyond the producer's commands (`WAIT` for durable writes).
     pub(super) also_require: Option<&'static client_core::RedisRequirements>,
     /// How long after a call started it may still send commands again (one response timeout).
-    retry_window: Duration,
-    /// The lanes of every node written to so far (bounded by the cluster's nodes).
-    nodes: Mutex<HashMap<NodeAddr, Arc<Vec<Lane>>>>,
+    retry: RetryPolicy,
     /// Per shard written so far: the last pipeline issued, and how many are settling redirects.
     order: Mutex<HashMap<ShardId, ShardOrder>>,
 }
@@ -125,27 +119,6 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// How a reply sends its command on.
-enum Next {
-    /// Settled: a reply of the command itself.
-    Done,
-    /// `MOVED` (to the node) or `ASK` (to the node, with `ASKING`).
-    Redirect(Redirect),
-    /// `TRYAGAIN` or `CLUSTERDOWN`: not run, send it again later.
-    Retry,
-}
-
-fn next_of(reply: &RedisResult<Value>) -> Next {
-    let Err(e) = reply else { return Next::Done };
-    if let Some(redirect) = Redirect::from_error(e) {
-        return Next::Redirect(redirect);
-    }
-    match e.kind() {
-        redis::ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => Next::Retry,
-        _ => Next::Done,
-    }
-}
-
 fn topology_failure(e: TopologyError) -> ConnectFailure {
     let e = match e {
         TopologyError::Unreachable(e) => e,
@@ -164,13 +137,15 @@ impl ClusterRoute {
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
         Ok(ClusterRoute {
-            pool: NodePool::new(seeds, config)?,
+            router: ClusterRouter::new(seeds, config)?,
             timeouts,
             connections: connections.max(1),
             preload_script: false,
             also_require: None,
-            retry_window: timeouts.response,
-            nodes: Mutex::default(),
+            retry: RetryPolicy {
+                window: timeouts.response,
+                max_redirects: MAX_REDIRECTS,
+            },
             order: Mutex::default(),
         })
     }
@@ -183,27 +158,21 @@ impl ClusterRoute {
 
     /// The lanes of `node`, created on first use (each node has its own Redis check).
     fn lanes(&self, node: &NodeAddr) -> Result<Arc<Vec<Lane>>, ConnectFailure> {
-        let mut nodes = self
-            .nodes
-            .lock()
-            .expect("the node lanes lock is never held across a panic");
-        if let Some(lanes) = nodes.get(node) {
-            return Ok(lanes.clone());
-        }
-        let client = self.pool.client(node).map_err(|e| ConnectFailure::Redis(Arc::new(e)))?;
-        let gate = Arc::new(RedisGate::new(format!("redis://{node}"), self.also_require));
-        let lanes: Arc<Vec<Lane>> = Arc::new(
-            (0..self.connections)
-                .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
-                .collect(),
-        );
-        nodes.insert(node.clone(), lanes.clone());
-        Ok(lanes)
+        self.router.node_state(
+            node,
+            |client| {
+                let gate = Arc::new(RedisGate::new(format!("redis://{node}"), self.also_require));
+                Ok((0..self.connections)
+                    .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
+                    .collect())
+            },
+            |e| ConnectFailure::Redis(Arc::new(e)),
+        )
     }
 
     /// Reads the slot map and opens every lane of every master.
     pub(super) async fn connect_all(&self) -> Result<(), ConnectFailure> {
-        let map = self.pool.slot_map().await.map_err(topology_failure)?;
+        let map = self.router.slot_map().await.map_err(topology_failure)?;
         for node in map.masters() {
             for lane in self.lanes(&node)?.iter() {
                 lane.connection().await?;
@@ -248,199 +217,133 @@ impl ClusterRoute {
     ) -> (Vec<CmdOutcome>, Replication) {
         let slot = protocol::slot::key_slot(keys::shard_stream(stream, shard).as_bytes());
         let (mut ticket, settling) = self.ticket(shard);
-        let node = self.pool.slot_map().await.ok().map(|map| map.master_of(slot).clone());
-        // `None`: the slot's master by the map; else the node a redirect named, and whether it was `ASK`.
-        let mut to: Option<(NodeAddr, bool)> = node.map(|n| (n, false));
-        if ticket.before_send(to.as_ref().map(|(n, _)| n), settling).await {
-            // Every earlier pipeline of the shard settled: go where the map says now.
-            to = None;
-        }
-        let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
-        let mut out: Vec<Option<CmdOutcome>> = (0..commands.len()).map(|_| None).collect();
-        // The commands still to send, in order, with the last answer that sent them on.
-        let mut pending: Vec<(usize, Option<RedisError>)> = (0..commands.len()).map(|i| (i, None)).collect();
-        let deadline = Instant::now() + self.retry_window;
-        let mut backoff = BACKOFF_MIN;
-        let mut redirects = 0u32;
-        let mut first = true;
-        let mut replication = Replication::Confirmed;
-        let finish = |out: &mut Vec<Option<CmdOutcome>>,
-                      pending: &[(usize, Option<RedisError>)],
-                      f: &dyn Fn(Option<&RedisError>) -> CmdOutcome| {
-            for (i, last) in pending {
-                out[*i] = Some(f(last.as_ref()));
-            }
+        let node = self.router.master_of_slot(slot).await.ok();
+        // Every earlier pipeline of the shard settled when it waited: then go where the map says now.
+        let first = if ticket.before_send(node.as_ref(), settling).await {
+            None
+        } else {
+            node
         };
-        while !pending.is_empty() {
-            let target = match &to {
-                Some((node, asking)) => Ok((node.clone(), *asking)),
-                None => self
-                    .pool
-                    .slot_map()
-                    .await
-                    .map(|map| (map.master_of(slot).clone(), false))
-                    .map_err(topology_failure),
-            };
-            let sent = match target.and_then(|(node, asking)| Ok((self.lanes(&node)?, node, asking))) {
-                Err(f) => Err(LaneError::Connect(f)),
-                Ok((lanes, node, asking)) => {
-                    ticket.sent(&node);
-                    let lane = &lanes[shard.index() % lanes.len()];
-                    match (first && !asking, durable) {
-                        (true, None) => lane.run(pipe).await,
-                        // WAIT behind the pipeline, without copying its commands into another one.
-                        (true, Some(d)) => {
-                            let parts = vec![bytes::Bytes::from(pipe.get_packed_pipeline()), d.packed()];
-                            lane.run_packed(parts, commands.len() + 1).await
-                        }
-                        (false, _) => {
-                            let mut again = redis::pipe();
-                            again.ignore_errors();
-                            for (i, _) in &pending {
-                                if asking {
-                                    again.cmd("ASKING").ignore();
-                                }
-                                again.add_command(commands[*i].clone());
-                            }
-                            if let Some(d) = durable {
-                                again.add_command(d.command());
-                            }
-                            lane.run(&again).await
-                        }
-                    }
-                }
-            };
-            first = false;
-            // Whatever came back, nothing of this pipeline is sent again before its predecessor settled.
-            ticket.after_prev().await;
-            let mut replies = match sent {
-                Ok(replies) => replies,
-                Err(LaneError::Connect(f @ ConnectFailure::Unsupported(_))) => {
-                    finish(&mut out, &pending, &|_| CmdOutcome::Connect(f.clone()));
-                    break;
-                }
-                Err(LaneError::Connect(f)) => {
-                    // Not sent. The node may be gone (a failover moves its slots): read the map again, then retry
-                    // until the deadline.
-                    ticket.settling();
-                    let _ = self.pool.refresh().await;
-                    to = None;
-                    if Instant::now() + backoff > deadline {
-                        finish(&mut out, &pending, &|_| CmdOutcome::Connect(f.clone()));
-                        break;
-                    }
-                    stats
-                        .cluster_retries
-                        .fetch_add(pending.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    continue;
-                }
-                Err(LaneError::Lost(e)) => {
-                    let e = Arc::new(e);
-                    finish(&mut out, &pending, &|_| CmdOutcome::Lost(e.clone()));
-                    break;
-                }
-            };
-            // The WAIT's reply, when it is there: the last.
-            let wait = match durable {
-                Some(_) if replies.len() == pending.len() + 1 => replies.pop(),
-                _ => None,
-            };
-            if replies.len() != pending.len() {
-                let detail = format!("{} replies to {} commands", replies.len(), pending.len());
-                finish(&mut out, &pending, &|_| CmdOutcome::Unexpected(detail.clone()));
-                break;
-            }
-            let mut next = Vec::new();
-            let (mut moved, mut asked, mut retry) = (0u64, 0u64, 0u64);
-            let mut ran = false;
-            for ((i, _), reply) in pending.iter().zip(replies) {
-                match next_of(&reply) {
-                    Next::Done => {
-                        ran = true;
-                        out[*i] = Some(CmdOutcome::Reply(reply));
-                    }
-                    Next::Redirect(redirect) => {
-                        if next.is_empty() {
-                            to = Some((redirect.to.clone(), redirect.kind == RedirectKind::Ask));
-                        }
-                        match redirect.kind {
-                            RedirectKind::Moved => moved += 1,
-                            RedirectKind::Ask => asked += 1,
-                        }
-                        next.push((*i, reply.err()));
-                    }
-                    Next::Retry => {
-                        if next.is_empty() {
-                            to = None;
-                        }
-                        retry += 1;
-                        next.push((*i, reply.err()));
-                    }
-                }
-            }
-            if let Some(d) = durable.filter(|_| ran) {
-                replication = replication.and(d.read_outcome(wait.map(CmdOutcome::Reply)));
-            }
-            pending = next;
-            if pending.is_empty() {
-                break;
-            }
-            ticket.settling();
-            {
-                use std::sync::atomic::Ordering::Relaxed;
-                stats.redirects_moved.fetch_add(moved, Relaxed);
-                stats.redirects_ask.fetch_add(asked, Relaxed);
-                stats.cluster_retries.fetch_add(retry, Relaxed);
-            }
-            if moved > 0 {
-                // The redirect named the new owner; the map is for the pipelines after this one.
-                let _ = self.pool.refresh().await;
-            }
-            if moved + asked > 0 {
-                redirects += 1;
-                if redirects > MAX_REDIRECTS {
-                    finish(&mut out, &pending, &|last| {
-                        CmdOutcome::Unsettled("too many redirects", Arc::new(last.cloned().unwrap_or_else(no_answer)))
-                    });
-                    break;
-                }
-            }
-            // Only ASK is expected to be followed at once; a second redirect in a row means the nodes' views
-            // have not converged yet: give them a moment.
-            if retry > 0 || redirects > 1 {
-                if Instant::now() + backoff > deadline {
-                    finish(&mut out, &pending, &|last| {
-                        CmdOutcome::Unsettled(
-                            "retried until the response timeout",
-                            Arc::new(last.cloned().unwrap_or_else(no_answer)),
-                        )
-                    });
-                    break;
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                if retry > 0 {
-                    redirects = 0;
-                }
-            }
-        }
-        let out = out
+        let commands: Vec<&Cmd> = pipe.cmd_iter().collect();
+        let mut driver = Driver {
+            route: self,
+            ticket,
+            stats,
+            shard,
+            pipe,
+            commands: &commands,
+            durable,
+            replication: Replication::Confirmed,
+        };
+        let outcomes = self
+            .router
+            .run_pipeline(slot, commands.len(), first, self.retry, &mut driver)
+            .await;
+        let outcomes = outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| CmdOutcome::Unexpected("no outcome".into())))
+            .map(|o| match o {
+                CommandOutcome::Reply(reply) => CmdOutcome::Reply(reply),
+                CommandOutcome::NotSent(f) => CmdOutcome::Connect(f),
+                CommandOutcome::Lost(e) => CmdOutcome::Lost(e),
+                CommandOutcome::Unsettled(reason, e) => CmdOutcome::Unsettled(reason, e),
+                CommandOutcome::Unexpected(detail) => CmdOutcome::Unexpected(detail),
+            })
             .collect();
-        (out, replication)
+        (outcomes, driver.replication)
     }
 }
 
-fn no_answer() -> RedisError {
-    RedisError::from((redis::ErrorKind::ClusterConnectionNotFound, "no answer"))
+/// How one shard's pipeline is sent: on the lanes of the node the router names, with `WAIT` when durable, in
+/// the shard's order.
+struct Driver<'a> {
+    route: &'a ClusterRoute,
+    ticket: Ticket<'a>,
+    stats: &'a Stats,
+    shard: ShardId,
+    pipe: &'a redis::Pipeline,
+    commands: &'a [&'a Cmd],
+    durable: Option<&'a Durable>,
+    /// What the `WAIT`s of the requests that ran commands confirmed so far.
+    replication: Replication,
+}
+
+impl Driver<'_> {
+    /// The request's commands as a pipeline of their own (sent again after a redirect or a retry).
+    fn again(&self, request: &NodeRequest<'_>) -> redis::Pipeline {
+        let mut again = redis::pipe();
+        again.ignore_errors();
+        for &i in request.commands {
+            if request.asking {
+                again.cmd("ASKING").ignore();
+            }
+            again.add_command(self.commands[i].clone());
+        }
+        if let Some(d) = self.durable {
+            again.add_command(d.command());
+        }
+        again
+    }
+}
+
+impl PipelineDriver for Driver<'_> {
+    type Error = ConnectFailure;
+
+    fn no_route(&self, e: TopologyError) -> ConnectFailure {
+        topology_failure(e)
+    }
+
+    async fn send(&mut self, request: NodeRequest<'_>) -> Result<Vec<RedisResult<Value>>, SendError<ConnectFailure>> {
+        let lanes = self.route.lanes(request.node).map_err(SendError::Unreachable)?;
+        self.ticket.sent(request.node);
+        let lane = &lanes[self.shard.index() % lanes.len()];
+        let sent = match (request.whole, self.durable) {
+            (true, None) => lane.run(self.pipe).await,
+            // WAIT behind the pipeline, without copying its commands into another one.
+            (true, Some(d)) => {
+                let parts = vec![bytes::Bytes::from(self.pipe.get_packed_pipeline()), d.packed()];
+                lane.run_packed(parts, self.commands.len() + 1).await
+            }
+            (false, _) => lane.run(&self.again(&request)).await,
+        };
+        let mut replies = match sent {
+            Ok(replies) => replies,
+            Err(LaneError::Connect(f @ ConnectFailure::Unsupported(_))) => return Err(SendError::Refused(f)),
+            Err(LaneError::Connect(f)) => return Err(SendError::Unreachable(f)),
+            Err(LaneError::Lost(e)) => return Err(SendError::Lost(e)),
+        };
+        if let Some(d) = self.durable {
+            // The WAIT's reply, when it is there: the last. It counts when a command of the request ran.
+            let wait = (replies.len() == request.commands.len() + 1)
+                .then(|| replies.pop())
+                .flatten();
+            let ran = replies.iter().any(|r| ReplyKind::of(r) == ReplyKind::Done);
+            if replies.len() == request.commands.len() && ran {
+                let replication = std::mem::replace(&mut self.replication, Replication::Confirmed);
+                self.replication = replication.and(d.read_outcome(wait.map(CmdOutcome::Reply)));
+            }
+        }
+        Ok(replies)
+    }
+
+    async fn answered(&mut self) {
+        self.ticket.after_prev().await;
+    }
+
+    fn settling(&mut self) {
+        self.ticket.settling();
+    }
+
+    fn resent(&mut self, resends: Resends) {
+        self.stats.redirects_moved.fetch_add(resends.moved, Relaxed);
+        self.stats.redirects_ask.fetch_add(resends.asked, Relaxed);
+        self.stats.cluster_retries.fetch_add(resends.retried, Relaxed);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn route() -> ClusterRoute {
         ClusterRoute::new(
@@ -535,39 +438,5 @@ mod tests {
         let (mut last, is_settling) = route.ticket(ShardId(3));
         assert!(!is_settling, "nothing is settling any more");
         assert_eq!(ready_now(last.before_send(Some(&a), false)).await, Some(false));
-    }
-
-    #[test]
-    fn redirects_and_retries_are_told_apart() {
-        let reply = |text: &str| match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap() {
-            Value::ServerError(e) => Err(RedisError::from(e)),
-            other => panic!("{other:?}"),
-        };
-        assert!(matches!(
-            next_of(&reply("MOVED 12 10.0.0.2:7001")),
-            Next::Redirect(Redirect {
-                kind: RedirectKind::Moved,
-                slot: 12,
-                ..
-            })
-        ));
-        assert!(matches!(
-            next_of(&reply("ASK 12 10.0.0.2:7001")),
-            Next::Redirect(Redirect {
-                kind: RedirectKind::Ask,
-                ..
-            })
-        ));
-        assert!(matches!(
-            next_of(&reply("TRYAGAIN Multiple keys request during rehashing of slot")),
-            Next::Retry
-        ));
-        assert!(matches!(
-            next_of(&reply("CLUSTERDOWN The cluster is down")),
-            Next::Retry
-        ));
-        assert!(matches!(next_of(&reply("ERR wrong number of arguments")), Next::Done));
-        assert!(matches!(next_of(&reply("NOSCRIPT No matching script")), Next::Done));
-        assert!(matches!(next_of(&Ok(Value::Okay)), Next::Done));
     }
 }
