@@ -12,7 +12,7 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 /// Against a cluster, keyed commands and pipelines whose keys share one slot go to that slot's master, and
 /// `MOVED`, `ASK` and failovers are followed by redis-rs. A pipeline whose keys span slots is refused
 /// (`CrossSlot`) before anything is sent, and keyless commands (`INFO`, `TIME`) reach one node of redis-rs's
-/// choice: ask a specific node through [`crate::NodePool`] instead. A command redis-rs retries after a lost
+/// choice: ask a specific node through `NodePool` instead. A command redis-rs retries after a lost
 /// connection may have run twice, so only idempotent or compare-and-set writes go through it.
 #[derive(Clone)]
 pub enum Connection {
@@ -20,13 +20,13 @@ pub enum Connection {
     Single(ConnectionManager),
     /// A Redis Cluster.
     Cluster(ClusterConnection),
-    /// One cluster node, directly ([`crate::NodePool::connection`]): no redirect is followed and a lost
+    /// One cluster node, directly (`NodePool::connection`): no redirect is followed and a lost
     /// connection is not reopened (ask the pool for a new one).
     Node(MultiplexedConnection),
 }
 
 impl Connection {
-    /// Connects to a cluster through `seeds` (see [`crate::RedisTarget`]), with these timeouts per node
+    /// Connects to a cluster through `seeds` (see `RedisTarget`), with these timeouts per node
     /// connection and per answer.
     ///
     /// # Errors

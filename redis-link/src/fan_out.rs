@@ -14,8 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use redis::{Cmd, RedisError, RedisResult, Value};
 
+use crate::connection::Connection;
+use crate::router::ClusterRouter;
 use crate::topology::{NodeAddr, TopologyError};
-use crate::{ClusterRouter, Connection};
 
 /// Why the masters could not all be reached.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +40,7 @@ pub enum MastersError {
 /// that is reconfiguring, or a connection problem.
 fn ask_again(e: &RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
-    crate::Redirect::from_error(e).is_some()
+    crate::redirect::Redirect::from_error(e).is_some()
         || matches!(
             e.kind(),
             ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::CrossSlot)

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use redis::{RedisError, Value};
 
-use crate::{ClusterRouter, Connection, NodeAddr, Redirect, RedirectKind, TopologyError};
+use crate::connection::Connection;
+use crate::redirect::{Redirect, RedirectKind};
+use crate::router::ClusterRouter;
+use crate::topology::{NodeAddr, TopologyError};
 
 /// The nodes a component opens dedicated connections to: the one server, or a cluster's.
 #[derive(Clone, Debug)]

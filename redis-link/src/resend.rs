@@ -1,5 +1,5 @@
 //! One pipeline sent to the master of a slot with every command's redirect followed on its own
-//! ([`crate::ClusterRouter::run_pipeline`]).
+//! (`ClusterRouter::run_pipeline`).
 //!
 //! Why not redis-rs's cluster connection: when one reply of a pipeline is a redirect (or the connection fails) it
 //! sends the *whole* pipeline again, so the commands before the redirect run twice. Here a command is sent again
@@ -15,8 +15,8 @@ use redis::{RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use crate::redirect::{Redirect, RedirectKind};
+use crate::router::ClusterRouter;
 use crate::topology::{NodeAddr, TopologyError};
-use crate::ClusterRouter;
 
 /// Most `MOVED`/`ASK` rounds one pipeline follows in a row (a backoff after `TRYAGAIN` starts the count again):
 /// more means the nodes disagree about the slot, and its commands fail as not run instead of bouncing.

@@ -20,7 +20,7 @@ use crate::topology::{NodeAddr, SlotMap, TopologyError};
 /// - [`ClusterRouter::on_each_master`] / [`ClusterRouter::each_master`]: node-local questions (`INFO`,
 ///   `TIME`, `SCAN`);
 /// - [`ClusterRouter::read_many`]: read-only commands over many slots, one pipeline per master;
-/// - [`crate::Nodes`] and [`crate::KeyRoute`]: a dedicated connection for a blocking read of one key.
+/// - `Nodes` and `KeyRoute` (in `nodes.rs`): a dedicated connection for a blocking read of one key.
 pub struct ClusterRouter<N = ()> {
     pool: NodePool,
     /// The caller's value of every node used so far (bounded by the cluster's nodes). A std mutex: held only
@@ -37,7 +37,7 @@ impl<N> std::fmt::Debug for ClusterRouter<N> {
 }
 
 impl<N> ClusterRouter<N> {
-    /// A router for the cluster these seed URLs reach (see [`crate::RedisTarget`]), every node connection with
+    /// A router for the cluster these seed URLs reach (see `RedisTarget`), every node connection with
     /// `config`; connects to nothing yet.
     ///
     /// # Errors

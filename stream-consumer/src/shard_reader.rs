@@ -54,15 +54,14 @@ mod ack_batch;
 mod commands;
 mod dedicated;
 mod health;
+mod reader;
 mod retry;
 
-use backon::ExponentialBackoff;
 use futures::FutureExt;
 use protocol::keys;
-use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{FencingToken, ShardId};
 use redis::{RedisError, Value};
-use redis_link::{Connection, KeyRoute, Nodes, Redirect, Route};
+use redis_link::{KeyRoute, Redirect};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -70,56 +69,17 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::config::StartPosition;
 use crate::dead_letter;
-use crate::handler::{DynHandler, DynListener};
 use crate::in_flight::{InFlight, InFlightGuard};
-use crate::lease::{now, LeaseExpired, LeaseView, UnderLease};
+use crate::lease::{now, LeaseExpired, UnderLease};
 use crate::message::{EntryId, Message};
-use crate::metrics::ConsumerMetrics;
 use crate::stream_reply::{self, RawEntry};
 use ack_batch::AckBatch;
 use commands::{with_delivery_counts, ShardCommands};
-use dedicated::Dedicated;
 pub(crate) use health::ReadHealth;
+pub(crate) use reader::ReaderShared;
+use reader::{reply_error, Reader};
 use retry::{jittered, Decision, Retries};
-
-/// Everything the readers of one consumer share.
-pub(crate) struct ReaderShared {
-    pub stream: StreamName,
-    pub group: GroupName,
-    pub member_id: MemberId,
-    /// Where the dedicated blocking connections go (see [`crate::redis_nodes`]).
-    pub redis: Nodes,
-    /// For every non-blocking command.
-    pub conn: Connection,
-    pub handler: Arc<dyn DynHandler>,
-    pub listener: Arc<dyn DynListener>,
-    /// Checked before every read and every entry.
-    pub lease: Arc<LeaseView>,
-    pub start_from: StartPosition,
-    pub read_block: Duration,
-    pub batch_size: usize,
-    pub max_deliveries: u32,
-    pub retry_min: Duration,
-    pub retry_max: Duration,
-    /// How often the reader claims the group's pending entries again while it reads: a read sent by a previous
-    /// owner's reader before it was killed can reach Redis late (delayed by the network) and hand new entries to
-    /// that dead member; `>` never returns them, so only a claim does. One member TTL bounds how long they wait.
-    pub reclaim_every: Duration,
-    /// Shared with the heartbeat loop; one set of series per consumer.
-    pub metrics: ConsumerMetrics,
-    /// Longest run of a rebalance callback.
-    pub listener_timeout: Duration,
-}
-
-impl ReaderShared {
-    /// Response timeout of a dedicated connection: longer than `BLOCK`, so a blocking read that returns empty is
-    /// never mistaken for a dead connection.
-    fn blocking_response_timeout(&self) -> Duration {
-        self.read_block + self.read_block.max(Duration::from_secs(1))
-    }
-}
 
 /// How a reader is told to stop.
 #[derive(Debug, Clone)]
@@ -194,37 +154,6 @@ pub(crate) async fn run(
     }
     debug!(shard = %shard, ?exit, "shard reader stopped");
     exit
-}
-
-struct Reader {
-    shared: Arc<ReaderShared>,
-    /// The stream name every message of this reader shares.
-    stream: Arc<StreamName>,
-    shard: ShardId,
-    /// The token of this assignment, carried by every message.
-    fencing_token: FencingToken,
-    /// The keys and names of this shard's commands.
-    cmds: ShardCommands,
-    stop: CancellationToken,
-    in_flight: Arc<InFlight>,
-    health: Arc<ReadHealth>,
-    /// Local copy of whether `health` says failing (so a success costs no lock when nothing changes).
-    failing: bool,
-    /// The dedicated connection, once connected.
-    dedicated: Option<Dedicated>,
-    /// The client id of a blocking read in progress, and where it runs.
-    blocked_client: Option<(i64, Route)>,
-    /// Where the next dedicated connection goes: where a redirect said, or the slot's master (by a slot map read
-    /// again after a failed connection: a failover may have moved the shard's slot).
-    route: KeyRoute,
-    /// Redirects since the last successful read (a second one in a row waits like an error).
-    redirects: u32,
-    /// Backoff after Redis errors; reset by a success.
-    redis_backoff: Option<ExponentialBackoff>,
-    /// Entries handled and not yet acknowledged (still in flight), for the next batched `XACK`.
-    acks: AckBatch<InFlightGuard>,
-    /// When the last claim of pending entries finished (see [`ReaderShared::reclaim_every`]).
-    last_claim: Instant,
 }
 
 fn is_nogroup(e: &RedisError) -> bool {
@@ -691,8 +620,4 @@ impl Reader {
             }
         }
     }
-}
-
-fn reply_error(e: stream_reply::ReplyError) -> RedisError {
-    RedisError::from((redis::ErrorKind::Parse, "unexpected stream reply", e.to_string()))
 }

@@ -8,21 +8,11 @@ use redis::{RedisError, Value};
 use redis_link::{PipelinedConnection, Route};
 use tracing::debug;
 
-use super::{reply_error, Reader};
+use super::reader::{reply_error, Dedicated, Reader};
 use crate::stream_reply::{self, RawEntry};
 
 /// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
 const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
-
-/// A reader's own connection for `XREADGROUP BLOCK`: a pipelining connection whose small RESP parser reads the
-/// entry batches (the reply that carries every record) at about half the client CPU of redis-rs's.
-pub(super) struct Dedicated {
-    pub(super) conn: PipelinedConnection,
-    /// Its `CLIENT ID` (for `CLIENT UNBLOCK`), when the server told it.
-    pub(super) client_id: Option<i64>,
-    /// The node it is connected to.
-    pub(super) route: Route,
-}
 
 impl Reader {
     /// Opens a dedicated connection and learns its `CLIENT ID` (for `CLIENT UNBLOCK`). Without the id (an ACL that

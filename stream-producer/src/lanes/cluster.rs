@@ -19,7 +19,9 @@ use redis_link::{
 };
 use tokio::sync::oneshot;
 
-use super::{CmdOutcome, ConnectFailure, Durable, Lane, LaneError, LaneTimeouts, RedisGate, Replication};
+use super::durable::{Durable, Replication};
+use super::gate::{ConnectFailure, RedisGate};
+use super::lane::{CmdOutcome, Lane, LaneError, LaneTimeouts};
 use crate::stats::Stats;
 
 /// Most `MOVED`/`ASK` rounds one call follows in a row (see [`redis_link::MAX_REDIRECTS`]).

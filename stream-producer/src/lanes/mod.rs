@@ -42,9 +42,9 @@ mod lane;
 mod server;
 
 pub(crate) use durable::{Durable, Replication};
+pub(crate) use gate::ConnectFailure;
 pub use gate::REDIS_REQUIREMENTS;
-pub(crate) use gate::{ConnectFailure, RedisGate};
-pub(crate) use lane::{reply_of, CmdOutcome, InFlightGuard, Lane, LaneError, LaneTimeouts};
+pub(crate) use lane::{reply_of, CmdOutcome, InFlightGuard, Lane, LaneTimeouts};
 pub(crate) use server::ServerLanes;
 
 /// Where a shard's pipelines go: the lanes of one server, or the master of the shard's slot on a Redis Cluster.
