@@ -54,3 +54,6 @@ impl RawLink {
         }
     }
 }
+
+/// Shards of the benchmark stream.
+pub(crate) const SHARDS: u32 = 8;

@@ -49,14 +49,11 @@ use coord_server::server::CoordinatorHandle;
 use protocol::names::StreamName;
 use redis_link::Connection;
 
-use crate::args::{Args, RawLink};
+use crate::args::{Args, RawLink, SHARDS};
 use crate::backend::{Backend, Nodes};
 use crate::raw::{preload, raw_run, total_len};
 use crate::sdk::{sdk_run, SdkEnv};
 use crate::summary::{load_average, measured, rate, RunResult, Summary};
-
-/// Shards of the benchmark stream.
-const SHARDS: u32 = 8;
 
 #[tokio::main]
 async fn main() -> Result<()> {

@@ -13,9 +13,9 @@ use redis::Value;
 use redis_link::Connection;
 
 use crate::args::RawLink;
+use crate::args::SHARDS;
 use crate::backend::{Backend, Cost, Nodes};
 use crate::summary::RunResult;
-use crate::SHARDS;
 
 pub(crate) fn shard_key(stream: &StreamName, shard: u32) -> String {
     keys::shard_stream(stream, ShardId(shard))

@@ -13,10 +13,10 @@ use redis_link::Connection;
 use stream_consumer::{Consumer, ConsumerHandle, Message};
 use tokio::sync::Notify;
 
+use crate::args::SHARDS;
 use crate::backend::{Cost, Nodes};
 use crate::raw::{create_redis_groups, pending_total, shard_key, total_len};
 use crate::summary::RunResult;
-use crate::SHARDS;
 
 /// Timings of the benchmark group: the defaults scaled down so joins settle quickly.
 pub(crate) fn timings() -> GroupTimings {

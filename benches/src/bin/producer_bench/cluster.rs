@@ -10,11 +10,11 @@ use redis::cluster_async::ClusterConnection;
 use stream_producer::{Durability, Producer};
 
 use crate::args::Args;
-use crate::bench_coordinator;
 use crate::measure::{load_average, median, process_cpu, rate, redis_cpu};
 use crate::modes::SDK_MODES;
 use crate::raw::{timed_tasks, Claims, Workload};
 use crate::sdk::{bench_producer, sdk_batch_run, sdk_enqueue_run};
+use benches::group::coordinator as bench_coordinator;
 
 /// `--sdk-tasks` tasks each taking `--sdk-batch` records, grouping them by shard and sending every shard's
 /// pipeline of `XADD`s concurrently through one shared redis-rs cluster connection.

@@ -67,23 +67,12 @@ mod sdk;
 mod server;
 mod single;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
-use coord_server::server::CoordinatorHandle;
-use protocol::names::StreamName;
 
 use crate::args::Args;
 use crate::cluster::cluster_main;
 use crate::single::single_main;
-
-/// An in-process coordinator on `redis_url` with `stream`'s routing of `shards` shards (through group `bench`).
-pub(crate) async fn bench_coordinator(redis_url: &str, stream: &StreamName, shards: u32) -> Result<CoordinatorHandle> {
-    let mut config = coord_server::Config::new(redis_url);
-    config.listen = "127.0.0.1:0".parse()?;
-    let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
-    benches::group::create(&coordinator, stream, "bench", shards, None).await?;
-    Ok(coordinator)
-}
 
 #[tokio::main]
 async fn main() -> Result<()> {

@@ -10,7 +10,6 @@ use redis::aio::MultiplexedConnection;
 use stream_producer::{BatchingConfig, Durability, Producer};
 
 use crate::args::{Args, RawShape};
-use crate::bench_coordinator;
 use crate::measure::{
     clear, command_usec, load_average, median_of, on_path, process_cpu, rate, redis_benchmark_run, redis_cpu,
     total_len, Sample,
@@ -19,6 +18,7 @@ use crate::modes::{calibrate, Mode, SDK_MODES, SHAPE_LEGEND};
 use crate::raw::{raw_run, Workload};
 use crate::sdk::{bench_producer, sdk_batch_run, sdk_enqueue_run};
 use crate::server::{wait_ready, wait_replicating, PrivateRedis};
+use benches::group::coordinator as bench_coordinator;
 
 /// The producers of the SDK modes, one per configuration (fenced, plain, idempotent, durable, durable plain).
 struct Producers {
