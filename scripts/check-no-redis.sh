@@ -33,7 +33,7 @@ demo_log="$(mktemp)"
 trap 'rm -rf "$shim" "$demo_log"' EXIT
 say "demo --short without redis-server on PATH"
 if ! env -u REDIS_SERVER_BIN -u REDIS_URL PATH="$shim" RUST_LOG=warn \
-  timeout 300 target/debug/demo --short --no-progress >"$demo_log" 2>&1; then
+  timeout 300 "${CARGO_TARGET_DIR:-target}/debug/demo" --short --no-progress >"$demo_log" 2>&1; then
   cat "$demo_log" >&2
   say "FAIL: the demo did not pass without redis-server on PATH"
   exit 1

@@ -72,7 +72,7 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
   for name in "${publishable[@]}"; do echo "$name = { path = \"$name-$version\" }"; done
 } >"$scratch/Cargo.toml"
 for name in "${publishable[@]}"; do
-  tar -xzf "target/package/$name-$version.crate" -C "$scratch"
+  tar -xzf "${CARGO_TARGET_DIR:-target}/package/$name-$version.crate" -C "$scratch"
 done
 cp Cargo.lock "$scratch/"
 echo "== building the packages from their .crate files (scratch workspace, target/package-check)"

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-COORD_BIN=${COORD_SERVER_BIN:-target/debug/coord-server}
+COORD_BIN=${COORD_SERVER_BIN:-${CARGO_TARGET_DIR:-target}/debug/coord-server}
 REDIS_BIN=${REDIS_SERVER_BIN:-redis-server}
 CHROMIUM=${CHROMIUM_BIN:-chromium}
 TOKEN=status-page-token

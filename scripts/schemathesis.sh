@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 ST_VERSION=4.32.5
 VENV=${SCHEMATHESIS_VENV:-.cache/schemathesis-venv}
-COORD_BIN=${COORD_SERVER_BIN:-target/debug/coord-server}
+COORD_BIN=${COORD_SERVER_BIN:-${CARGO_TARGET_DIR:-target}/debug/coord-server}
 REDIS_BIN=${REDIS_SERVER_BIN:-redis-server}
 MAX_EXAMPLES=${SCHEMATHESIS_MAX_EXAMPLES:-40}
 MAX_TIME=${SCHEMATHESIS_MAX_TIME:-90}

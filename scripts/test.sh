@@ -144,6 +144,9 @@ done_steps+=(fmt)
 echo "== documents name only files and tests that exist"
 python3 scripts/check-doc-paths.py
 done_steps+=(maps)
+echo "== shape: file sizes and long functions"
+scripts/check-shape.sh
+done_steps+=(shape)
 echo "== cargo clippy -D warnings"
 # Default features are all features of the SDKs (`metrics`), so this run and the tests below cover them.
 cargo clippy --workspace --all-targets -- -D warnings
