@@ -191,7 +191,10 @@ impl ProducerBuilder {
     /// at once).
     ///
     /// On: the producer refreshes its routing, chooses the refused records' shards again and sends them again
-    /// (up to 3 times) before the publish call returns. Records of one key from one producer stay in order iff no
+    /// (up to 3 times) before the publish call returns. A growth seals its parents before the coordinator serves
+    /// the routing that lists its children, so a refresh may still bring the old routing: the producer then asks
+    /// again, backing off from `refresh_retry_min` to `refresh_retry_max`, for at most `coordinator_timeout` before
+    /// the records fail fenced. Records of one key from one producer stay in order iff no
     /// later record of that key is handed to the producer while an earlier one's call has not returned: sequential
     /// `send`s, all of them in one `send_batch`, or the batching mode with `max_in_flight_batches(1)`. With several
     /// calls in flight, a later call that routes with the new routing can be written before an earlier refused call

@@ -33,7 +33,7 @@ use crate::published::Published;
 use crate::publisher::Publisher;
 use crate::record::Record;
 use crate::refresher::Refresher;
-use crate::routed_publisher::RoutedPublisher;
+use crate::routed_publisher::{RerouteWait, RoutedPublisher};
 use crate::routing_cache::{RetryPolicy, RoutingCache, RoutingInfo};
 use crate::stats::{ProducerStats, Stats};
 use crate::write_path::WritePath;
@@ -132,7 +132,11 @@ impl Producer {
             refresher: refresher.clone(),
             publisher,
             stats,
-            reroute_fenced: config.reroute_fenced,
+            reroute: config.reroute_fenced.then_some(RerouteWait {
+                first: config.refresh_retry_min,
+                longest: config.refresh_retry_max,
+                within: config.coordinator_timeout,
+            }),
         });
         let accumulator = Arc::new(Accumulator::new(config.batching));
         Ok(Producer {

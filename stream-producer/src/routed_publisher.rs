@@ -4,12 +4,16 @@
 //! `producer` module).
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::RoutingVersion;
 
 use crate::error::PublishError;
 use crate::published::Published;
 use crate::publisher::Publisher;
 use crate::record::Record;
 use crate::refresher::Refresher;
+use crate::routing_cache::RoutingInfo;
 use crate::stats::Stats;
 
 /// State shared by the handle and its tasks.
@@ -18,8 +22,23 @@ pub(crate) struct RoutedPublisher {
     pub(crate) refresher: Arc<Refresher>,
     pub(crate) publisher: Publisher,
     pub(crate) stats: Arc<Stats>,
-    /// Re-route and retry records refused by a fence ([`ProducerConfig::reroute_fenced`](crate::config::ProducerConfig::reroute_fenced)).
-    pub(crate) reroute_fenced: bool,
+    /// Re-route and retry records refused by a fence ([`ProducerConfig::reroute_fenced`](crate::config::ProducerConfig::reroute_fenced)),
+    /// waiting this long for the routing the fence names; `None`: off.
+    pub(crate) reroute: Option<RerouteWait>,
+}
+
+/// How long a re-route waits for the coordinator to serve the version a fence names. A growth seals its parents
+/// before it commits the routing that lists its children (docs/resharding.md), so a producer the seal refused can
+/// refresh in between and still get the old routing: it asks again, backing off, for as long as one coordinator
+/// request may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RerouteWait {
+    /// The first pause between two refreshes that did not bring the version; doubles up to `longest`.
+    pub(crate) first: Duration,
+    /// The longest pause.
+    pub(crate) longest: Duration,
+    /// How long to wait in all before the records are reported fenced.
+    pub(crate) within: Duration,
 }
 
 impl RoutedPublisher {
@@ -75,21 +94,38 @@ impl RoutedPublisher {
             };
             // The next publish (or this re-route) waits for a refresh that sees the new routing.
             self.refresher.hint_newer_version(fence);
-            if !self.reroute_fenced || round == MAX_REROUTES {
-                return;
-            }
-            let Ok(routing) = self.refresher.routing_for_publish().await else {
+            let Some(wait) = self.reroute.filter(|_| round < MAX_REROUTES) else {
                 return;
             };
-            if routing.version < fence {
-                // The coordinator does not serve the fenced version yet: sending again would be refused again.
+            let Some(routing) = self.routing_serving(fence, wait).await else {
+                // The coordinator did not come to serve the fenced version: sending again would be refused again.
                 return;
-            }
+            };
             let again: Vec<&Record> = fenced.iter().map(|&i| records[i].borrow()).collect();
             let retried = self.publisher.publish(&again, routing).await;
             for (i, r) in fenced.into_iter().zip(retried) {
                 results[i] = r;
             }
+        }
+    }
+
+    /// The routing once the coordinator serves `fence` or a later version, or `None` when it did not within
+    /// `wait` (or the routing is unavailable).
+    async fn routing_serving(&self, fence: RoutingVersion, wait: RerouteWait) -> Option<RoutingInfo> {
+        let deadline = tokio::time::Instant::now() + wait.within;
+        let mut pause = wait.first;
+        loop {
+            let routing = self.refresher.routing_for_publish().await.ok()?;
+            if routing.version >= fence {
+                return Some(routing);
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(wait.longest);
+            // The answer that did not bring the version settled the hint: ask again.
+            self.refresher.hint_newer_version(fence);
         }
     }
 }

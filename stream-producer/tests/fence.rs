@@ -125,6 +125,39 @@ async fn reroute_fenced_sends_the_refused_records_again_with_the_new_routing_in_
     producer.close().await.unwrap();
 }
 
+/// A growth seals its parents before the coordinator serves the routing that lists its children, and a routing
+/// Redis lost is restored only by the coordinator's next tick: a producer the fence refused meanwhile gets the
+/// old routing from its refresh. It waits for the fenced version (backing off within its coordinator timeout)
+/// instead of failing the records fenced. Here the fence comes first and the tick restores the version it names
+/// from shard 0's fence, as after a lost growth.
+#[tokio::test]
+async fn reroute_fenced_waits_until_the_coordinator_serves_the_fenced_version() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env
+        .producer()
+        .reroute_fenced(true)
+        .coordinator_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let before = producer.ready().await.unwrap();
+    let sealed = before.version.0 + 1;
+    fence(&env.redis, 4, sealed).await;
+    let published = producer
+        .send_batch(keyed(1, 50))
+        .await
+        .expect("the refused records wait for the fenced version and are written");
+    let routing = producer.routing().expect("a routing");
+    assert!(routing.version.0 >= sealed, "{routing:?}");
+    for (k, p) in published.iter().enumerate() {
+        assert!(p.routing_version.0 >= sealed, "key {k}: {p:?}");
+        let shard = shard_for_key(format!("key-{k}").as_bytes(), routing.shard_count);
+        assert_eq!(p.shard, shard, "key {k}");
+    }
+    assert_eq!(total_len(&env.redis, 8).await, 50, "nothing lost, nothing twice");
+    assert!(producer.stats().refreshes >= 2, "{:?}", producer.stats());
+    producer.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn without_the_fence_a_stale_producer_keeps_writing_moved_keys_to_their_old_shard() {
     let env = Env::start(4, LEASE).await;

@@ -305,6 +305,38 @@ fn oks_of(log: &Mutex<Vec<Beat>>, member: usize) -> usize {
         .count()
 }
 
+/// Checks that every answer in `beats` (of `members` members) was OK or a retryable 503, with versions that never
+/// go back; answers the longest gap between one member's OK answers and the number of refusals.
+fn only_ok_or_retryable(beats: &[Beat], members: usize) -> (Duration, usize) {
+    let mut worst_gap = Duration::ZERO;
+    let mut refusals = 0;
+    for m in 0..members {
+        let mut last_ok: Option<Instant> = None;
+        let mut last_version = MetadataVersion(0);
+        for b in beats.iter().filter(|b| b.member == m) {
+            match b.answer {
+                Ok((status, version)) => {
+                    assert_eq!(status, Status::Ok, "member {m} got {status}: {b:?}");
+                    assert!(version >= last_version, "{b:?}");
+                    last_version = version;
+                    if let Some(prev) = last_ok {
+                        worst_gap = worst_gap.max(b.at - prev);
+                    }
+                    last_ok = Some(b.at);
+                }
+                Err((code, status)) => {
+                    assert!(
+                        code == StatusCode::SERVICE_UNAVAILABLE && status.is_retryable(),
+                        "member {m}: only retryable refusals, got {code} {status}"
+                    );
+                    refusals += 1;
+                }
+            }
+        }
+    }
+    (worst_gap, refusals)
+}
+
 async fn wait_oks(log: &Mutex<Vec<Beat>>, members: usize, more: usize, what: &str) {
     let start: Vec<usize> = (0..members).map(|m| oks_of(log, m)).collect();
     wait_for(DEADLINE, what, || async {
@@ -351,41 +383,11 @@ async fn a_live_migration_of_a_groups_metadata_slot_loses_no_lease_and_opens_no_
     let _ = stop_tx.send(true);
     let members = task.await.expect("heartbeat task");
 
-    let beats = log.lock().unwrap().clone();
-    let mut worst_gap = Duration::ZERO;
-    let mut refusals = 0;
-    for m in 0..2 {
-        let mut last_ok: Option<Instant> = None;
-        let mut last_version = MetadataVersion(0);
-        for b in beats.iter().filter(|b| b.member == m) {
-            match b.answer {
-                Ok((status, version)) => {
-                    assert_eq!(
-                        status,
-                        Status::Ok,
-                        "member {m} got {status} during the migration: {b:?}"
-                    );
-                    assert!(version >= last_version, "{b:?}");
-                    last_version = version;
-                    if let Some(prev) = last_ok {
-                        worst_gap = worst_gap.max(b.at - prev);
-                    }
-                    last_ok = Some(b.at);
-                }
-                Err((code, status)) => {
-                    assert!(
-                        code == StatusCode::SERVICE_UNAVAILABLE && status.is_retryable(),
-                        "member {m}: only retryable refusals, got {code} {status}"
-                    );
-                    refusals += 1;
-                }
-            }
-        }
-    }
+    let (worst_gap, refusals) = only_ok_or_retryable(&log.lock().unwrap(), 2);
     println!(
         "migration of slot {slot} ({moved} keys, node {from} -> {to}) took {migrated_in:?}; {} heartbeats, \
          {refusals} retryable refusals, longest gap between OK answers {worst_gap:?} (lease {LEASE:?})",
-        beats.len()
+        log.lock().unwrap().len()
     );
     assert!(worst_gap < LEASE, "a lease lapsed: {worst_gap:?} between OK answers");
     let g = api.describe().await.expect("describe after the migration");
@@ -472,8 +474,12 @@ async fn a_lossy_failover_opens_the_correction_round_of_the_groups_on_that_maste
     let mut b = vec![WireMember::new("b")];
     settle(&api_a, &mut a).await;
     settle(&api_b, &mut b).await;
-    let (mut a, mut b) = (a.remove(0), b.remove(0));
+    let mut a = a.remove(0);
     let stored_before = api_a.describe().await.expect("describe A").metadata_version;
+    // B's member beats all along: the failover of A's master takes longer than a lease on a loaded machine.
+    let (stop_b, stop) = watch::channel(false);
+    let (b_log, b_task) = heartbeat_in_background(api_b.clone(), b, stop);
+    wait_oks(&b_log, 1, 2, "B's heartbeats before the cut").await;
 
     // The replica misses what follows: c's join is written on X only, then X dies.
     let resume = cut_off(&cluster, x, replica).await;
@@ -509,17 +515,18 @@ async fn a_lossy_failover_opens_the_correction_round_of_the_groups_on_that_maste
     );
     let c_answer = api_a.heartbeat(&c.request(RevokeState::Revoked)).await;
 
-    // B's master was not touched: no round, its member keeps getting OK.
-    for _ in 0..5 {
-        let r = b.ok_retrying(&api_b).await;
-        assert_eq!(r.status, Status::Ok, "{r:?}");
-    }
+    // B's master was not touched: no round, its member kept getting OK through the failover and after it.
+    wait_oks(&b_log, 1, 5, "B's heartbeats after the promotion").await;
+    let _ = stop_b.send(true);
+    b_task.await.expect("B's heartbeat task");
+    let (b_gap, b_refusals) = only_ok_or_retryable(&b_log.lock().unwrap(), 1);
     let g_b = api_b.describe().await.expect("describe B");
     assert!(g_b.correction.is_none(), "B is on another master: {g_b:?}");
     println!(
         "takeover of node {x} by {replica}: A's round visible {round_after:?} after the promotion (stored version \
          {:?}, c had seen {:?}); a's first answer {:?} after {first_answer_after:?}; c got {:?}; B (node {y}) \
-         stayed OK without a round",
+         stayed OK without a round (longest gap between its OK answers {b_gap:?}, {b_refusals} retryable \
+         refusals)",
         round.0,
         c.version,
         answer.status,
