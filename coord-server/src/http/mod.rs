@@ -9,6 +9,7 @@
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
 //! * `status`: `/status`, the operators' HTML page.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
+//! * `request_span`: the span of each request, without the query's secrets.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
 //!
@@ -27,6 +28,7 @@ mod extract;
 mod health;
 mod heartbeat;
 mod metrics;
+mod request_span;
 mod routing;
 mod state;
 mod status;
@@ -96,7 +98,11 @@ pub fn router(coordinator: Coordinator) -> Router {
         .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
             request_deadline(req, next, timeout)
         }))
-        .layer(TraceLayer::new_for_http().on_failure(log_failure))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span::request_span)
+                .on_failure(log_failure),
+        )
         .with_state(AppState::new(coordinator))
 }
 
