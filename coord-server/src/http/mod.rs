@@ -8,6 +8,7 @@
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
 //! * `status`: `/status`, the operators' HTML page.
+//! * `security_headers`: `nosniff` on every answer; the status page's CSP and caching rules.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
 //! * `request_span`: the span of each request, without the query's secrets.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
@@ -30,6 +31,7 @@ mod heartbeat;
 mod metrics;
 mod request_span;
 mod routing;
+mod security_headers;
 mod state;
 mod status;
 
@@ -98,6 +100,7 @@ pub fn router(coordinator: Coordinator) -> Router {
         .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
             request_deadline(req, next, timeout)
         }))
+        .layer(axum::middleware::map_response(security_headers::nosniff))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span::request_span)
