@@ -427,35 +427,6 @@ impl Coordinator {
             .await
     }
 
-    /// Grows a stream by `count` shards and seals every old shard (the parents, see `docs/resharding.md`).
-    /// Groups adopt the new routing on their next tick and read the new shards once they drained the parents.
-    ///
-    /// # Errors
-    /// [`Error::RevisionConflict`] when `if_match` is stale; [`Error::MetadataUnavailable`] when the stream has
-    /// no routing.
-    pub async fn add_shards(
-        &self,
-        stream: &StreamName,
-        count: u32,
-        if_match: Option<StoreRevision>,
-    ) -> Result<RoutingDescription, Error> {
-        // Checked before If-Match and the stored count, so an impossible count is refused as such whatever is stored.
-        if count == 0 || count >= MAX_SHARDS {
-            return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
-        }
-        let stats = &self.inner.stats;
-        let (routing, rev) = self
-            .probing_routing_section(stream, |loaded, probed| {
-                routing_section::grow(stats, loaded, probed, stream, count, if_match)
-            })
-            .instrument(spans::section("add_shards", stream, None))
-            .await?;
-        // The parents were sealed and the children recorded before the routing was committed (see
-        // `routing_section`); a growth recorded unsealed by an older coordinator is finished by the tick.
-        info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
-        Ok(routing_description(&routing, rev, None))
-    }
-
     /// The routing a producer should use. `SYNC_METADATA` when the producer has seen a newer routing than Redis
     /// stores (a lost write): it must adopt this older one (see [`state_machine::routing`]).
     ///

@@ -291,6 +291,51 @@ async fn malformed_requests_get_typed_errors_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn null_for_an_optional_field_is_refused_as_openapi_json_says() {
+    let (redis, coord) = start().await;
+    let api = Api::new(coord.url());
+    let create = protocol::routes::group(S, G);
+    let recreate = protocol::routes::recreate(S, G);
+    let refused = [
+        (
+            &create,
+            serde_json::json!({ "shardCount": 2, "timings": null }),
+            "timings",
+        ),
+        (
+            &create,
+            serde_json::json!({ "shardCount": null, "timings": timings() }),
+            "shardCount",
+        ),
+        (
+            &recreate,
+            serde_json::json!({ "confirm": true, "shardCount": 2, "timings": null }),
+            "timings",
+        ),
+    ];
+    for (path, body, field) in refused {
+        let answer = error_json(
+            api.post(path, &body).await,
+            StatusCode::BAD_REQUEST,
+            Status::InvalidRequest,
+        )
+        .await;
+        assert!(answer.message.contains(field), "{body}: {answer:?}");
+    }
+    let left = redis.snapshot_keys("*billing*").await;
+    assert!(
+        left.is_empty(),
+        "a refused body writes nothing: {:?}",
+        left.keys().collect::<Vec<_>>()
+    );
+    // Absent is the way to ask for the defaults.
+    let resp = api.post(&create, &serde_json::json!({ "shardCount": 2 })).await;
+    let created: GroupDescription = ok_json(resp, StatusCode::CREATED).await;
+    assert_eq!(created.timings, coord.coordinator().config().default_timings);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
 async fn lost_metadata_fails_closed_until_recreated() {
     let (redis, coord) = start().await;
     let api = Api::new(coord.url());

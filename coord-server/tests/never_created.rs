@@ -190,3 +190,31 @@ async fn never_created_groups_are_not_counted_as_unavailable_metadata() {
     );
     coord.shutdown().await;
 }
+
+#[tokio::test]
+async fn adding_shards_to_a_stream_never_created_is_404_and_to_a_lost_one_503() {
+    let (redis, coord) = start().await;
+    let api = Api::new(coord.url());
+    let grow = serde_json::json!({ "count": 2 });
+    let resp = api.post(&protocol::routes::shards("nowhere"), &grow).await;
+    assert!(resp.headers().get(RETRY_AFTER).is_none(), "nothing to wait for");
+    let body = error_json(resp, StatusCode::NOT_FOUND, Status::NotFound).await;
+    assert!(body.message.contains("never created"), "{}", body.message);
+    let left = redis.snapshot_keys("*nowhere*").await;
+    assert!(
+        left.is_empty(),
+        "a refused growth leaves no key: {:?}",
+        left.keys().collect::<Vec<_>>()
+    );
+
+    api.create_group(S, G, 2).await;
+    del(&redis, &keys::stream_routing(&StreamName::new(S).expect("name"))).await;
+    let resp = api.post(&protocol::routes::shards(S), &grow).await;
+    assert!(
+        resp.headers().get(RETRY_AFTER).is_some(),
+        "lost routing: retry after recreating"
+    );
+    let body = error_json(resp, StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable).await;
+    assert!(body.message.contains("index"), "{}", body.message);
+    coord.shutdown().await;
+}

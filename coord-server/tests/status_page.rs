@@ -124,3 +124,64 @@ async fn the_page_shows_groups_members_owners_and_backlog_behind_the_admin_token
     assert!(resp.text().await.expect("body").contains("alpha"));
     coord.shutdown().await;
 }
+
+/// The value of header `name` of `resp`, or a panic naming it.
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> &'a str {
+    resp.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name}: {:?}", resp.headers()))
+        .to_str()
+        .expect("ASCII header")
+}
+
+#[tokio::test]
+async fn the_page_forbids_scripts_framing_caching_and_sniffing_and_its_style_carries_the_nonce() {
+    let (_redis, coord) = start_protected().await;
+    let base = format!("{}/status?token={TOKEN}", coord.url());
+    let mut nonces = Vec::new();
+    for _ in 0..2 {
+        let resp = reqwest::get(&base).await.expect("request sent");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "x-content-type-options"), "nosniff");
+        assert_eq!(header(&resp, "cache-control"), "no-store");
+        assert_eq!(
+            header(&resp, "referrer-policy"),
+            "no-referrer",
+            "the URL carries the token"
+        );
+        let csp = header(&resp, "content-security-policy").to_owned();
+        let directives: Vec<&str> = csp.split(';').map(str::trim).collect();
+        for d in [
+            "default-src 'none'",
+            "frame-ancestors 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+        ] {
+            assert!(directives.contains(&d), "{d} missing: {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{csp}");
+        let style = directives
+            .iter()
+            .find_map(|d| d.strip_prefix("style-src 'nonce-"))
+            .and_then(|n| n.strip_suffix('\''))
+            .unwrap_or_else(|| panic!("style-src by nonce: {csp}"));
+        let html = resp.text().await.expect("body");
+        // Every inline style element carries the nonce the policy names, so the browser applies it.
+        assert_eq!(
+            html.matches("<style").count(),
+            html.matches(&format!("<style nonce=\"{style}\">")).count(),
+            "{html}"
+        );
+        assert!(html.contains("<style nonce="), "{html}");
+        nonces.push(style.to_owned());
+    }
+    assert_ne!(nonces[0], nonces[1], "a nonce is never reused");
+    // Every other answer is not sniffed either, refusals included.
+    for path in ["/healthz", "/metrics", "/status", "/v1/groups", "/nowhere"] {
+        let resp = reqwest::get(format!("{}{path}", coord.url()))
+            .await
+            .expect("request sent");
+        assert_eq!(header(&resp, "x-content-type-options"), "nosniff", "{path}");
+    }
+    coord.shutdown().await;
+}

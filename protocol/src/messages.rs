@@ -71,6 +71,17 @@ fn is_zero_count(n: &u32) -> bool {
     *n == 0
 }
 
+/// An optional request field that, when present, holds a value: `null` is refused (the OpenAPI document types
+/// these fields as non-nullable; absent is the one way to ask for the default). Serde calls this only for a
+/// field that is present; `#[serde(default)]` gives `None` when it is absent.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 /// A shard the client stopped reading, and whether its in-flight work is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -215,10 +226,10 @@ pub struct RoutingResponse {
 pub struct CreateGroupRequest {
     /// Shard count of the stream. Required when the stream has no routing yet; when it has, must be absent or
     /// equal to the stored count.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     pub shard_count: Option<u32>,
-    /// Timings of the group; defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Timings of the group; defaults when absent (`null` is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     pub timings: Option<GroupTimings>,
 }
 
@@ -231,8 +242,8 @@ pub struct RecreateGroupRequest {
     pub confirm: bool,
     /// Shard count of the stream (must match the stream's routing when it still exists).
     pub shard_count: u32,
-    /// Timings of the recreated group.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Timings of the recreated group; defaults when absent (`null` is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     pub timings: Option<GroupTimings>,
 }
 

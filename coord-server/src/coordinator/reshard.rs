@@ -3,16 +3,18 @@
 //! routing commit and the seals finishes them), and observe, per group, the seals and drains its open reshards
 //! wait for. Observations are recorded through the group's critical section like every other decision.
 
+use protocol::messages::RoutingDescription;
 use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, StreamName};
 use protocol::reshard::Birth;
-use protocol::{RoutingVersion, ShardId};
+use protocol::{RoutingVersion, ShardId, StoreRevision};
 use tracing::{info, warn, Instrument};
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::Coordinator;
+use super::{routing_description, Coordinator};
 use crate::error::Error;
+use crate::missing_metadata;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
@@ -28,6 +30,41 @@ const SEALS_IN_FLIGHT: usize = 64;
 const RECORD_SWEEP: u32 = 64;
 
 impl Coordinator {
+    /// Grows a stream by `count` shards and seals every old shard (the parents, see `docs/resharding.md`).
+    /// Groups adopt the new routing on their next tick and read the new shards once they drained the parents.
+    ///
+    /// # Errors
+    /// [`Error::RevisionConflict`] when `if_match` is stale; [`Error::NotFound`] when the stream was never
+    /// created; [`Error::MetadataUnavailable`] when its routing is lost.
+    pub async fn add_shards(
+        &self,
+        stream: &StreamName,
+        count: u32,
+        if_match: Option<StoreRevision>,
+    ) -> Result<RoutingDescription, Error> {
+        // Checked before If-Match and the stored count, so an impossible count is refused as such whatever is stored.
+        if count == 0 || count >= MAX_SHARDS {
+            return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
+        }
+        let (inner, mut absent) = (&self.inner, false);
+        let grown = self
+            .probing_routing_section(stream, |loaded, probed| {
+                absent = loaded.revision.is_none();
+                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match)
+            })
+            .instrument(spans::section("add_shards", stream, None))
+            .await;
+        if absent && grown.is_err() {
+            // Never created (404) or lost (503), told apart from Redis's traces as for every other request.
+            return Err(missing_metadata::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
+        }
+        let (routing, rev) = grown?;
+        // The parents were sealed and the children recorded before the routing was committed (see
+        // `routing_section`); a growth recorded unsealed by an older coordinator is finished by the tick.
+        info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
+        Ok(routing_description(&routing, rev, None))
+    }
+
     /// Restores `stream`'s routing from what its shards record and what `report` says (see
     /// `state_machine::routing`), and gives a routing written before shard records existed its records. Returns
     /// the routing as stored afterwards.

@@ -8,7 +8,9 @@
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
 //! * `status`: `/status`, the operators' HTML page.
+//! * `security_headers`: `nosniff` on every answer; the status page's CSP and caching rules.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
+//! * `request_span`: the span of each request, without the query's secrets.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
 //!
@@ -27,7 +29,9 @@ mod extract;
 mod health;
 mod heartbeat;
 mod metrics;
+mod request_span;
 mod routing;
+mod security_headers;
 mod state;
 mod status;
 
@@ -96,7 +100,12 @@ pub fn router(coordinator: Coordinator) -> Router {
         .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
             request_deadline(req, next, timeout)
         }))
-        .layer(TraceLayer::new_for_http().on_failure(log_failure))
+        .layer(axum::middleware::map_response(security_headers::nosniff))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span::request_span)
+                .on_failure(log_failure),
+        )
         .with_state(AppState::new(coordinator))
 }
 

@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 
 use super::auth::AuthRejection;
 use super::extract::QueryParams;
+use super::security_headers;
 use super::state::AppState;
 use crate::auth::{self, Role};
 use crate::metrics::{shard_backlog, ShardBacklog};
@@ -103,13 +104,17 @@ pub(super) async fn status(
     render_recent(&mut body, &state.coordinator.recent_rebalances(), |stream| {
         access.covers(stream)
     });
-    Ok(Html(page(&body)).into_response())
+    let nonce = security_headers::nonce();
+    let mut response = Html(page(&body, &nonce)).into_response();
+    security_headers::status_page(&mut response, &nonce);
+    Ok(response)
 }
 
-fn page(body: &str) -> String {
+/// The page around `body`; its one inline style carries `nonce`, the only style the page's CSP allows.
+fn page(body: &str, nonce: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>redis-stream-coord status</title>\
-         <style>body{{font-family:sans-serif;margin:1em}}table{{border-collapse:collapse;margin:.5em 0}}\
+         <style nonce=\"{nonce}\">body{{font-family:sans-serif;margin:1em}}table{{border-collapse:collapse;margin:.5em 0}}\
          td,th{{border:1px solid #999;padding:2px 6px;text-align:left}}.err{{color:#b00}}\
          .moving{{background:#ffd}}.unowned{{background:#fdd}}</style></head>\
          <body><h1>redis-stream-coord status</h1>{body}</body></html>\n"
