@@ -11,7 +11,7 @@ use protocol::{Incarnation, MemberEpoch, MetadataVersion, RoutingVersion, ShardI
 fn largest() -> HeartbeatRequest {
     let max = MetadataVersion::MAX_SAFE;
     HeartbeatRequest {
-        member_id: MemberId::new(&"m".repeat(MAX_NAME_LEN)).expect("longest member id"),
+        member_id: MemberId::new("m".repeat(MAX_NAME_LEN)).expect("longest member id"),
         // `"` is escaped: the longest instance id on the wire.
         instance_id: "\"".repeat(MAX_INSTANCE_ID_LEN),
         incarnation: Incarnation(max.0),
