@@ -85,6 +85,7 @@ pub mod traces;
 
 pub use decode::{
     check_versions, decode_group, decode_routing, digest, group_refs, schema_of_group, schema_of_routing,
+    UNREADABLE_LEASE_MS,
 };
 pub use scripts::script_sources;
 pub use section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Token, Write};

@@ -87,14 +87,12 @@ impl Fixture {
         );
     }
 
-    /// A heartbeat of `a`, a join of `b` (unless `b_concerned` is false: `b`'s join reads nothing of `a`), a tick
-    /// and a describe all fail closed; nothing changes in Redis and the mutex is free.
-    async fn fails_closed(mut self, b_concerned: bool) {
+    /// A heartbeat of `a`, a join of `b`, a tick and a describe all fail closed; nothing changes in Redis and the
+    /// mutex is free.
+    async fn fails_closed(mut self) {
         let before = stored(&mut self.conn).await;
         self.refused(&follow_up(&self.a, &self.a.assigned)).await;
-        if b_concerned {
-            self.refused(&join("b")).await;
-        }
+        self.refused(&join("b")).await;
         let tick = self
             .coord
             .coordinator()
@@ -120,7 +118,7 @@ impl Fixture {
 async fn corrupt_metadata_field_fails_closed(field: &str, value: &str) {
     let mut f = group_with_a().await;
     hset(&mut f.conn, &metadata_key(S, G), field, value).await;
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]
@@ -164,11 +162,62 @@ async fn a_non_numeric_updated_at_fails_closed() {
     corrupt_metadata_field_fails_closed("updatedAt", "later").await;
 }
 
+/// One member's unreadable lease fails closed for that member only (docs/failure-handling.md, "One member's
+/// unreadable lease"): its heartbeats are refused and its lease counts as never ending (its shards are never given
+/// away on data nobody can read), while describe, the tick's expiry of the other members and joins all go on.
 #[tokio::test]
-async fn a_non_numeric_lease_of_the_heartbeating_member_fails_closed() {
+async fn a_non_numeric_lease_fails_closed_for_its_member_only() {
     let mut f = group_with_a().await;
     hset(&mut f.conn, &liveness_key(S, G), "a", "forever").await;
-    f.fails_closed(false).await;
+    f.refused(&follow_up(&f.a, &f.a.assigned)).await;
+
+    let described: protocol::messages::GroupDescription = ok_json(f.api.get(DESCRIBE).await, StatusCode::OK).await;
+    let a = described
+        .members
+        .iter()
+        .find(|m| m.member_id.as_str() == "a")
+        .expect("a is described");
+    assert_eq!(
+        a.lease_until_ms,
+        protocol::MetadataVersion::MAX_SAFE.0,
+        "shown as never ending: {a:?}"
+    );
+
+    // b joins (and commits); then b stops heartbeating and the tick expires it, while a, whose lease nobody can
+    // read, is never expired and keeps its shards.
+    let b = f.api.hb(S, G, &join("b")).await;
+    assert_eq!(b.status, Status::Ok, "{b:?}");
+    let owners = |d: &protocol::messages::GroupDescription| -> Vec<Option<String>> {
+        d.shards
+            .iter()
+            .map(|s| s.owner.as_ref().map(|o| o.to_string()))
+            .collect()
+    };
+    let (api, member_ttl) = (&f.api, Duration::from_millis(timings().member_ttl_ms));
+    let after = wait_for(member_ttl * 5, "b to expire", || async move {
+        let d: protocol::messages::GroupDescription = ok_json(api.get(DESCRIBE).await, StatusCode::OK).await;
+        (d.members.len() == 1).then_some(d)
+    })
+    .await;
+    assert_eq!(after.members[0].member_id.as_str(), "a", "{after:?}");
+    assert_eq!(
+        owners(&after),
+        vec![Some("a".to_owned()); 2],
+        "a's shards stay with a: {after:?}"
+    );
+    f.coord
+        .coordinator()
+        .tick_group(&S.parse().unwrap(), &G.parse().unwrap())
+        .await
+        .expect("the tick goes on");
+    let lease: String = redis::cmd("HGET")
+        .arg(liveness_key(S, G))
+        .arg("a")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(lease, "forever", "the unreadable field is never overwritten");
+    f.coord.shutdown().await;
 }
 
 #[tokio::test]
@@ -248,21 +297,21 @@ async fn an_unknown_schema_version_under_a_warm_cache_fails_closed_and_is_not_re
     let mut f = group_with_a().await;
     // The revision does not change: the coordinator's cached aggregate is still "current".
     hset(&mut f.conn, &metadata_key(S, G), "schemaVersion", "99").await;
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]
 async fn an_unknown_layout_version_under_a_warm_cache_fails_closed() {
     let mut f = group_with_a().await;
     hset(&mut f.conn, &metadata_key(S, G), "layoutVersion", "3").await;
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]
 async fn a_garbage_aggregate_under_a_warm_cache_is_not_served_nor_replaced() {
     let mut f = group_with_a().await;
     hset(&mut f.conn, &metadata_key(S, G), "aggregate", "garbage").await;
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]
@@ -288,7 +337,7 @@ async fn an_edit_that_keeps_the_aggregate_length_is_never_overwritten_and_fails_
         .await
         .expect_err("the tick fails closed");
     assert!(matches!(tick, Error::MetadataUnavailable(_)), "{tick:?}");
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]
@@ -300,7 +349,7 @@ async fn a_deleted_aggregate_under_a_warm_cache_fails_closed() {
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    f.fails_closed(true).await;
+    f.fails_closed().await;
 }
 
 #[tokio::test]

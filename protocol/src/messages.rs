@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::metadata::GroupTimings;
+use crate::metadata::{GroupTimings, MAX_SHARDS};
 use crate::names::{GroupName, MemberId, StreamName};
 use crate::status::Status;
 use crate::version::{
@@ -14,6 +14,17 @@ use crate::version::{
 
 /// Longest accepted `instanceId`, in bytes (the id is visible ASCII, so also in characters).
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
+
+/// Bytes one shard takes at most in a heartbeat request: its `revoking` entry with a space after each `:` and `,`
+/// (`{"shard": 65535, "state": "DRAINING"}, `), longer than its `owned` entry.
+const MAX_HEARTBEAT_BYTES_PER_SHARD: usize = 40;
+
+/// The largest body of a valid heartbeat request, in bytes (2,629,632): every shard a stream may have, each listed
+/// once in `owned` or `revoking` at its longest, plus 8 KiB for the other fields (names, versions, an instance id
+/// escaped character by character). The coordinator accepts heartbeat bodies up to this bound even when its
+/// general body limit is smaller, so a member of the largest group can always report what it holds; a client
+/// that sends more is refused with `413` before the body is buffered.
+pub const MAX_HEARTBEAT_REQUEST_BYTES: usize = MAX_SHARDS as usize * MAX_HEARTBEAT_BYTES_PER_SHARD + 8192;
 
 /// Largest version a client may send (2^53 - 1, the same bound as [`crate::MetadataVersion::MAX_SAFE`]): beyond it,
 /// JSON numbers of other languages are not exact.

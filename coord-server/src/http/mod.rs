@@ -46,6 +46,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
 pub use error::{error_response, ApiError};
+use protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES;
 use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
@@ -80,7 +81,8 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
     })
 }
 
-/// The router of the whole API, with the body limit and request timeout of the coordinator's configuration.
+/// The router of the whole API, with the body limit and request timeout of the coordinator's configuration. The
+/// heartbeat route takes bodies up to the larger of that limit and [`MAX_HEARTBEAT_REQUEST_BYTES`].
 ///
 /// # Panics
 /// If a pair of [`ROUTES`] has no handler: a programming error caught by every test that builds a router.
@@ -89,7 +91,11 @@ pub fn router(coordinator: Coordinator) -> Router {
     let timeout = config.request_timeout;
     let body_limit = config.body_limit_bytes;
     let app = ROUTES.iter().fold(Router::new(), |app, &(method, path)| {
-        let handler = endpoint(method, path).unwrap_or_else(|| panic!("no handler for {method} {path}"));
+        let mut handler = endpoint(method, path).unwrap_or_else(|| panic!("no handler for {method} {path}"));
+        if path == HEARTBEAT {
+            // A member of the largest group lists every shard it holds: more than the general limit allows.
+            handler = handler.layer(DefaultBodyLimit::max(body_limit.max(MAX_HEARTBEAT_REQUEST_BYTES)));
+        }
         app.route(path, handler)
     });
     app.fallback(not_found)

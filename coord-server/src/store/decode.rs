@@ -97,6 +97,11 @@ pub(super) const REVISION_DIGITS: usize = 18;
 const VERSION_DIGITS: usize = 9;
 /// Digits of a time or lease in ms: exact as a Lua number.
 const TIME_DIGITS: usize = 15;
+/// The lease end given to a member whose liveness entry does not parse: never ending (2^53 - 1 ms, the largest
+/// number the wire carries exactly, shown as such by describe). Its shards are not given away on data nobody can
+/// read; its own heartbeats and joins are refused until an operator restores or deletes the field
+/// (docs/failure-handling.md).
+pub const UNREADABLE_LEASE_MS: u64 = protocol::MetadataVersion::MAX_SAFE.0;
 /// Length of a Redis run id.
 const RUN_ID_LEN: usize = 40;
 
@@ -144,9 +149,9 @@ impl Fields<'_> {
             let (k, v) = (value_text(k)?, value_text(v)?);
             let member = MemberId::new(k.as_str())
                 .map_err(|e| corrupt(keys, &format!("liveness member {} is invalid: {e}", quoted(&k))))?;
-            let lease = counter(&v, TIME_DIGITS)
-                .map_err(|e| corrupt(keys, &format!("liveness of {} is {e}", quoted(&k))))?
-                .ok_or_else(|| corrupt(keys, &format!("liveness of {} is empty", quoted(&k))))?;
+            // Fail closed for this member only: nobody may act on a lease nobody can read (see
+            // `UNREADABLE_LEASE_MS`). A load that would renew it refused it in `LOAD` already.
+            let lease = counter(&v, TIME_DIGITS).ok().flatten().unwrap_or(UNREADABLE_LEASE_MS);
             liveness.push((member, lease));
         }
         let secs = secs.parse::<u64>().map_err(bad)?;

@@ -46,11 +46,9 @@ local bad = check_hash(f, ARGV[5], ARGV[6])
 if bad then return {2, bad} end
 local live = {}
 if ARGV[7] == '*' then
+  -- Read as stored: an unreadable lease is that member's alone (the caller counts it as never ending), not the
+  -- group's; only the sections that would renew it (its own heartbeat, its join) refuse it, below.
   live = redis.call('HGETALL', KEYS[2])
-  for i = 1, #live, 2 do
-    bad = check_lease(live[i], live[i + 1])
-    if bad then return {2, bad} end
-  end
 elseif ARGV[7] == 'm' and #ARGV > 7 then
   local members = {unpack(ARGV, 8)}
   local values = redis.call('HMGET', KEYS[2], unpack(members))
