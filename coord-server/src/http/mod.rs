@@ -7,6 +7,7 @@
 //! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
+//! * `probes`: the probe listener's router, those three routes only.
 //! * `status`: `/status`, the operators' HTML page.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
@@ -27,6 +28,7 @@ mod extract;
 mod health;
 mod heartbeat;
 mod metrics;
+mod probes;
 mod routing;
 mod state;
 mod status;
@@ -42,6 +44,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
 pub use error::{error_response, ApiError};
+pub use probes::{probe_router, PROBE_PATHS};
 use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
