@@ -1,7 +1,7 @@
 //! Probes under a connection flood: the `coord-server` binary, run with its open-file limit at 1024, is flooded
 //! by clients that reconnect in a loop while idle connections hold every regular slot; a prober paced like the
-//! kubelet still gets `/healthz` answered on the probe listener (`--probe-listen`). The same prober against the
-//! main port measures what probes got before there was a probe listener.
+//! kubelet still gets `/healthz` and `/readyz` answered on the probe listener (`--probe-listen`). The same prober
+//! against the main port measures what probes got before there was a probe listener.
 
 #![cfg(target_os = "linux")]
 
@@ -149,10 +149,10 @@ async fn reconnect_loop(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Flo
     }
 }
 
-/// Probes `/healthz` on each target every [`PROBE_EVERY`], each probe on a task of its own (a slow one does not
-/// delay the next), on a thread and runtime of their own so the flood's tasks cannot delay them. Returns, per
-/// target, how many of [`PROBES`] were answered `200` within [`PROBE_TIMEOUT`].
-fn probe(targets: Vec<SocketAddr>) -> std::thread::JoinHandle<Vec<usize>> {
+/// Probes each (address, path) every [`PROBE_EVERY`], each probe on a task of its own (a slow one does not delay
+/// the next), on a thread and runtime of their own so the flood's tasks cannot delay them. Returns, per target,
+/// how many of [`PROBES`] were answered `200` within [`PROBE_TIMEOUT`].
+fn probe(targets: Vec<(SocketAddr, &'static str)>) -> std::thread::JoinHandle<Vec<usize>> {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -163,10 +163,10 @@ fn probe(targets: Vec<SocketAddr>) -> std::thread::JoinHandle<Vec<usize>> {
             let mut probes = Vec::new();
             for _ in 0..PROBES {
                 pace.tick().await;
-                for (i, &addr) in targets.iter().enumerate() {
+                for (i, &(addr, path)) in targets.iter().enumerate() {
                     probes.push((
                         i,
-                        tokio::spawn(tokio::time::timeout(PROBE_TIMEOUT, status_of(addr, "/healthz"))),
+                        tokio::spawn(tokio::time::timeout(PROBE_TIMEOUT, status_of(addr, path))),
                     ));
                 }
             }
@@ -208,11 +208,11 @@ async fn probes_on_the_probe_listener_answer_through_a_reconnect_flood_at_1024_o
     // Idle clients take every regular slot and the main listener's probe reserve, so each flood connection is
     // one the server must accept and close.
     let idle = main_slots + 16;
+    // Three probe targets, each with at most a timeout's worth of probes open; 64 for Redis, the runtime, stdio.
+    let probes_open = 3 * (PROBE_TIMEOUT.as_millis() / PROBE_EVERY.as_millis()) as usize;
+    let needed = (idle + FLOOD_WORKERS + probes_open + 64) as u64;
     let own = open_file_limit(std::process::id()).unwrap_or(u64::MAX);
-    assert!(
-        own >= (idle + FLOOD_WORKERS + 2 * PROBES / 10 + 64) as u64,
-        "this test process needs more open files than its limit {own}"
-    );
+    assert!(own >= needed, "this test needs {needed} open files; its limit is {own}");
     let mut holders = Vec::with_capacity(idle);
     for _ in 0..idle {
         holders.push(TcpStream::connect(api).await.expect("the backlog takes idle clients"));
@@ -223,32 +223,41 @@ async fn probes_on_the_probe_listener_answer_through_a_reconnect_flood_at_1024_o
         .map(|_| tokio::spawn(reconnect_loop(api, stop.clone(), counts.clone())))
         .collect();
 
-    let answered = tokio::task::spawn_blocking(move || probe(vec![probe_addr, api]).join().expect("prober"))
-        .await
-        .expect("prober thread");
+    let answered = tokio::task::spawn_blocking(move || {
+        probe(vec![
+            (probe_addr, "/healthz"),
+            (probe_addr, "/readyz"),
+            (api, "/healthz"),
+        ])
+        .join()
+        .expect("prober")
+    })
+    .await
+    .expect("prober thread");
     stop.store(true, Ordering::Relaxed);
     for worker in flood {
         worker.await.expect("flood worker");
     }
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let (ok, closed, unconnected) = (load(&counts.answered), load(&counts.closed), load(&counts.unconnected));
-    let percent = |n: usize| n as f64 * 100.0 / PROBES as f64;
+    let percent = |n: usize| format!("{n}/{PROBES} ({:.1} %)", n as f64 * 100.0 / PROBES as f64);
     eprintln!(
         "ulimit -n {FD_LIMIT}, {idle} idle clients, {FLOOD_WORKERS} reconnecting ({} connections: {ok} answered, \
-         {closed} closed unanswered, {unconnected} not connected within {WAIT:?}): /healthz answered within \
-         {PROBE_TIMEOUT:?} on the probe listener {}/{PROBES} ({:.1} %), on the main listener {}/{PROBES} ({:.1} %)",
+         {closed} closed unanswered, {unconnected} not connected within {WAIT:?}); answered within \
+         {PROBE_TIMEOUT:?}: probe listener /healthz {}, /readyz {}; main listener /healthz {}",
         ok + closed + unconnected,
-        answered[0],
         percent(answered[0]),
-        answered[1],
         percent(answered[1]),
+        percent(answered[2]),
     );
     assert!(closed > 0, "the flood reached the connection cap");
-    assert!(
-        answered[0] * 100 >= PROBES * 99,
-        "probe listener answered {} of {PROBES} probes; log:\n{}",
-        answered[0],
-        log.lock().unwrap().join("\n")
-    );
+    for (i, path) in [(0, "/healthz"), (1, "/readyz")] {
+        assert!(
+            answered[i] * 100 >= PROBES * 99,
+            "probe listener answered {} of {PROBES} {path} probes; log:\n{}",
+            answered[i],
+            log.lock().unwrap().join("\n")
+        );
+    }
     drop(holders);
 }
