@@ -30,6 +30,10 @@ pub struct Config {
     pub redis_url: String,
     /// HTTP listen address (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
+    /// Listen address of the probe listener, which serves only `/healthz`, `/readyz` and `/metrics` with
+    /// connection slots of its own, so a flood of client connections on `listen` cannot crowd out the probes
+    /// (see `server` docs). `None` (the default): no probe listener; `listen` serves the three routes either way.
+    pub probe_listen: Option<SocketAddr>,
     /// How often every group is ticked (expiry, fencing, routing adoption).
     pub tick_interval: Duration,
     /// TTL of the Redis mutex; a crashed holder blocks its group at most this long.
@@ -76,6 +80,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("redis_url", &redact_redis_target(&self.redis_url))
             .field("listen", &self.listen)
+            .field("probe_listen", &self.probe_listen)
             .field("tick_interval", &self.tick_interval)
             .field("mutex_ttl", &self.mutex_ttl)
             .field("critical_section_timeout", &self.critical_section_timeout)
@@ -102,6 +107,7 @@ impl Default for Config {
         Config {
             redis_url: "redis://127.0.0.1:6379".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            probe_listen: None,
             tick_interval: Duration::from_millis(250),
             mutex_ttl: Duration::from_secs(2),
             critical_section_timeout: Duration::from_millis(1500),
@@ -164,6 +170,9 @@ impl Config {
         }
         if self.max_connections == Some(0) || self.probe_connections == 0 {
             return Err("max_connections and probe_connections must be at least 1".into());
+        }
+        if self.probe_listen == Some(self.listen) && self.listen.port() != 0 {
+            return Err(format!("probe_listen must differ from listen ({})", self.listen));
         }
         self.validate_auth()?;
         self.check_timings(&self.default_timings)
@@ -264,6 +273,19 @@ mod tests {
         let mut insecure = listening_on("0.0.0.0:7400");
         insecure.insecure_no_admin_token = true;
         insecure.validate().expect("explicitly insecure");
+    }
+
+    #[test]
+    fn the_probe_listener_needs_an_address_of_its_own() {
+        let mut config = listening_on("127.0.0.1:7400");
+        config.probe_listen = Some(config.listen);
+        let err = config.validate().expect_err("same address");
+        assert!(err.contains("probe_listen"), "{err}");
+        config.probe_listen = Some("0.0.0.0:7401".parse().expect("literal address"));
+        config.validate().expect("a port of its own, on any interface");
+        let mut any_ports = listening_on("127.0.0.1:0");
+        any_ports.probe_listen = Some(any_ports.listen);
+        any_ports.validate().expect("port 0 picks two free ports");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coord_server::auth::{self, Grant, Role};
 use coord_server::config::redact_redis_target;
-use coord_server::server::serve;
+use coord_server::server::serve_with_probes;
 use coord_server::{Config, Coordinator};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -31,6 +31,11 @@ struct Args {
     /// HTTP listen address.
     #[arg(long, env = "COORD_LISTEN", default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
+    /// Listen address of the probe listener: /healthz, /readyz and /metrics on a port of their own, with
+    /// connection slots of their own, so a flood of client connections cannot crowd out the probes (unset: none;
+    /// the main port serves the three either way).
+    #[arg(long, env = "COORD_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
     /// How often every group is ticked (expiry, fencing, routing adoption), in ms.
     #[arg(long, env = "COORD_TICK_INTERVAL_MS")]
     tick_interval_ms: Option<u64>,
@@ -139,6 +144,7 @@ impl Args {
     fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::new(self.redis_url.clone());
         config.listen = self.listen;
+        config.probe_listen = self.probe_listen;
         let ms = Duration::from_millis;
         if let Some(v) = self.tick_interval_ms {
             config.tick_interval = ms(v);
@@ -284,7 +290,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             config.listen
         );
     }
-    let listen = config.listen;
+    let (listen, probe_listen) = (config.listen, config.probe_listen);
     let coordinator = Coordinator::connect(config)
         .await
         .with_context(|| format!("cannot start against Redis at {}", redact_redis_target(&args.redis_url)))?;
@@ -292,7 +298,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     info!(addr = %listener.local_addr().unwrap_or(listen), "coordinator listening");
-    serve(coordinator, listener, shutdown_signal())
+    let probes = match probe_listen {
+        Some(at) => {
+            let probes = TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen for probes on {at}"))?;
+            info!(addr = %probes.local_addr().unwrap_or(at), "probe listener");
+            Some(probes)
+        }
+        None => None,
+    };
+    serve_with_probes(coordinator, listener, probes, shutdown_signal())
         .await
         .context("HTTP server failed")?;
     info!("coordinator stopped");

@@ -8,9 +8,12 @@
 //! 2. the tick loop stops scheduling;
 //! 3. critical sections already entered finish (their write and mutex release complete);
 //! 4. the HTTP server stops accepting, closes idle and half-sent connections at once, and gives open requests
-//!    `shutdown_grace` to be answered before it drops what remains (see [`connections`]).
+//!    `shutdown_grace` to be answered before it drops what remains (see [`connections`]);
+//! 5. then the probe listener, if any, closes the same way: until here `/healthz` answers and `/readyz` says
+//!    unready on it.
 //!
-//! Connection limits and timeouts (cap with a probe reserve, header-read and idle timeouts) are described in
+//! Connection limits and timeouts (cap with a probe reserve, header-read and idle timeouts) and the probe listener
+//! (`Config::probe_listen`: `/healthz`, `/readyz` and `/metrics` on a port of their own) are described in
 //! [`connections`].
 //!
 //! # Example
@@ -58,6 +61,24 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_with_probes(coordinator, listener, None, shutdown).await
+}
+
+/// [`serve`], plus the probe listener on `probes` when given: `/healthz`, `/readyz` and `/metrics` with
+/// connection slots of their own (see [`connections`]). It closes after the API server, so probes see `/readyz`
+/// unready and `/healthz` alive for the whole drain.
+///
+/// # Errors
+/// I/O errors of either server.
+///
+/// # Cancel safety
+/// As [`serve`].
+pub async fn serve_with_probes(
+    coordinator: Coordinator,
+    listener: TcpListener,
+    probes: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     let stop_ticks = CancellationToken::new();
     let ticks_stopped = CancellationToken::new();
     let ticks = {
@@ -83,15 +104,33 @@ pub async fn serve(
         }
     };
     let limits = connections::Limits::from_config(coordinator.config());
+    let api_stopped = CancellationToken::new();
+    let probe_server = {
+        let (config, stopped) = (coordinator.config(), api_stopped.clone());
+        let serve = probes.map(|probes| {
+            let (app, limits) = (
+                http::probe_router(coordinator.clone()),
+                connections::Limits::probe_listener(config),
+            );
+            connections::serve_connections(probes, app, limits, stopped.cancelled_owned())
+        });
+        async move {
+            match serve {
+                Some(serve) => serve.await,
+                None => Ok(()),
+            }
+        }
+    };
     let app = http::router(coordinator);
     let server = async move {
         let result = connections::serve_connections(listener, app, limits, drained).await;
         // Also when the server fails on its own: the tick loop must not outlive it.
         stop_ticks.cancel();
+        api_stopped.cancel();
         result
     };
-    let (result, ()) = tokio::join!(server, ticks);
-    result
+    let (result, probe_result, ()) = tokio::join!(server, probe_server, ticks);
+    result.and(probe_result)
 }
 
 /// An in-process coordinator: HTTP server plus tick loop on a task it owns.
@@ -104,6 +143,8 @@ pub struct CoordinatorHandle {
     coordinator: Coordinator,
     /// The bound address (the real port when the configuration asked for port 0).
     addr: SocketAddr,
+    /// The probe listener's bound address, when the configuration has one.
+    probe_addr: Option<SocketAddr>,
     /// Completes the shutdown future given to [`serve`].
     shutdown: CancellationToken,
     /// The task running [`serve`]; `None` once taken by `shutdown` or `abort`.
@@ -122,15 +163,32 @@ impl CoordinatorHandle {
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| Error::Listen { addr: listen, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::InvalidRequest(format!("cannot read the bound address of {listen}: {e}")))?;
+        let addr = bound_addr(&listener, listen)?;
+        let (probes, probe_addr) = match coordinator.config().probe_listen {
+            Some(at) => {
+                let probes = TcpListener::bind(at)
+                    .await
+                    .map_err(|source| Error::Listen { addr: at, source })?;
+                let bound = bound_addr(&probes, at)?;
+                (Some(probes), Some(bound))
+            }
+            None => (None, None),
+        };
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(serve(coordinator.clone(), listener, shutdown.clone().cancelled_owned()));
+        let task = tokio::spawn(serve_with_probes(
+            coordinator.clone(),
+            listener,
+            probes,
+            shutdown.clone().cancelled_owned(),
+        ));
         info!(%addr, "coordinator listening");
+        if let Some(addr) = probe_addr {
+            info!(%addr, "probe listener");
+        }
         Ok(CoordinatorHandle {
             coordinator,
             addr,
+            probe_addr,
             shutdown,
             task: Some(task),
         })
@@ -139,6 +197,11 @@ impl CoordinatorHandle {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The probe listener's bound address, when the configuration asked for one (`Config::probe_listen`).
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probe_addr
     }
 
     /// The base URL, `http://<addr>`.
@@ -180,6 +243,13 @@ impl CoordinatorHandle {
             task.abort();
         }
     }
+}
+
+/// The address `listener` is bound to (`requested` names it in the error).
+fn bound_addr(listener: &TcpListener, requested: SocketAddr) -> Result<SocketAddr, Error> {
+    listener
+        .local_addr()
+        .map_err(|e| Error::InvalidRequest(format!("cannot read the bound address of {requested}: {e}")))
 }
 
 impl Drop for CoordinatorHandle {

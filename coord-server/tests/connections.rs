@@ -1,5 +1,6 @@
 //! Connection hardening against real sockets: slow request heads are cut off, idle connections closed, the
-//! connection cap keeps health probes answering, and shutdown never waits for a client that sends nothing.
+//! connection cap keeps health probes answering, the probe listener serves the probes alone, and shutdown never
+//! waits for a client that sends nothing.
 
 mod common;
 
@@ -266,4 +267,49 @@ async fn shutdown_closes_idle_and_half_sent_connections_within_the_grace_period(
     for stream in [&mut half_sent, &mut kept_alive, &mut silent] {
         assert!(closed_within(stream, Duration::from_secs(1)).await.is_some(), "closed");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_listener_serves_only_the_probes_and_closes_after_the_api() {
+    let redis = RedisServer::start().await;
+    let coord = coordinator(&redis, |c| {
+        c.probe_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        // One regular slot, held below: the probe listener's slots are not the main port's.
+        c.max_connections = Some(1);
+        c.probe_connections = 1;
+        c.idle_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let probes = coord.probe_addr().expect("a probe listener was asked for");
+    assert_ne!(probes, coord.addr());
+    let mut holder = TcpStream::connect(coord.addr()).await.unwrap();
+    assert_eq!(get(&mut holder, "/v1/groups").await.expect("answered").0, 200);
+
+    let mut scraper = TcpStream::connect(probes).await.unwrap();
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, head, body) = get(&mut scraper, path).await.expect("answered");
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(
+            !head.contains("connection: close"),
+            "kept alive for the scraper: {head}"
+        );
+    }
+    for path in ["/v1/groups", "/status", "/v1/streams/s/routing"] {
+        let (status, _, body) = get(&mut scraper, path).await.expect("answered");
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("INVALID_REQUEST"), "{body}");
+    }
+
+    // Its one slot is the scraper's until it closes; `fresh_get` retries until the server saw it close.
+    drop(scraper);
+    coord.begin_shutdown();
+    assert_eq!(fresh_get(probes, "/readyz").await.0, 503, "unready while draining");
+    assert_eq!(fresh_get(probes, "/healthz").await.0, 200, "alive while draining");
+    tokio::time::timeout(WAIT, coord.shutdown())
+        .await
+        .expect("shutdown completes");
+    assert!(
+        TcpStream::connect(probes).await.is_err(),
+        "the probe listener is closed"
+    );
 }

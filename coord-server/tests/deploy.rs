@@ -89,6 +89,33 @@ fn the_rollout_and_the_termination_grace_fit_the_shutdown_gate() {
     assert!(worker_grace > drain, "the worker's grace must exceed its drain timeout");
 }
 
+#[test]
+fn probes_and_the_scrape_use_the_probe_listener_which_the_service_leaves_out() {
+    let config = manifest("configmap.yaml");
+    let probe_listen: std::net::SocketAddr = value_of(&config, "COORD_PROBE_LISTEN", None)
+        .parse()
+        .expect("an address");
+    let listen: std::net::SocketAddr = value_of(&config, "COORD_LISTEN", None).parse().expect("an address");
+    assert_ne!(probe_listen.port(), listen.port());
+    let d = manifest("coordinator.yaml");
+    let probe_port = probe_listen.port().to_string();
+    assert_eq!(value_of(&d, "containerPort", Some("- name: probes")), probe_port);
+    assert_eq!(
+        value_of(&d, "containerPort", Some("- name: http")),
+        listen.port().to_string()
+    );
+    for probe in ["readinessProbe:", "livenessProbe:", "startupProbe:"] {
+        assert_eq!(value_of(&d, "port", Some(probe)), "probes", "{probe}");
+    }
+    assert_eq!(value_of(&d, "prometheus.io/port", None), probe_port);
+    let service = manifest("service.yaml");
+    assert_eq!(value_of(&service, "targetPort", None), "http");
+    assert!(
+        !service.contains(&format!("port: {probe_port}")) && !service.contains("targetPort: probes"),
+        "clients must not reach the probe port through the Service:\n{service}"
+    );
+}
+
 /// The metric names docs/metrics.md documents (a test in metrics.rs ties that page to the code and the SDKs), with
 /// whether each is a histogram.
 fn documented_metrics() -> std::collections::BTreeMap<String, bool> {

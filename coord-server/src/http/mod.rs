@@ -7,6 +7,7 @@
 //! * `admin`: streams, groups and members (ETag / If-Match on the store revision).
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
+//! * `probes`: the probe listener's router, those three routes only.
 //! * `status`: `/status`, the operators' HTML page.
 //! * `security_headers`: `nosniff` on every answer; the status page's CSP and caching rules.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
@@ -29,6 +30,7 @@ mod extract;
 mod health;
 mod heartbeat;
 mod metrics;
+mod probes;
 mod request_span;
 mod routing;
 mod security_headers;
@@ -46,7 +48,11 @@ use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
 pub use error::{error_response, ApiError};
+<<<<<<< HEAD
 use protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES;
+=======
+pub use probes::{probe_router, PROBE_PATHS};
+>>>>>>> wt-probes
 use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).

@@ -20,7 +20,15 @@
 //! is closed as soon as it is accepted, which keeps the process below its open-file limit.
 //!
 //! Unset, `max_connections` is derived from the soft `RLIMIT_NOFILE` (read from `/proc/self/limits`): three
-//! quarters of it minus the probe reserve, leaving a quarter for Redis connections, the listener and logs.
+//! quarters of it minus the probe reserve (twice the reserve with a probe listener), leaving a quarter for Redis
+//! connections, the listeners and logs.
+//!
+//! # Probe listener
+//! With `probe_listen` set, a second accept loop of its own serves the probe router (`/healthz`, `/readyz`,
+//! `/metrics`) with `probe_connections` slots of its own ([`Limits::probe_listener`]). Probe slots on the main port
+//! are taken by whatever connects when the regular slots are full, so a reconnect flood kept them busy and
+//! most probes failed (57 to 76 % of them at `ulimit -n 1024`); on their own port the flood never
+//! reaches them, and the open-file budget keeps descriptors for them.
 //!
 //! # Shutdown
 //! When told to stop: the listener is closed, connections with no request in progress (idle, or with a half-sent
@@ -78,7 +86,7 @@ impl Limits {
     pub fn from_config(config: &Config) -> Limits {
         let max_connections = config
             .max_connections
-            .unwrap_or_else(|| derived_max_connections(open_file_limit(), config.probe_connections));
+            .unwrap_or_else(|| derived_max_connections(open_file_limit(), probe_slots(config)));
         Limits {
             max_connections,
             probe_connections: config.probe_connections,
@@ -87,12 +95,31 @@ impl Limits {
             shutdown_grace: config.shutdown_grace,
         }
     }
+
+    /// The probe listener's limits: `probe_connections` slots that serve every request they get (the listener's
+    /// router has only the probe routes), keep-alive for the scraper, a probe's header-read timeout.
+    pub fn probe_listener(config: &Config) -> Limits {
+        Limits {
+            max_connections: config.probe_connections,
+            probe_connections: 0,
+            header_read_timeout: config.header_read_timeout.min(PROBE_HEADER_TIMEOUT),
+            idle_timeout: config.idle_timeout,
+            shutdown_grace: config.shutdown_grace,
+        }
+    }
 }
 
-/// Three quarters of the soft open-file limit minus the probe reserve, at least 1.
-fn derived_max_connections(soft_limit: Option<u64>, probe_connections: usize) -> usize {
+/// The main listener's probe reserve plus, with a probe listener, its slots: both come out of the same open-file
+/// budget.
+fn probe_slots(config: &Config) -> usize {
+    let listeners = if config.probe_listen.is_some() { 2 } else { 1 };
+    config.probe_connections * listeners
+}
+
+/// Three quarters of the soft open-file limit minus the probe slots, at least 1.
+fn derived_max_connections(soft_limit: Option<u64>, probe_slots: usize) -> usize {
     match soft_limit.and_then(|l| usize::try_from(l).ok()) {
-        Some(limit) => (limit / 4 * 3).saturating_sub(probe_connections).max(1),
+        Some(limit) => (limit / 4 * 3).saturating_sub(probe_slots).max(1),
         None => FALLBACK_MAX_CONNECTIONS,
     }
 }
@@ -120,6 +147,7 @@ pub(crate) async fn serve_connections(
     stop: impl Future<Output = ()>,
 ) -> io::Result<()> {
     info!(
+        addr = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
         max_connections = limits.max_connections,
         probe_connections = limits.probe_connections,
         header_read_timeout_ms = limits.header_read_timeout.as_millis() as u64,
@@ -467,5 +495,30 @@ mod tests {
         assert_eq!(derived_max_connections(Some(1024), 8), 760);
         assert_eq!(derived_max_connections(Some(4), 8), 1);
         assert_eq!(derived_max_connections(None, 8), FALLBACK_MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn the_probe_listener_has_slots_of_its_own_out_of_the_same_budget() {
+        let mut config = Config {
+            probe_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            max_connections: Some(100),
+            ..Config::default()
+        };
+        let probes = Limits::probe_listener(&config);
+        assert_eq!(probes.max_connections, config.probe_connections);
+        assert_eq!(
+            probes.probe_connections, 0,
+            "no second-class slots: every slot serves the probe routes"
+        );
+        assert!(probes.header_read_timeout <= PROBE_HEADER_TIMEOUT);
+        assert_eq!(
+            Limits::from_config(&config).max_connections,
+            100,
+            "an explicit cap is kept"
+        );
+        // Derived at 1024 open files: 768 for both listeners' slots, a quarter left for Redis and the rest.
+        assert_eq!(derived_max_connections(Some(1024), probe_slots(&config)), 752);
+        config.probe_listen = None;
+        assert_eq!(derived_max_connections(Some(1024), probe_slots(&config)), 760);
     }
 }
