@@ -8,6 +8,7 @@
 //! * `health`: `/healthz` and `/readyz`.
 //! * `metrics`: `/metrics`, the Prometheus text format (see [`crate::metrics`]).
 //! * `status`: `/status`, the operators' HTML page.
+//! * `quota`: `/v1/quota`, the caller's quotas and usage, and the quota section of `/status`.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
 //! * [`error`]: the one mapping from [`crate::Error`] to an HTTP answer.
@@ -27,6 +28,7 @@ mod extract;
 mod health;
 mod heartbeat;
 mod metrics;
+mod quota;
 mod routing;
 mod state;
 mod status;
@@ -46,8 +48,8 @@ use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
 pub use protocol::routes::{
-    FENCE, GROUP, GROUPS, HEALTHZ, HEARTBEAT, MEMBER, METRICS, READYZ, RECREATE, ROUTES, ROUTING, SHARDS, STATUS,
-    STREAM,
+    FENCE, GROUP, GROUPS, HEALTHZ, HEARTBEAT, MEMBER, METRICS, QUOTA, READYZ, RECREATE, ROUTES, ROUTING, SHARDS,
+    STATUS, STREAM,
 };
 
 /// Every route as (method, path template); the router serves exactly these.
@@ -68,6 +70,7 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
         ("POST", FENCE) => post(admin::fence_member),
         ("DELETE", MEMBER) => delete(admin::fence_member),
         ("GET", GROUPS) => get(admin::list_groups),
+        ("GET", QUOTA) => get(quota::describe),
         ("GET", HEALTHZ) => get(health::healthz),
         ("GET", READYZ) => get(health::readyz),
         ("GET", METRICS) => get(metrics::metrics),
