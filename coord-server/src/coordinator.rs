@@ -42,6 +42,8 @@ pub use crate::group_slots::SLOT_RETENTION;
 mod quota;
 mod reshard;
 
+pub use quota::Usage;
+
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
 

@@ -230,16 +230,26 @@ async fn a_rate_limited_request_is_refused_before_its_body_is_read() {
 
 #[tokio::test]
 async fn a_coordinator_without_tokens_enforces_no_quota() {
-    let (_redis, coord) = common::start().await;
+    let redis = RedisServer::start().await;
+    let mut c = common::config(&redis.url());
+    c.quota = coord_server::quota::Quota {
+        groups: 1,
+        members_per_group: 1,
+        ..Default::default()
+    };
+    let coord = CoordinatorHandle::spawn(c).await.expect("coordinator starts");
     let api = Api::new(coord.url());
-    let resp = api.get(protocol::routes::QUOTA).await;
-    error_json(resp, StatusCode::NOT_FOUND, Status::InvalidRequest).await;
-    // Past every default quota's burst would take long; past what a token table line could set is enough to
-    // show nothing is counted: the groups and members of one open caller.
+    // A tight default applies to tokens only: the open caller creates and joins past it.
     for i in 0..3 {
         let g = format!("g{i}");
         api.create_group("s", &g, 1).await;
-        api.hb("s", &g, &join("m")).await;
+        for m in ["m1", "m2", "m3"] {
+            api.hb("s", &g, &join(m)).await;
+        }
     }
+    let view: QuotaDescription = ok_json(api.get(protocol::routes::QUOTA).await, StatusCode::OK).await;
+    assert_eq!(view.token, "open");
+    assert_eq!((view.groups.used, view.groups.limit), (3, u32::MAX));
+    assert_eq!(view.members_per_group.used, 3);
     coord.shutdown().await;
 }

@@ -215,6 +215,6 @@ mod tests {
             assert!(path.starts_with('/'), "{path}");
             assert!(seen.insert((method, path)), "{method} {path} listed twice");
         }
-        assert_eq!(seen.len(), 14);
+        assert_eq!(seen.len(), 15);
     }
 }

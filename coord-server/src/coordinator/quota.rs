@@ -11,6 +11,7 @@ use super::Coordinator;
 use crate::auth::Access;
 use crate::error::Error;
 use crate::quota::principals::Principal;
+use crate::quota::Quota;
 use crate::spans;
 use crate::store;
 
@@ -146,12 +147,12 @@ impl Coordinator {
         Ok(())
     }
 
-    /// What `who` uses of its quotas: groups from the index, the largest stream and the largest group (one
-    /// command per group and per stream: for an operator's view, not a hot path).
+    /// What a token reaching `access` uses of the limits `q`: groups from the index, the largest stream and the
+    /// largest group (one command per group and per stream: for an operator's view, not a hot path).
     ///
     /// # Errors
     /// Redis errors reading the index.
-    pub async fn quota_usage(&self, who: &Principal, access: &Access) -> Result<Usage, Error> {
+    pub async fn quota_usage(&self, q: Quota, access: &Access) -> Result<Usage, Error> {
         let groups = self.reached_groups(access).await?;
         let mut streams: Vec<&StreamName> = groups.iter().map(|g| &g.stream).collect();
         streams.dedup();
@@ -163,7 +164,6 @@ impl Coordinator {
         for g in &groups {
             members = members.max(self.inner.store.leased_members(&g.stream, &g.group).await.unwrap_or(0));
         }
-        let q = who.quota;
         Ok(Usage {
             groups: QuotaUsage {
                 limit: q.groups,

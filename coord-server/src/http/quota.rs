@@ -1,7 +1,6 @@
 //! `GET /v1/quota`: the quotas of the caller's token and its usage; and the quota section of `/status`.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use protocol::messages::QuotaDescription;
 use std::fmt::Write as _;
@@ -11,36 +10,59 @@ use super::error::ApiError;
 use super::state::AppState;
 use super::status::escape;
 use crate::auth::Access;
+use crate::coordinator::Usage;
 use crate::quota::principals::Principal;
+use crate::quota::Quota;
 
 /// `GET /v1/quota`, with a token of any role.
 pub(super) async fn describe(
     AnyAuth(caller): AnyAuth,
     State(state): State<AppState>,
 ) -> Result<Json<QuotaDescription>, AuthRejection> {
+    let coordinator = &state.coordinator;
+    let usage = |quota, access| async move {
+        let usage = coordinator.quota_usage(quota, &access).await;
+        usage.map_err(|e| AuthRejection::Api(e.into()))
+    };
     let Some((access, who)) = caller else {
-        return Err(AuthRejection::Api(
-            ApiError::invalid("this coordinator has no tokens, so it enforces no quotas")
-                .with_http(StatusCode::NOT_FOUND),
-        ));
+        // No tokens: nothing to tell callers apart by, so no limit (the maximum of every field).
+        let u = usage(UNLIMITED, Access::Open).await?;
+        return Ok(Json(description(OPEN_NAME, &u, UNLIMITED, u32::MAX)));
     };
     let principal = state
         .principal(Some(who))
         .ok_or_else(|| AuthRejection::Api(ApiError::internal("the token has no principal")))?;
-    let usage = state
-        .coordinator
-        .quota_usage(principal, &access)
-        .await
-        .map_err(|e| AuthRejection::Api(e.into()))?;
-    Ok(Json(QuotaDescription {
-        token: principal.name.clone(),
-        groups: usage.groups,
-        shards_per_group: usage.shards_per_group,
-        members_per_group: usage.members_per_group,
-        requests_per_second: principal.quota.requests_per_second,
-        request_burst: principal.quota.request_burst,
-        requests_available: principal.available(),
-    }))
+    let u = usage(principal.quota, access).await?;
+    Ok(Json(description(
+        &principal.name,
+        &u,
+        principal.quota,
+        principal.available(),
+    )))
+}
+
+/// The name `GET /v1/quota` gives the caller of a coordinator without tokens.
+pub const OPEN_NAME: &str = "open";
+
+/// The limits of a coordinator without tokens: none.
+const UNLIMITED: Quota = Quota {
+    groups: u32::MAX,
+    shards_per_group: u32::MAX,
+    members_per_group: u32::MAX,
+    requests_per_second: u32::MAX,
+    request_burst: u32::MAX,
+};
+
+fn description(name: &str, u: &Usage, quota: Quota, available: u32) -> QuotaDescription {
+    QuotaDescription {
+        token: name.to_owned(),
+        groups: u.groups,
+        shards_per_group: u.shards_per_group,
+        members_per_group: u.members_per_group,
+        requests_per_second: quota.requests_per_second,
+        request_burst: quota.request_burst,
+        requests_available: available,
+    }
 }
 
 /// The quota section of `/status`: the caller's token with its usage; for a token that reaches every stream, also
@@ -51,7 +73,7 @@ pub(super) async fn render(body: &mut String, state: &AppState, who: Option<usiz
         body.push_str("<p>No tokens are configured: no quotas are enforced.</p></section>");
         return;
     };
-    match state.coordinator.quota_usage(caller, access).await {
+    match state.coordinator.quota_usage(caller.quota, access).await {
         Ok(u) => {
             let _ = write!(
                 body,
