@@ -396,7 +396,9 @@ impl RoutingCache {
         applied
     }
 
-    /// Records a failed refresh that ended at `now`. The entry is kept (it stays usable while its lease holds).
+    /// Records a failed refresh that ended at `now`, without a `Retry-After` (the refresher always passes the
+    /// coordinator's, zero when it gave none, to [`RoutingCache::refresh_refused`]).
+    #[cfg(test)]
     pub fn refresh_failed(&mut self, now: Instant) {
         self.refresh_refused(now, Duration::ZERO);
     }
@@ -660,6 +662,19 @@ mod tests {
                 max_shard_count: 6,
             }
         );
+    }
+
+    #[test]
+    fn a_refusal_with_retry_after_waits_longer_than_the_retry_policy() {
+        let t0 = Instant::now();
+        let mut c = RoutingCache::new(RETRY);
+        c.refresh_refused(t0, ms(700));
+        assert!(!c.may_attempt(t0 + ms(699)), "the policy alone allows 50 ms");
+        assert_eq!(c.next_refresh_at(t0 + ms(10)), t0 + ms(700));
+        assert!(c.may_attempt(t0 + ms(700)));
+        // A shorter Retry-After than the policy's backoff does not shorten it.
+        c.refresh_refused(t0 + ms(700), ms(1));
+        assert_eq!(c.next_refresh_at(t0 + ms(700)), t0 + ms(800));
     }
 
     #[test]

@@ -95,7 +95,7 @@ impl Principals {
         let mut index: HashMap<&str, usize> = HashMap::new();
         let mut by_credential = Vec::new();
         let credentials = config.credentials();
-        let table = config.tokens.iter().map(|g| Some(g));
+        let table = config.tokens.iter().map(Some);
         let singles = [
             (config.admin_token.as_deref(), ADMIN_TOKEN_NAME),
             (config.client_token.as_deref(), CLIENT_TOKEN_NAME),
