@@ -313,6 +313,21 @@ mod tests {
     }
 
     #[test]
+    fn unusable_quotas_are_refused() {
+        let zero = Config {
+            quota: Quota {
+                groups: 0,
+                ..Quota::default()
+            },
+            ..Config::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("default quota groups"));
+        let mut conflicting = Config::default();
+        conflicting.tokens = Grant::parse_table("admin:a.:t groups=1\nconsumer:a.:t groups=2").expect("table");
+        assert!(conflicting.validate().unwrap_err().contains("groups="));
+    }
+
+    #[test]
     fn unusable_single_tokens_are_refused() {
         let mut config = Config {
             admin_token: Some("two words".into()),

@@ -162,7 +162,7 @@ async fn every_quota_is_refused_with_429_and_changes_nothing() {
 }
 
 #[tokio::test]
-async fn the_rate_limit_admits_a_burst_then_answers_429_before_reading_the_body() {
+async fn the_rate_limit_admits_a_burst_then_answers_429_per_token() {
     let (_redis, coord) = start().await;
     let operator = Api::new(coord.url()).with_token("operator");
     operator.create_group("tenant-a.s", "g", 2).await;
@@ -251,5 +251,38 @@ async fn a_coordinator_without_tokens_enforces_no_quota() {
     assert_eq!(view.token, "open");
     assert_eq!((view.groups.used, view.groups.limit), (3, u32::MAX));
     assert_eq!(view.members_per_group.used, 3);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_recreate_is_held_to_the_shard_quota() {
+    let (redis, coord) = start().await;
+    let a = Api::new(coord.url()).with_token("admin-a");
+    a.create_group("tenant-a.one", "g1", 4).await;
+    // The group and its stream's routing are lost: a recreate asks for more shards than the quota allows.
+    let mut conn = redis.connection().await;
+    let stream = protocol::names::StreamName::new("tenant-a.one").expect("stream");
+    let _: i64 = redis::cmd("DEL")
+        .arg(metadata_key("tenant-a.one", "g1"))
+        .arg(protocol::keys::stream_routing(&stream))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let before = redis.snapshot_keys("*").await;
+    let req = protocol::messages::RecreateGroupRequest {
+        confirm: true,
+        shard_count: 9,
+        timings: Some(timings()),
+    };
+    let resp = a.post(&protocol::routes::recreate("tenant-a.one", "g1"), &req).await;
+    too_many(resp, Status::QuotaExceeded).await;
+    assert_eq!(contents(&redis.snapshot_keys("*").await), contents(&before));
+    // Within the quota it is recreated; the index already listed it, so the group quota is not spent twice.
+    let req = protocol::messages::RecreateGroupRequest { shard_count: 4, ..req };
+    ok_json::<serde_json::Value>(
+        a.post(&protocol::routes::recreate("tenant-a.one", "g1"), &req).await,
+        StatusCode::CREATED,
+    )
+    .await;
     coord.shutdown().await;
 }

@@ -81,11 +81,18 @@ pub(super) async fn describe_group(
 
 /// `POST /v1/streams/{stream}/groups/{group}/recreate`.
 pub(super) async fn recreate_group(
-    _auth: AdminAuth,
+    auth: AdminAuth,
     State(state): State<AppState>,
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<RecreateGroupRequest>,
 ) -> Result<Response, ApiError> {
+    // A lost group the index still lists is not a new group; its stream's shards are checked all the same.
+    if let Some(who) = state.principal(auth.who) {
+        state
+            .coordinator
+            .check_create_quota(who, &auth.access, &stream, &group, Some(req.shard_count))
+            .await?;
+    }
     let created = state
         .mutate(move |c| async move { c.recreate_group(&stream, &group, &req).await })
         .await?;
