@@ -322,8 +322,10 @@ mod tests {
             ..Config::default()
         };
         assert!(zero.validate().unwrap_err().contains("default quota groups"));
-        let mut conflicting = Config::default();
-        conflicting.tokens = Grant::parse_table("admin:a.:t groups=1\nconsumer:a.:t groups=2").expect("table");
+        let conflicting = Config {
+            tokens: Grant::parse_table("admin:a.:t groups=1\nconsumer:a.:t groups=2").expect("table"),
+            ..Config::default()
+        };
         assert!(conflicting.validate().unwrap_err().contains("groups="));
     }
 
