@@ -200,6 +200,18 @@ async fn the_rate_limit_admits_a_burst_then_answers_429_per_token() {
     );
     // Tenant b's producer is not limited by a's.
     ok_json::<serde_json::Value>(b.get(&protocol::routes::routing("tenant-b.s")).await, StatusCode::OK).await;
+    let metrics = Api::new(coord.url())
+        .get("/metrics")
+        .await
+        .text()
+        .await
+        .expect("metrics");
+    let counted: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_stream_coord_quota_refusals_total{quota=\"rate\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the rate refusals are counted");
+    assert_eq!(counted, limited.len());
     // The bucket refills: a's next request after the wait is admitted.
     wait_until(Duration::from_secs(5), "a token back in the bucket", || async {
         a.get(&path_a).await.status() == StatusCode::OK
