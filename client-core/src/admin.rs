@@ -19,8 +19,8 @@
 //! ```
 
 use protocol::messages::{
-    AddShardsRequest, CreateGroupRequest, ErrorResponse, GroupDescription, GroupList, RecreateGroupRequest,
-    RoutingDescription,
+    AddShardsRequest, CreateGroupRequest, ErrorResponse, GroupDescription, GroupList, QuotaDescription,
+    RecreateGroupRequest, RoutingDescription,
 };
 use protocol::{routes, StoreRevision};
 use reqwest::header::{AUTHORIZATION, IF_MATCH};
@@ -116,6 +116,14 @@ impl AdminClient {
     pub async fn list_groups(&self, rebuild: bool) -> Result<GroupList, AdminError> {
         let path = routes::groups(rebuild);
         self.json(self.request(Method::GET, &path)).await
+    }
+
+    /// `GET /v1/quota`: the quotas of this client's token and how much of each it uses.
+    ///
+    /// # Errors
+    /// [`AdminError`].
+    pub async fn quota(&self) -> Result<QuotaDescription, AdminError> {
+        self.json(self.request(Method::GET, routes::QUOTA)).await
     }
 
     /// `GET /v1/streams/{stream}/groups/{group}`.

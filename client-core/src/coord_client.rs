@@ -28,6 +28,9 @@ pub enum CoordError {
         message: String,
         /// For `FENCED_MEMBER_EPOCH`: the epoch the coordinator records.
         member_epoch: Option<MemberEpoch>,
+        /// How long the coordinator asks the client to wait before it tries again (`retryAfterMs`): for
+        /// `RATE_LIMITED` the time until its token's bucket admits a request.
+        retry_after: Option<Duration>,
     },
     /// No coordinator URL could be reached (connection refused, reset, timeout).
     #[error("no coordinator reachable (last tried {url}): {source}")]
@@ -85,6 +88,20 @@ impl CoordError {
             | CoordError::InvalidUrl(_)
             | CoordError::HttpClient(_) => false,
         }
+    }
+
+    /// The wait the coordinator asked for before the next try (`retryAfterMs`, the `Retry-After` header).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CoordError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Whether the token reached a quota (`QUOTA_EXCEEDED`: groups, shards or members per group): retrying the
+    /// same request does not help until an operator raises the quota or usage drops.
+    pub fn is_quota_exceeded(&self) -> bool {
+        self.status() == Some(Status::QuotaExceeded)
     }
 
     /// Whether the member must stop everything and rejoin with epoch 0.
@@ -264,6 +281,7 @@ impl CoordClient {
                             status: e.status,
                             message: e.message,
                             member_epoch: e.member_epoch,
+                            retry_after: e.retry_after_ms.map(Duration::from_millis),
                         },
                         Err(_) => CoordError::Decode {
                             url: redact_url(base),

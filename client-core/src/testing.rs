@@ -205,6 +205,7 @@ async fn deliver<T>(reply: Reply<T>) -> Result<T, CoordError> {
             status,
             message: format!("fake coordinator refused: {status}"),
             member_epoch: None,
+            retry_after: None,
         }),
         Outcome::Unreachable => Err(CoordError::Decode {
             url: "fake://coordinator".into(),

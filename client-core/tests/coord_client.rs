@@ -282,3 +282,44 @@ fn configuration_errors_are_typed_and_final() {
         Some("b")
     );
 }
+
+#[tokio::test]
+async fn quota_refusals_are_typed_and_carry_the_retry_after() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("Retry-After", "1")
+                .set_body_json(ErrorResponse {
+                    status: Status::RateLimited,
+                    message: "token t sent more than its 5 requests per second".into(),
+                    member_epoch: None,
+                    retry_after_ms: Some(700),
+                }),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(429).set_body_json(ErrorResponse {
+            status: Status::QuotaExceeded,
+            message: "group billing holds 2 members".into(),
+            member_epoch: None,
+            retry_after_ms: Some(60_000),
+        }))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let client = CoordClient::new(vec![server.uri()], Duration::from_secs(2), None).unwrap();
+    let (s, g) = names();
+    let limited = client.heartbeat(&s, &g, &request()).await.unwrap_err();
+    assert_eq!(limited.status(), Some(Status::RateLimited));
+    assert_eq!(limited.retry_after(), Some(Duration::from_millis(700)));
+    assert!(limited.is_retryable() && !limited.is_quota_exceeded());
+    let full = client.heartbeat(&s, &g, &request()).await.unwrap_err();
+    assert!(full.is_quota_exceeded() && !full.is_retryable(), "{full}");
+    assert_eq!(hits(&server).await, 2, "a 429 never fails over to another URL");
+}

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use crate::quota::{QuotaOverrides, ATTRIBUTES};
+
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -112,6 +114,10 @@ pub struct Grant {
     pub role: Role,
     /// Where.
     pub scope: StreamScope,
+    /// The token's name (`name=`), shown where the token never may be: /status, coordctl, metrics, logs.
+    pub name: Option<String>,
+    /// The token's quotas that this line sets (see [`crate::quota`]).
+    pub quota: QuotaOverrides,
     token: String,
 }
 
@@ -124,11 +130,19 @@ impl Grant {
     pub fn new(role: Role, scope: StreamScope, token: impl Into<String>) -> Result<Grant, String> {
         let token = token.into();
         check_token(&token)?;
-        Ok(Grant { role, scope, token })
+        Ok(Grant {
+            role,
+            scope,
+            name: None,
+            quota: QuotaOverrides::default(),
+            token,
+        })
     }
 
     /// Parses a token table: one grant per line, `role:prefix:token` (the token is everything after the second
-    /// `:`), `*` as prefix for every stream; blank lines and lines starting with `#` are skipped.
+    /// `:` up to the first space), `*` as prefix for every stream, then optionally the token's name and quotas as
+    /// space-separated `key=value` attributes (`name=tenant-a groups=20 rate=200`, see [`crate::quota`]); blank
+    /// lines and lines starting with `#` are skipped.
     ///
     /// # Errors
     /// The line number and the rule broken; the token itself is never repeated in the message.
@@ -140,19 +154,45 @@ impl Grant {
                 continue;
             }
             let at = |e: String| format!("token table line {}: {e}", i + 1);
-            let mut parts = line.splitn(3, ':');
+            // A token holds no whitespace, so whatever follows the first run of it is attributes.
+            let (spec, attributes) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+            let mut parts = spec.splitn(3, ':');
             let (Some(role), Some(scope), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
                 return Err(at("expected role:prefix:token".into()));
             };
-            let grant = Grant::new(
+            let mut grant = Grant::new(
                 Role::parse(role).map_err(at)?,
                 StreamScope::parse(scope).map_err(at)?,
                 token,
             )
             .map_err(at)?;
+            grant.read_attributes(attributes).map_err(at)?;
             grants.push(grant);
         }
         Ok(grants)
+    }
+}
+
+impl Grant {
+    /// Reads the `key=value` attributes after a line's token. Errors never repeat what they refuse: a space inside
+    /// a token would make its second half look like an attribute.
+    fn read_attributes(&mut self, text: &str) -> Result<(), String> {
+        for attribute in text.split_whitespace() {
+            let Some((key, value)) = attribute.split_once('=') else {
+                return Err(format!(
+                    "after the token only key=value attributes may follow ({ATTRIBUTES}); a token holds no spaces"
+                ));
+            };
+            if key == "name" {
+                crate::quota::principals::check_name(value)?;
+                if self.name.replace(value.to_owned()).is_some() {
+                    return Err("name= is given twice".into());
+                }
+            } else if !self.quota.set(key, value)? {
+                return Err(format!("unknown attribute (expected one of {ATTRIBUTES})"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -161,6 +201,8 @@ impl fmt::Debug for Grant {
         f.debug_struct("Grant")
             .field("role", &self.role)
             .field("scope", &self.scope)
+            .field("name", &self.name)
+            .field("quota", &self.quota)
             .field("token", &"***")
             .finish()
     }
@@ -302,7 +344,7 @@ impl fmt::Debug for Credentials<'_> {
 
 impl<'a> Credentials<'a> {
     /// Every credential as (role, scope, token): the table, then the single-token settings.
-    fn each(self) -> impl Iterator<Item = (Role, &'a StreamScope, &'a str)> {
+    pub(crate) fn each(self) -> impl Iterator<Item = (Role, &'a StreamScope, &'a str)> {
         const ALL: &StreamScope = &StreamScope::All;
         let table = self.tokens.iter().map(|g| (g.role, &g.scope, g.token.as_str()));
         let admin = self.admin_token.into_iter().map(|t| (Role::Admin, ALL, t));
@@ -340,27 +382,43 @@ pub fn bearer_token(header: &str) -> Option<&str> {
 /// # Errors
 /// [`Denied`]: missing or invalid token, or a token without `role`.
 pub fn authorize(credentials: Credentials<'_>, header: Option<&str>, role: Role) -> Result<Access, Denied> {
+    authorize_as(credentials, header, role).map(|(access, _)| access)
+}
+
+/// [`authorize`], also naming which credential the token is: the position of the first credential equal to it
+/// in [`Credentials`] order (the table, then the admin token, then the client token as consumer and producer);
+/// `None` for an open route. [`crate::quota::principals`] maps it to the token's name and quotas.
+///
+/// # Errors
+/// As [`authorize`].
+pub fn authorize_as(
+    credentials: Credentials<'_>,
+    header: Option<&str>,
+    role: Role,
+) -> Result<(Access, Option<usize>), Denied> {
     if !role_is_protected(credentials, role) {
-        return Ok(Access::Open);
+        return Ok((Access::Open, None));
     }
     let presented = header.and_then(bearer_token).ok_or(Denied::Missing { role })?;
-    let mut known = false;
+    let mut known = None;
     let mut scopes = Vec::new();
     // Every credential is compared, whatever matched before.
-    for (grant_role, scope, token) in credentials.each() {
+    for (i, (grant_role, scope, token)) in credentials.each().enumerate() {
         let equal = token_eq(presented.as_bytes(), token.as_bytes());
-        known |= equal;
+        if equal && known.is_none() {
+            known = Some(i);
+        }
         if equal && grant_role == role {
             scopes.push(scope.clone());
         }
     }
-    if !known {
+    let Some(credential) = known else {
         return Err(Denied::Invalid);
-    }
+    };
     if scopes.is_empty() {
         return Err(Denied::WrongRole { role });
     }
-    Ok(Access::Scoped(scopes))
+    Ok((Access::Scoped(scopes), Some(credential)))
 }
 
 #[cfg(test)]
@@ -418,6 +476,44 @@ mod tests {
             assert!(err.contains("line 1"), "{err}");
             assert!(!err.contains("hunter2"), "{err}");
         }
+    }
+
+    #[test]
+    fn attributes_after_the_token_set_its_name_and_quotas() {
+        let grants =
+            table("admin:tenant-a.:ta name=tenant-a groups=3 shards=64\nconsumer:tenant-a.:ca members=8 rate=20");
+        assert_eq!(grants[0].token, "ta");
+        assert_eq!(grants[0].name.as_deref(), Some("tenant-a"));
+        assert_eq!(grants[0].quota.groups, Some(3));
+        assert_eq!(grants[0].quota.shards_per_group, Some(64));
+        assert_eq!(grants[1].quota.members_per_group, Some(8));
+        assert_eq!(grants[1].quota.requests_per_second, Some(20));
+        for bad in [
+            "admin:*:hunter2 groups=0",
+            "admin:*:hunter2 colour=red",
+            "admin:*:hunter2 name=a name=b",
+            "admin:*:hunter2 name=bad/name",
+            "admin:*:hunter2 rate",
+        ] {
+            let err = Grant::parse_table(bad).expect_err(bad);
+            assert!(err.contains("line 1") && !err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn authorize_as_names_the_first_credential_of_the_token() {
+        let grants = table("admin:a.:one\nconsumer:a.:two\nconsumer:b.:one");
+        let config = Credentials {
+            tokens: &grants,
+            client_token: Some("three"),
+            ..Credentials::default()
+        };
+        let (_, who) = authorize_as(config, Some("Bearer one"), Role::Consumer).expect("one");
+        assert_eq!(who, Some(0), "the token's first line, whichever role matched");
+        let (_, who) = authorize_as(config, Some("Bearer three"), Role::Producer).expect("three");
+        assert_eq!(who, Some(3));
+        let open = Credentials::default();
+        assert_eq!(authorize_as(open, None, Role::Admin), Ok((Access::Open, None)));
     }
 
     #[test]

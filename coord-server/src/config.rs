@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::auth::{self, Credentials, Grant, Role};
+use crate::quota::principals::Principals;
+use crate::quota::Quota;
 
 /// `text` (a Redis target) with every password hidden, for logs and errors; also for a target that does not
 /// parse (each comma-separated part redacted on its own).
@@ -55,6 +57,9 @@ pub struct Config {
     pub client_token: Option<String>,
     /// Token table: tokens with a role on a stream-name prefix. Once non-empty, every API route needs a token.
     pub tokens: Vec<Grant>,
+    /// Quotas of every token that its token table lines do not set (see [`crate::quota`]). An open coordinator
+    /// (no token configured) has no tenants to tell apart and enforces none.
+    pub quota: Quota,
     /// Accept a listen address that is not loopback although nothing protects the admin routes.
     pub insecure_no_admin_token: bool,
     /// Accept a Redis `maxmemory-policy` other than `noeviction` (see [`crate::memory_policy`]): the instance then
@@ -91,6 +96,7 @@ impl fmt::Debug for Config {
             .field("admin_token", &hidden(&self.admin_token))
             .field("client_token", &hidden(&self.client_token))
             .field("tokens", &self.tokens)
+            .field("quota", &self.quota)
             .field("insecure_no_admin_token", &self.insecure_no_admin_token)
             .field("accept_eviction_policy", &self.accept_eviction_policy)
             .field("header_read_timeout", &self.header_read_timeout)
@@ -118,6 +124,7 @@ impl Default for Config {
             admin_token: None,
             client_token: None,
             tokens: Vec::new(),
+            quota: Quota::default(),
             insecure_no_admin_token: false,
             accept_eviction_policy: false,
             header_read_timeout: Duration::from_secs(10),
@@ -175,6 +182,8 @@ impl Config {
             return Err(format!("probe_listen must differ from listen ({})", self.listen));
         }
         self.validate_auth()?;
+        self.quota.validate().map_err(|e| format!("default {e}"))?;
+        Principals::new(self)?;
         self.check_timings(&self.default_timings)
     }
 
@@ -323,6 +332,23 @@ mod tests {
             !redact_redis_target("cluster:redis://:secret@a:1,,bad").contains("secret"),
             "an unparsable target is redacted too"
         );
+    }
+
+    #[test]
+    fn unusable_quotas_are_refused() {
+        let zero = Config {
+            quota: Quota {
+                groups: 0,
+                ..Quota::default()
+            },
+            ..Config::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("default quota groups"));
+        let conflicting = Config {
+            tokens: Grant::parse_table("admin:a.:t groups=1\nconsumer:a.:t groups=2").expect("table"),
+            ..Config::default()
+        };
+        assert!(conflicting.validate().unwrap_err().contains("groups="));
     }
 
     #[test]

@@ -39,7 +39,10 @@ use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
 pub use crate::group_slots::SLOT_RETENTION;
 
+mod quota;
 mod reshard;
+
+pub use quota::Usage;
 
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
@@ -173,7 +176,8 @@ impl Coordinator {
             .await
     }
 
-    /// Handles a consumer heartbeat (join, heartbeat or leave).
+    /// Handles a consumer heartbeat (join, heartbeat or leave), without a member quota (see
+    /// [`Coordinator::heartbeat_within`]).
     ///
     /// # Errors
     /// [`Error::Rejected`] for fenced, unknown or invalid members; see [`Error`] for the rest.
@@ -183,21 +187,7 @@ impl Coordinator {
         group: &GroupName,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Error> {
-        // Group commit: queued heartbeats of the group run as one section (see `GroupSlot::group_commit`).
-        let slot = self.inner.slots.slot(stream, group);
-        let span = || spans::heartbeat(stream, group, &req.member_id, req.member_epoch);
-        let result = slot
-            .group_commit(req, |batch| {
-                self.heartbeat_batch(stream, group, &slot, batch).instrument(span())
-            })
-            .await;
-        self.inner.slots.forget_if_absent(stream, group, slot);
-        if let Ok(resp) = &result {
-            if req.max_routing_version > resp.routing_version || req.max_shard_count > resp.shard_count {
-                self.check_routing_report(stream, req.max_routing_version, req.max_shard_count);
-            }
-        }
-        result
+        self.heartbeat_within(stream, group, req, None).await
     }
 
     /// A consumer saw a routing above the one its group adopted: the group may only be behind (its next tick
@@ -235,8 +225,8 @@ impl Coordinator {
 
     /// Runs queued heartbeats as one critical section and answers each.
     async fn heartbeat_batch(&self, stream: &StreamName, group: &GroupName, slot: &GroupSlot, batch: Vec<Queued>) {
-        let reqs: Vec<&HeartbeatRequest> = batch.iter().map(|q| &q.req).collect();
-        let members: Vec<&MemberId> = reqs.iter().map(|r| &r.member_id).collect();
+        let reqs: Vec<state_machine::Admission<'_>> = batch.iter().map(Queued::admission).collect();
+        let members: Vec<&MemberId> = reqs.iter().map(|r| &r.req.member_id).collect();
         let mut outcomes = Vec::new();
         let result = self
             .group_section_locked(
@@ -245,7 +235,7 @@ impl Coordinator {
                 slot,
                 LivenessScope::Members(&members),
                 |meta, live, clock, _| {
-                    let (t, o) = state_machine::apply_heartbeats(meta, live, &reqs, clock);
+                    let (t, o) = state_machine::apply_heartbeats_within(meta, live, &reqs, clock);
                     outcomes = o;
                     Ok(t)
                 },

@@ -67,7 +67,12 @@ impl GroupSlot {
     /// wait in the group's queue; whoever takes the local lock next passes all of them (up to a bound) to `run`,
     /// which runs them as one section (one LOAD, one COMMIT) and answers each: a large group costs two round
     /// trips per batch rather than per member.
-    pub async fn group_commit<R, Fut>(&self, req: &HeartbeatRequest, mut run: R) -> Result<HeartbeatResponse, Error>
+    pub async fn group_commit<R, Fut>(
+        &self,
+        req: &HeartbeatRequest,
+        max_members: Option<u32>,
+        mut run: R,
+    ) -> Result<HeartbeatResponse, Error>
     where
         R: FnMut(Vec<Queued>) -> Fut,
         Fut: Future<Output = ()>,
@@ -75,6 +80,7 @@ impl GroupSlot {
         let (reply, mut answer) = oneshot::channel();
         self.queue.lock().expect("queue lock").push(Queued {
             req: req.clone(),
+            max_members,
             reply,
         });
         loop {
@@ -87,6 +93,7 @@ impl GroupSlot {
                     let (reply, again) = oneshot::channel();
                     self.queue.lock().expect("queue lock").push(Queued {
                         req: req.clone(),
+                        max_members,
                         reply,
                     });
                     answer = again;
@@ -112,7 +119,19 @@ impl GroupSlot {
 /// A heartbeat waiting in a group's queue, with the channel its answer goes back on.
 pub(crate) struct Queued {
     pub req: HeartbeatRequest,
+    /// The member quota of the token that sent it (`None`: no limit).
+    pub max_members: Option<u32>,
     pub reply: oneshot::Sender<Result<HeartbeatResponse, Error>>,
+}
+
+impl Queued {
+    /// The request as the core takes it.
+    pub fn admission(&self) -> crate::state_machine::Admission<'_> {
+        crate::state_machine::Admission {
+            req: &self.req,
+            max_members: self.max_members,
+        }
+    }
 }
 
 /// What this process remembers about a group between critical sections.

@@ -20,7 +20,8 @@
 //! * [`metrics`]: the Prometheus metrics of one coordinator (`GET /metrics`), per instance, no global recorder.
 //! * `clock`: where the shells read time (Tokio's clock, so tests pause it).
 //! * [`spans`]: the tracing span of every critical section and the write boundary it reached.
-//! * [`auth`]: bearer tokens, roles and the stream prefixes they reach.
+//! * [`auth`]: bearer tokens, roles and the stream prefixes they reach; [`quota`]: each token's quotas (groups,
+//!   shards and members per group, request rate).
 //! * [`config`], [`error`], [`stats`].
 //! * `fault` (feature `fault-injection`, tests only): hooks at the write boundary of a critical section.
 //! * `routing_model` (tests only): the exhaustive model check of a stream's routing through Redis losses, over
@@ -42,6 +43,7 @@ pub mod log_limit;
 pub mod memory_policy;
 pub mod metrics;
 mod missing_metadata;
+pub mod quota;
 pub mod recent;
 #[cfg(test)]
 mod routing_model;

@@ -6,6 +6,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coord_server::auth::{self, Grant, Role};
 use coord_server::config::redact_redis_target;
 use coord_server::server::serve_with_probes;
+use coord_server::quota::Quota;
 use coord_server::{Config, Coordinator};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -93,8 +94,9 @@ struct Args {
     #[arg(long, env = "COORD_CLIENT_TOKEN_FILE")]
     client_token_file: Option<PathBuf>,
     /// Token table: one `role:prefix:token` per line (role admin, consumer or producer; prefix a stream-name
-    /// prefix such as `tenant-a.`, or `*` for every stream; `#` comments). Once given, every API route needs a
-    /// token. See docs/security.md.
+    /// prefix such as `tenant-a.`, or `*` for every stream; `#` comments), optionally followed by the token's
+    /// name and quotas (`name=tenant-a groups=20 rate=200`). Once given, every API route needs a token. See
+    /// docs/security.md.
     #[arg(long, env = "COORD_TOKENS_FILE")]
     tokens_file: Option<PathBuf>,
     /// Start although the listen address is not loopback and no admin token is set (admin routes open to
@@ -120,6 +122,22 @@ struct Args {
     /// On shutdown, how long open requests get to be answered before the remaining connections are dropped, in ms.
     #[arg(long, env = "COORD_SHUTDOWN_GRACE_MS")]
     shutdown_grace_ms: Option<u64>,
+    /// Default quota of every token: groups on the streams it reaches (a token table line may set its own with
+    /// `groups=`; see docs/operations.md, "Quotas").
+    #[arg(long, env = "COORD_QUOTA_GROUPS")]
+    quota_groups: Option<u32>,
+    /// Default quota of every token: shards of the stream a group reads (`shards=`).
+    #[arg(long, env = "COORD_QUOTA_SHARDS_PER_GROUP")]
+    quota_shards_per_group: Option<u32>,
+    /// Default quota of every token: members of one group (`members=`).
+    #[arg(long, env = "COORD_QUOTA_MEMBERS_PER_GROUP")]
+    quota_members_per_group: Option<u32>,
+    /// Default quota of every token: requests per second to this replica (`rate=`).
+    #[arg(long, env = "COORD_QUOTA_REQUESTS_PER_SECOND")]
+    quota_requests_per_second: Option<u32>,
+    /// Default quota of every token: requests at once after being idle (`burst=`).
+    #[arg(long, env = "COORD_QUOTA_REQUEST_BURST")]
+    quota_request_burst: Option<u32>,
     /// Log output format (the level comes from RUST_LOG, default `info`).
     #[arg(long, env = "COORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -141,6 +159,17 @@ fn read_token_file(path: &Path, what: &str) -> anyhow::Result<String> {
 }
 
 impl Args {
+    /// The default quotas: `defaults` with the flags given.
+    fn quota(&self, defaults: Quota) -> Quota {
+        Quota {
+            groups: self.quota_groups.unwrap_or(defaults.groups),
+            shards_per_group: self.quota_shards_per_group.unwrap_or(defaults.shards_per_group),
+            members_per_group: self.quota_members_per_group.unwrap_or(defaults.members_per_group),
+            requests_per_second: self.quota_requests_per_second.unwrap_or(defaults.requests_per_second),
+            request_burst: self.quota_request_burst.unwrap_or(defaults.request_burst),
+        }
+    }
+
     fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::new(self.redis_url.clone());
         config.listen = self.listen;
@@ -210,6 +239,7 @@ impl Args {
                 path.display()
             );
         }
+        config.quota = self.quota(config.quota);
         config.insecure_no_admin_token = self.insecure_no_admin_token;
         config.accept_eviction_policy = self.accept_eviction_policy;
         Ok(config)

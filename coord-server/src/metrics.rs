@@ -202,6 +202,11 @@ impl Metrics {
         self.record(|| counter!(names::HEARTBEATS, "status" => status.as_str()).increment(1));
     }
 
+    /// Records a request refused because a token reached `quota` (`groups`, `shards`, `members`, `rate`).
+    pub(crate) fn quota_refused(&self, quota: &'static str) {
+        self.record(|| counter!(names::QUOTA_REFUSALS, "quota" => quota).increment(1));
+    }
+
     /// Records the wait for a mutex.
     pub(crate) fn mutex_wait(&self, waited: Duration) {
         self.record(|| histogram!(names::MUTEX_WAIT).record(waited.as_secs_f64()));

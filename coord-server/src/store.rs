@@ -82,6 +82,7 @@ mod scripts;
 mod section;
 mod section_data;
 pub mod traces;
+mod usage;
 
 pub use decode::{
     check_versions, decode_group, decode_routing, digest, group_refs, schema_of_group, schema_of_routing,

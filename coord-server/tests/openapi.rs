@@ -194,6 +194,7 @@ fn schemas_match_the_protocol_golden_fixtures() {
         ("routing-description", "RoutingDescription"),
         ("group-description", "GroupDescription"),
         ("group-list", "GroupList"),
+        ("quota-description", "QuotaDescription"),
     ];
     for (file, schema) in cases {
         let path = fixtures.join(format!("{file}.json"));

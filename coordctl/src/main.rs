@@ -123,6 +123,9 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Show the quotas of the token coordctl uses (groups, shards and members per group, request rate) and how
+    /// much of each it uses; a coordinator without tokens shows no limit.
+    Quota,
     /// Show a stream's routing: shard count, routing version, revision, routing lease.
     Routing {
         /// Stream name.
@@ -340,6 +343,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Routing { stream } => {
             let r = client.routing(&stream).await?;
             emit(json, &r, || output::routing(&r));
+        }
+        Command::Quota => {
+            let q = client.quota().await?;
+            emit(json, &q, || output::quota(&q));
         }
         Command::Keys { .. } => unreachable!("answered before connecting"),
     }

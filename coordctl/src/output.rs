@@ -1,6 +1,6 @@
 //! Human output: aligned tables and short durations. (`--json` output is the wire types, printed by `main`.)
 
-use protocol::messages::{GroupDescription, GroupList, RoutingDescription};
+use protocol::messages::{GroupDescription, GroupList, QuotaDescription, QuotaUsage, RoutingDescription};
 use protocol::ShardId;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -88,6 +88,29 @@ pub fn groups(list: &GroupList) -> String {
         .map(|g| vec![g.stream.to_string(), g.group.to_string()])
         .collect();
     table(&["STREAM", "GROUP"], &rows)
+}
+
+/// `coordctl quota`: one row per quota, `unlimited` where the coordinator enforces none.
+pub fn quota(q: &QuotaDescription) -> String {
+    let limit = |n: u32| {
+        if n == u32::MAX {
+            "unlimited".to_owned()
+        } else {
+            n.to_string()
+        }
+    };
+    let usage = |name: &str, u: QuotaUsage| vec![name.to_owned(), u.used.to_string(), limit(u.limit)];
+    let rows = vec![
+        usage("groups", q.groups),
+        usage("shards per group (largest)", q.shards_per_group),
+        usage("members per group (largest)", q.members_per_group),
+        vec![
+            "requests per second (this replica)".to_owned(),
+            format!("{} available", q.requests_available),
+            format!("{} (burst {})", limit(q.requests_per_second), limit(q.request_burst)),
+        ],
+    ];
+    format!("token {}\n{}", q.token, table(&["QUOTA", "USED", "LIMIT"], &rows))
 }
 
 /// `coordctl describe`.

@@ -512,3 +512,38 @@ async fn keys_prints_a_shards_keys_and_slot_without_a_coordinator() {
     let bad = coordctl("http://127.0.0.1:1", None, &["keys", "no spaces", "5"]).await;
     assert_eq!(bad.code, 4, "a bad stream name is refused: {}", bad.stderr);
 }
+
+#[tokio::test]
+async fn quota_shows_the_tokens_limits_and_usage() {
+    let redis = RedisServer::start().await;
+    let mut config = Config::new(redis.url());
+    config.listen = "127.0.0.1:0".parse().expect("literal address");
+    config.default_timings = timings();
+    config.tokens = coord_server::auth::Grant::parse_table("admin:tenant-a.:admin-a name=tenant-a groups=3 shards=16")
+        .expect("table");
+    let coord = CoordinatorHandle::spawn(config).await.expect("coordinator starts");
+    let url = coord.url();
+    let created = coordctl(
+        &url,
+        Some("admin-a"),
+        &["create", "tenant-a.orders", G, "--shards", "4"],
+    )
+    .await;
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    let q: protocol::messages::QuotaDescription = coordctl(&url, Some("admin-a"), &["quota", "--json"]).await.decode();
+    assert_eq!(q.token, "tenant-a");
+    assert_eq!((q.groups.used, q.groups.limit), (1, 3));
+    assert_eq!((q.shards_per_group.used, q.shards_per_group.limit), (4, 16));
+    let human = coordctl(&url, Some("admin-a"), &["quota"]).await;
+    assert_eq!(human.code, 0, "{}", human.stderr);
+    assert!(
+        human.stdout.contains("token tenant-a") && human.stdout.contains("groups"),
+        "{}",
+        human.stdout
+    );
+    // Past the shard quota: refused with the typed status, exit 1.
+    let refused = coordctl(&url, Some("admin-a"), &["create", "tenant-a.big", G, "--shards", "17"]).await;
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("QUOTA_EXCEEDED"), "{}", refused.stderr);
+    coord.shutdown().await;
+}

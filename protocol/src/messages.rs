@@ -392,3 +392,34 @@ pub struct GroupRef {
     /// The group.
     pub group: GroupName,
 }
+
+/// `GET /v1/quota`: the quotas of the token that asks, and how much of each it uses (see `docs/operations.md`,
+/// "Quotas").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotaDescription {
+    /// The token's name from the token table (never the token itself).
+    pub token: String,
+    /// Groups on the streams the token's prefixes reach, counted from the groups index in Redis.
+    pub groups: QuotaUsage,
+    /// Shards of a group's stream: `used` is the largest shard count among those groups' streams.
+    pub shards_per_group: QuotaUsage,
+    /// Members of one group: `used` is the largest number of members with a lease among those groups.
+    pub members_per_group: QuotaUsage,
+    /// Requests per second the token may send to one coordinator replica (each replica has its own bucket).
+    pub requests_per_second: u32,
+    /// Requests the token may send at once after being idle (the bucket's size).
+    pub request_burst: u32,
+    /// Requests left in the token's bucket on the replica that answered, this request already taken.
+    pub requests_available: u32,
+}
+
+/// One quota in a [`QuotaDescription`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotaUsage {
+    /// The limit.
+    pub limit: u32,
+    /// What the token uses now.
+    pub used: u32,
+}

@@ -35,6 +35,8 @@ pub const MEMBER: &str = "/v1/streams/{stream}/groups/{group}/members/{member}";
 pub const FENCE: &str = "/v1/streams/{stream}/groups/{group}/members/{member}/fence";
 /// `GET`: list groups.
 pub const GROUPS: &str = "/v1/groups";
+/// `GET`: the quotas of the caller's token, with its usage.
+pub const QUOTA: &str = "/v1/quota";
 /// `GET`: liveness probe.
 pub const HEALTHZ: &str = "/healthz";
 /// `GET`: readiness probe.
@@ -56,6 +58,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", FENCE),
     ("DELETE", MEMBER),
     ("GET", GROUPS),
+    ("GET", QUOTA),
     ("GET", HEALTHZ),
     ("GET", READYZ),
     ("GET", METRICS),
@@ -212,6 +215,6 @@ mod tests {
             assert!(path.starts_with('/'), "{path}");
             assert!(seen.insert((method, path)), "{method} {path} listed twice");
         }
-        assert_eq!(seen.len(), 14);
+        assert_eq!(seen.len(), 15);
     }
 }

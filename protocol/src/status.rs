@@ -50,6 +50,13 @@ pub enum Status {
     AlreadyExists,
     /// The request lacks the bearer token this endpoint requires.
     Unauthorized,
+    /// The request would take the token past one of its quotas (groups, shards per group, members per group):
+    /// nothing was changed. Retrying the same request does not help until usage drops (a group or member goes) or
+    /// an operator raises the quota; `retryAfterMs` says when it is worth looking again, not that it will pass.
+    QuotaExceeded,
+    /// The token sent more requests than its rate allows on this coordinator replica: nothing was read or
+    /// changed. Retry after `retryAfterMs` (the `Retry-After` header, in whole seconds).
+    RateLimited,
 }
 
 impl Status {
@@ -62,6 +69,7 @@ impl Status {
             Status::FencedMemberEpoch | Status::UnknownMember | Status::MemberReplaced | Status::AlreadyExists => 409,
             Status::NotFound => 404,
             Status::RevisionConflict => 412,
+            Status::QuotaExceeded | Status::RateLimited => 429,
             Status::MetadataUnavailable | Status::CoordinatorTerminating | Status::StoreUnavailable => 503,
         }
     }
@@ -75,7 +83,10 @@ impl Status {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Status::CoordinatorTerminating | Status::StoreUnavailable | Status::MetadataUnavailable
+            Status::CoordinatorTerminating
+                | Status::StoreUnavailable
+                | Status::MetadataUnavailable
+                | Status::RateLimited
         )
     }
 
@@ -106,11 +117,13 @@ impl Status {
             Status::RevisionConflict => "REVISION_CONFLICT",
             Status::AlreadyExists => "ALREADY_EXISTS",
             Status::Unauthorized => "UNAUTHORIZED",
+            Status::QuotaExceeded => "QUOTA_EXCEEDED",
+            Status::RateLimited => "RATE_LIMITED",
         }
     }
 
     /// Every status, for documentation and exhaustive tests.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 16] = [
         Status::Ok,
         Status::SyncMetadata,
         Status::RevokePending,
@@ -125,6 +138,8 @@ impl Status {
         Status::RevisionConflict,
         Status::AlreadyExists,
         Status::Unauthorized,
+        Status::QuotaExceeded,
+        Status::RateLimited,
     ];
 }
 
@@ -159,6 +174,19 @@ mod tests {
         let s = Status::MemberReplaced;
         assert_eq!((s.http_status(), s.as_str()), (409, "MEMBER_REPLACED"));
         assert!(s.is_replaced() && !s.requires_rejoin() && !s.is_retryable());
+    }
+
+    #[test]
+    fn quota_refusals_are_429_and_only_the_rate_limit_is_retried() {
+        for s in [Status::QuotaExceeded, Status::RateLimited] {
+            assert_eq!(s.http_status(), 429, "{s}");
+            assert!(s.is_error() && !s.requires_rejoin() && !s.is_replaced(), "{s}");
+        }
+        assert!(Status::RateLimited.is_retryable());
+        assert!(
+            !Status::QuotaExceeded.is_retryable(),
+            "a join over the member quota must reach the user, not loop"
+        );
     }
 
     #[test]

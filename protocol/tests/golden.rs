@@ -206,6 +206,18 @@ fn admin_messages() {
             }],
         },
     );
+    golden(
+        "quota-description",
+        &QuotaDescription {
+            token: "tenant-a".into(),
+            groups: QuotaUsage { limit: 100, used: 12 },
+            shards_per_group: QuotaUsage { limit: 1024, used: 64 },
+            members_per_group: QuotaUsage { limit: 1024, used: 9 },
+            requests_per_second: 1000,
+            request_burst: 2000,
+            requests_available: 1999,
+        },
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! HTTP-level coordinator faults, with a wiremock coordinator: a group that does not exist, a lost join answer,
-//! a terminating coordinator followed by a healthy one. The timing of a coordinator too slow to answer within the
+//! a terminating coordinator followed by a healthy one, a join over the member quota, a rate-limited join. The timing of a coordinator too slow to answer within the
 //! lease is tested under paused time with an in-memory coordinator (`src/supervisor/tests.rs`); reads stopping
 //! against a real redis-server when the lease runs out, in `tests/faults.rs`.
 
@@ -183,5 +183,79 @@ async fn terminating_coordinator_then_success_on_the_next_url() {
     let healthy_reqs = requests(&healthy).await;
     assert!(healthy_reqs.len() >= 3);
     assert_eq!(healthy_reqs[0].member_epoch, MemberEpoch::JOIN);
+    c.close().await.unwrap();
+}
+
+fn refusal(status: Status, retry_after_ms: u64) -> ResponseTemplate {
+    ResponseTemplate::new(429)
+        .insert_header("Retry-After", retry_after_ms.div_ceil(1000).to_string())
+        .set_body_json(ErrorResponse {
+            status,
+            message: format!("refused: {status}"),
+            member_epoch: None,
+            retry_after_ms: Some(retry_after_ms),
+        })
+}
+
+#[tokio::test]
+async fn a_join_over_the_member_quota_stops_the_consumer_with_a_typed_error() {
+    init_tracing();
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(refusal(Status::QuotaExceeded, 60_000))
+        .mount(&server)
+        .await;
+    let redis = RedisServer::start().await;
+    let consumer = builder(&redis.url())
+        .coordinator(server.uri())
+        .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+        .build()
+        .unwrap();
+    let run = consumer.run(tokio_util::sync::CancellationToken::new());
+    let err = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the consumer stops instead of retrying a join the quota refuses")
+        .unwrap_err();
+    assert_eq!(err.coordinator_status(), Some(Status::QuotaExceeded), "{err}");
+    assert_eq!(requests(&server).await.len(), 1, "no retry");
+}
+
+#[tokio::test]
+async fn a_rate_limited_join_is_retried_after_the_retry_after() {
+    init_tracing();
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(refusal(Status::RateLimited, 800))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(HB_PATH))
+        .respond_with(ResponseTemplate::new(200).set_body_json(answer(&[], 1500)))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let redis = RedisServer::start().await;
+    let c = builder(&redis.url())
+        .coordinator(server.uri())
+        .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let c = c.spawn();
+    wait_status(&c, Duration::from_secs(5), "joined", |s| s.joined).await;
+    // Without the Retry-After the backoff (50 ms at first) would have joined at once.
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    let reqs = requests(&server).await;
+    assert_eq!(reqs[0].member_epoch, MemberEpoch::JOIN);
+    assert_eq!(reqs[1].member_epoch, MemberEpoch::JOIN);
+    assert_eq!(c.status().heartbeats.failed, 1, "one refusal, not a retry loop");
     c.close().await.unwrap();
 }

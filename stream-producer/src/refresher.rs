@@ -259,7 +259,12 @@ impl Refresher {
             tracing::debug!(stream = %self.stream, error = %e, "routing refresh failed");
             self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.refresh_failed();
-            self.cache().refresh_failed(now());
+            // RATE_LIMITED: no request before the coordinator's Retry-After, whatever the retry policy allows.
+            let retry_after = match &e {
+                RefreshError::Coordinator(c) => c.retry_after().unwrap_or_default(),
+                _ => std::time::Duration::ZERO,
+            };
+            self.cache().refresh_refused(now(), retry_after);
             *self
                 .last_error
                 .lock()

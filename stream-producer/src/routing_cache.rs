@@ -186,6 +186,8 @@ pub(crate) struct RoutingCache {
     stale_hint: Option<RoutingVersion>,
     /// Consecutive failed refreshes.
     failures: u32,
+    /// The coordinator's `Retry-After` of the last failure (zero when it gave none).
+    retry_after: Duration,
     /// When the last failed refresh ended.
     last_failure_at: Option<Instant>,
     retry: RetryPolicy,
@@ -200,6 +202,7 @@ impl RoutingCache {
             max_shard_count: 0,
             stale_hint: None,
             failures: 0,
+            retry_after: Duration::ZERO,
             last_failure_at: None,
             retry,
         }
@@ -263,12 +266,18 @@ impl RoutingCache {
         }
     }
 
+    /// When the backoff after the last failure ends: the retry policy's wait, or the coordinator's
+    /// `Retry-After` when that is longer. `None` without a failure.
+    fn backoff_end(&self) -> Option<Instant> {
+        match self.last_failure_at {
+            Some(at) if self.failures > 0 => Some(at + self.retry.backoff(self.failures).max(self.retry_after)),
+            _ => None,
+        }
+    }
+
     /// Whether a refresh attempt may start at `now` (no failure within the current backoff).
     pub fn may_attempt(&self, now: Instant) -> bool {
-        match self.last_failure_at {
-            Some(at) if self.failures > 0 => now >= at + self.retry.backoff(self.failures),
-            _ => true,
-        }
+        self.backoff_end().is_none_or(|end| now >= end)
     }
 
     /// The routing to publish with at `now`, ignoring hints (used after a refresh attempt).
@@ -313,10 +322,7 @@ impl RoutingCache {
 
     /// When the background refresher should next refresh, seen from `now` (may be `<= now`: at once).
     pub fn next_refresh_at(&self, now: Instant) -> Instant {
-        let backoff_end = match self.last_failure_at {
-            Some(at) if self.failures > 0 => at + self.retry.backoff(self.failures),
-            _ => now,
-        };
+        let backoff_end = self.backoff_end().unwrap_or(now);
         match self.entry {
             None => backoff_end,
             Some(_) if self.is_stale() => backoff_end,
@@ -390,10 +396,19 @@ impl RoutingCache {
         applied
     }
 
-    /// Records a failed refresh that ended at `now`. The entry is kept (it stays usable while its lease holds).
+    /// Records a failed refresh that ended at `now`, without a `Retry-After` (the refresher always passes the
+    /// coordinator's, zero when it gave none, to [`RoutingCache::refresh_refused`]).
+    #[cfg(test)]
     pub fn refresh_failed(&mut self, now: Instant) {
+        self.refresh_refused(now, Duration::ZERO);
+    }
+
+    /// Records a failed refresh that ended at `now` with the coordinator's `Retry-After` (`RATE_LIMITED`): no
+    /// attempt before it, whatever the retry policy allows.
+    pub fn refresh_refused(&mut self, now: Instant, retry_after: Duration) {
         self.failures = self.failures.saturating_add(1);
         self.last_failure_at = Some(now);
+        self.retry_after = retry_after;
     }
 }
 
@@ -647,6 +662,19 @@ mod tests {
                 max_shard_count: 6,
             }
         );
+    }
+
+    #[test]
+    fn a_refusal_with_retry_after_waits_longer_than_the_retry_policy() {
+        let t0 = Instant::now();
+        let mut c = RoutingCache::new(RETRY);
+        c.refresh_refused(t0, ms(700));
+        assert!(!c.may_attempt(t0 + ms(699)), "the policy alone allows 50 ms");
+        assert_eq!(c.next_refresh_at(t0 + ms(10)), t0 + ms(700));
+        assert!(c.may_attempt(t0 + ms(700)));
+        // A shorter Retry-After than the policy's backoff does not shorten it.
+        c.refresh_refused(t0 + ms(700), ms(1));
+        assert_eq!(c.next_refresh_at(t0 + ms(700)), t0 + ms(800));
     }
 
     #[test]

@@ -286,3 +286,46 @@ async fn failed_refreshes_keep_the_cache_until_the_lease_ends_then_publishes_fai
     assert_eq!(total_len(&redis, 2).await, 1, "only the record sent inside the lease");
     producer.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_rate_limited_refresh_is_not_retried_before_the_retry_after() {
+    let redis = RedisServer::start().await;
+    let coord = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("Retry-After", "1")
+                .set_body_json(json!({
+                    "status": "RATE_LIMITED",
+                    "message": "token t sent more than its 5 requests per second",
+                    "retryAfterMs": 800,
+                })),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&coord)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(ok(1, 2, 60_000))
+        .with_priority(2)
+        .mount(&coord)
+        .await;
+    let producer = producer(&[coord.uri()], &redis);
+    let started = std::time::Instant::now();
+    let err = producer.ready().await.expect_err("the first refresh is refused");
+    assert!(matches!(err, PublishError::NoRouting { .. }), "{err}");
+    wait_until(DEADLINE, "a routing after the Retry-After", || async {
+        producer.ready().await.is_ok()
+    })
+    .await;
+    // The retry policy alone (50 ms at first) would have asked again at once.
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(routing_requests(&coord).await, 2, "no request inside the Retry-After");
+    producer.close().await.unwrap();
+}

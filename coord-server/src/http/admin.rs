@@ -35,12 +35,15 @@ pub(super) async fn describe_stream(
 
 /// `POST /v1/streams/{stream}/shards`.
 pub(super) async fn add_shards(
-    _auth: AdminAuth,
+    auth: AdminAuth,
     State(state): State<AppState>,
     StreamPath(stream): StreamPath,
     IfMatch(if_match): IfMatch,
     JsonBody(req): JsonBody<AddShardsRequest>,
 ) -> Result<Response, ApiError> {
+    if let Some(who) = state.principal(auth.who) {
+        state.coordinator.check_shards_quota(who, &stream, req.count).await?;
+    }
     let routing = state
         .mutate(move |c| async move { c.add_shards(&stream, req.count, if_match).await })
         .await?;
@@ -49,11 +52,17 @@ pub(super) async fn add_shards(
 
 /// `POST /v1/streams/{stream}/groups/{group}`.
 pub(super) async fn create_group(
-    _auth: AdminAuth,
+    auth: AdminAuth,
     State(state): State<AppState>,
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<CreateGroupRequest>,
 ) -> Result<Response, ApiError> {
+    if let Some(who) = state.principal(auth.who) {
+        state
+            .coordinator
+            .check_create_quota(who, &auth.access, &stream, &group, req.shard_count)
+            .await?;
+    }
     let created = state
         .mutate(move |c| async move { c.create_group(&stream, &group, &req).await })
         .await?;
@@ -72,11 +81,18 @@ pub(super) async fn describe_group(
 
 /// `POST /v1/streams/{stream}/groups/{group}/recreate`.
 pub(super) async fn recreate_group(
-    _auth: AdminAuth,
+    auth: AdminAuth,
     State(state): State<AppState>,
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<RecreateGroupRequest>,
 ) -> Result<Response, ApiError> {
+    // A lost group the index still lists is not a new group; its stream's shards are checked all the same.
+    if let Some(who) = state.principal(auth.who) {
+        state
+            .coordinator
+            .check_create_quota(who, &auth.access, &stream, &group, Some(req.shard_count))
+            .await?;
+    }
     let created = state
         .mutate(move |c| async move { c.recreate_group(&stream, &group, &req).await })
         .await?;
@@ -108,7 +124,7 @@ pub(super) struct ListGroupsQuery {
 
 /// `GET /v1/groups?rebuild=true|false`: the groups of the streams the token reaches.
 pub(super) async fn list_groups(
-    AdminAuth(access): AdminAuth,
+    AdminAuth { access, .. }: AdminAuth,
     State(state): State<AppState>,
     QueryParams(query): QueryParams<ListGroupsQuery>,
 ) -> Result<Json<GroupList>, AuthRejection> {

@@ -3,6 +3,10 @@
 //!
 //! Refusals are typed `UNAUTHORIZED` bodies: HTTP 401 with `WWW-Authenticate: Bearer` when the caller is unknown,
 //! 403 when the token is valid but lacks the role or the stream.
+//!
+//! A known token then takes one request from its bucket (see [`crate::quota`]): a token over its rate gets
+//! `429 RATE_LIMITED` with `Retry-After` before the body is read or anything else is done. Extractors run before
+//! the body extractor, which is always a handler's last argument.
 
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
@@ -40,13 +44,31 @@ impl IntoResponse for AuthRejection {
     }
 }
 
-/// Authorises `role` for the request, and its `{stream}` path segment when the route has one.
-async fn check(parts: &mut Parts, state: &AppState, role: Role) -> Result<Access, AuthRejection> {
+/// Takes one request of the token `who` from its bucket.
+fn admit(state: &AppState, who: Option<usize>) -> Result<(), AuthRejection> {
+    let Some(principal) = state.principal(who) else {
+        return Ok(());
+    };
+    principal.admit().map_err(|wait| {
+        state.coordinator.stats().metrics().quota_refused("rate");
+        AuthRejection::Api(ApiError::rate_limited(
+            &principal.name,
+            principal.quota.requests_per_second,
+            wait,
+        ))
+    })
+}
+
+/// Authorises `role` for the request, and its `{stream}` path segment when the route has one; then the rate.
+/// Returns what the token reaches and which credential it is.
+async fn check(parts: &mut Parts, state: &AppState, role: Role) -> Result<(Access, Option<usize>), AuthRejection> {
     let config = state.coordinator.config();
     let header = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let access = auth::authorize(config.credentials(), header, role).map_err(AuthRejection::Denied)?;
+    let (access, who) = auth::authorize_as(config.credentials(), header, role).map_err(AuthRejection::Denied)?;
+    // Before the stream check: a token spraying requests at streams it does not reach is limited too.
+    admit(state, who)?;
     if access.covers_all() {
-        return Ok(access);
+        return Ok((access, who));
     }
     let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
         .await
@@ -60,23 +82,33 @@ async fn check(parts: &mut Parts, state: &AppState, role: Role) -> Result<Access
             }));
         }
     }
-    Ok(access)
+    Ok((access, who))
 }
 
-/// Admin endpoints. Holds what the token reaches, for routes that span streams (`GET /v1/groups`).
-pub(super) struct AdminAuth(pub Access);
+/// Admin endpoints. Holds what the token reaches, for routes that span streams (`GET /v1/groups`) and for the
+/// group quota, and which credential it is (its quotas).
+pub(super) struct AdminAuth {
+    pub access: Access,
+    pub who: Option<usize>,
+}
 
-/// Consumer heartbeats.
-pub(super) struct ConsumerAuth;
+/// Consumer heartbeats. Holds the member quota of the token (`None` on an open route).
+pub(super) struct ConsumerAuth(pub Option<u32>);
 
 /// The producers' routing fetch.
 pub(super) struct ProducerAuth;
+
+/// Any valid token, whatever its role (`GET /v1/quota`): what its roles reach together, and which credential it
+/// is. `None` on a coordinator without tokens.
+pub(super) struct AnyAuth(pub Option<(Access, usize)>);
 
 impl FromRequestParts<AppState> for AdminAuth {
     type Rejection = AuthRejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AuthRejection> {
-        check(parts, state, Role::Admin).await.map(AdminAuth)
+        check(parts, state, Role::Admin)
+            .await
+            .map(|(access, who)| AdminAuth { access, who })
     }
 }
 
@@ -84,7 +116,8 @@ impl FromRequestParts<AppState> for ConsumerAuth {
     type Rejection = AuthRejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AuthRejection> {
-        check(parts, state, Role::Consumer).await.map(|_| ConsumerAuth)
+        let (_, who) = check(parts, state, Role::Consumer).await?;
+        Ok(ConsumerAuth(state.principal(who).map(|p| p.quota.members_per_group)))
     }
 }
 
@@ -93,5 +126,36 @@ impl FromRequestParts<AppState> for ProducerAuth {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AuthRejection> {
         check(parts, state, Role::Producer).await.map(|_| ProducerAuth)
+    }
+}
+
+impl FromRequestParts<AppState> for AnyAuth {
+    type Rejection = AuthRejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AuthRejection> {
+        let config = state.coordinator.config();
+        if config.tokens.is_empty() && config.admin_token.is_none() && config.client_token.is_none() {
+            return Ok(AnyAuth(None));
+        }
+        let header = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let mut scopes = Vec::new();
+        let mut found = None;
+        let mut refusal = None;
+        for role in [Role::Admin, Role::Consumer, Role::Producer] {
+            match auth::authorize_as(config.credentials(), header, role) {
+                Ok((Access::Scoped(s), Some(who))) => {
+                    scopes.extend(s);
+                    found = Some(who);
+                }
+                // A single token of one kind leaves the other kind's routes open: not a token of this caller.
+                Ok(_) | Err(Denied::WrongRole { .. }) => {}
+                Err(denied) => refusal = refusal.or(Some(denied)),
+            }
+        }
+        let Some(who) = found else {
+            return Err(AuthRejection::Denied(refusal.unwrap_or(Denied::Invalid)));
+        };
+        admit(state, Some(who))?;
+        Ok(AnyAuth(Some((Access::Scoped(scopes), who))))
     }
 }

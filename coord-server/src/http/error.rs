@@ -24,6 +24,9 @@ const RETRY_TERMINATING_MS: u64 = 200;
 const RETRY_STORE_MS: u64 = 1_000;
 /// Suggested wait after `METADATA_UNAVAILABLE`: only an operator fixes it, so retrying fast only adds load.
 const RETRY_METADATA_MS: u64 = 5_000;
+/// Suggested wait after `QUOTA_EXCEEDED`: usage drops when a member leaves or a group goes, or an operator raises
+/// the quota; HTTP 429 asks for a `Retry-After`, and looking again sooner only adds load.
+const RETRY_QUOTA_MS: u64 = 60_000;
 
 /// How often a server-side refusal of one status is logged at most: the same refusal repeated by every member of
 /// a lost group every heartbeat says nothing new after its first line (metrics count every one).
@@ -71,6 +74,7 @@ impl ApiError {
             Status::CoordinatorTerminating => Some(RETRY_TERMINATING_MS),
             Status::StoreUnavailable => Some(RETRY_STORE_MS),
             Status::MetadataUnavailable => Some(RETRY_METADATA_MS),
+            Status::QuotaExceeded => Some(RETRY_QUOTA_MS),
             _ => None,
         };
         ApiError {
@@ -84,7 +88,7 @@ impl ApiError {
         }
     }
 
-    fn with_http(mut self, http: StatusCode) -> Self {
+    pub(super) fn with_http(mut self, http: StatusCode) -> Self {
         self.http = http;
         self
     }
@@ -121,6 +125,18 @@ impl ApiError {
             Status::StoreUnavailable,
             format!("request did not complete within {} ms", timeout.as_millis()),
         )
+    }
+
+    /// `429 RATE_LIMITED`: the token `name` spent its request bucket on this replica; the next request is
+    /// admitted after `wait` (sent as `retryAfterMs`, and rounded up to whole seconds in `Retry-After`).
+    pub fn rate_limited(name: &str, rate: u32, wait: std::time::Duration) -> Self {
+        let mut api = ApiError::new(
+            Status::RateLimited,
+            format!("token {name} sent more than its {rate} requests per second to this coordinator"),
+        );
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        api.body.retry_after_ms = Some(ms);
+        api
     }
 
     /// `503 STORE_UNAVAILABLE`: the request came in on a connection of the probe reserve (every regular slot is
@@ -258,6 +274,23 @@ mod tests {
         assert_eq!(api.http_status(), StatusCode::CONFLICT);
         assert_eq!(api.body().member_epoch, Some(protocol::MemberEpoch(7)));
         assert_eq!(api.body().message, "stale");
+    }
+
+    #[test]
+    fn quota_and_rate_refusals_are_429_with_a_retry_after() {
+        let quota = error_response(&Error::Rejected {
+            status: Status::QuotaExceeded,
+            message: "full".into(),
+            member_epoch: None,
+        })
+        .into_response();
+        assert_eq!(quota.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(quota.headers()[header::RETRY_AFTER], "60");
+        let rate = ApiError::rate_limited("t", 10, Duration::from_millis(1_200));
+        assert_eq!(rate.body().retry_after_ms, Some(1_200));
+        let response = rate.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2", "rounded up");
     }
 
     #[test]

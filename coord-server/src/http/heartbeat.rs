@@ -11,19 +11,23 @@ use super::state::AppState;
 
 /// Answers from what the critical section wrote to Redis, so a lost answer is repaired by the next heartbeat.
 pub(super) async fn heartbeat(
-    _auth: ConsumerAuth,
+    ConsumerAuth(max_members): ConsumerAuth,
     State(state): State<AppState>,
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let result = state
-        .mutate(move |c| async move { c.heartbeat(&stream, &group, &req).await })
+        .mutate(move |c| async move { c.heartbeat_within(&stream, &group, &req, max_members).await })
         .await;
     // Counted here, where every answer passes (the terminating fast path and store errors included).
     let status = match &result {
         Ok(response) => response.status,
         Err(e) => e.body().status,
     };
-    state.coordinator.stats().metrics().heartbeat_answered(status);
+    let metrics = state.coordinator.stats().metrics();
+    metrics.heartbeat_answered(status);
+    if status == protocol::Status::QuotaExceeded {
+        metrics.quota_refused("members");
+    }
     Ok(Json(result?))
 }

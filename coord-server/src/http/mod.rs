@@ -10,6 +10,7 @@
 //! * `probes`: the probe listener's router, those three routes only.
 //! * `status`: `/status`, the operators' HTML page.
 //! * `security_headers`: `nosniff` on every answer; the status page's CSP and caching rules.
+//! * `quota`: `/v1/quota`, the caller's quotas and usage, and the quota section of `/status`.
 //! * `extract`: validated path names, strict JSON, `If-Match`.
 //! * `request_span`: the span of each request, without the query's secrets.
 //! * `auth`: bearer tokens, one extractor per role, checked against the `{stream}` of the path.
@@ -32,6 +33,7 @@ mod heartbeat;
 mod metrics;
 mod probes;
 mod request_span;
+mod quota;
 mod routing;
 mod security_headers;
 mod state;
@@ -48,17 +50,14 @@ use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
 pub use error::{error_response, ApiError};
-<<<<<<< HEAD
 use protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES;
-=======
 pub use probes::{probe_router, PROBE_PATHS};
->>>>>>> wt-probes
 use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
 pub use protocol::routes::{
-    FENCE, GROUP, GROUPS, HEALTHZ, HEARTBEAT, MEMBER, METRICS, READYZ, RECREATE, ROUTES, ROUTING, SHARDS, STATUS,
-    STREAM,
+    FENCE, GROUP, GROUPS, HEALTHZ, HEARTBEAT, MEMBER, METRICS, QUOTA, READYZ, RECREATE, ROUTES, ROUTING, SHARDS,
+    STATUS, STREAM,
 };
 
 /// Every route as (method, path template); the router serves exactly these.
@@ -79,6 +78,7 @@ fn endpoint(method: &str, path: &str) -> Option<MethodRouter<AppState>> {
         ("POST", FENCE) => post(admin::fence_member),
         ("DELETE", MEMBER) => delete(admin::fence_member),
         ("GET", GROUPS) => get(admin::list_groups),
+        ("GET", QUOTA) => get(quota::describe),
         ("GET", HEALTHZ) => get(health::healthz),
         ("GET", READYZ) => get(health::readyz),
         ("GET", METRICS) => get(metrics::metrics),

@@ -2,20 +2,34 @@
 //! module docs of [`crate::http`]).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use super::error::ApiError;
 use crate::coordinator::Coordinator;
 use crate::error::Error;
+use crate::quota::principals::{Principal, Principals};
 
 /// What every handler shares.
 #[derive(Clone)]
 pub(super) struct AppState {
     pub(super) coordinator: Coordinator,
+    /// Every token's name, quotas and request bucket (this replica's).
+    pub(super) principals: Arc<Principals>,
 }
 
 impl AppState {
     pub(super) fn new(coordinator: Coordinator) -> Self {
-        AppState { coordinator }
+        let principals = Principals::new(coordinator.config())
+            .expect("Coordinator::connect validated the configuration, principals included");
+        AppState {
+            coordinator,
+            principals: Arc::new(principals),
+        }
+    }
+
+    /// The token of credential position `who` (see `crate::auth::authorize_as`); `None` on an open route.
+    pub(super) fn principal(&self, who: Option<usize>) -> Option<&Principal> {
+        who.and_then(|i| self.principals.get(i))
     }
 
     /// Runs a mutation to completion in its own task (see the module docs), after a fast refusal once shutdown

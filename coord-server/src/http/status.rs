@@ -67,8 +67,8 @@ pub(super) async fn status(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .or(from_query);
-    let access =
-        auth::authorize(config.credentials(), header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
+    let (access, who) =
+        auth::authorize_as(config.credentials(), header.as_deref(), Role::Admin).map_err(AuthRejection::Denied)?;
     let list = state
         .coordinator
         .list_groups(false)
@@ -101,6 +101,7 @@ pub(super) async fn status(
     if refs.is_empty() {
         body.push_str("<p>No groups.</p>");
     }
+    super::quota::render(&mut body, &state, who, &access).await;
     render_recent(&mut body, &state.coordinator.recent_rebalances(), |stream| {
         access.covers(stream)
     });

@@ -92,6 +92,14 @@ fn describe_groups() {
         names::ROUTING_RESTORED,
         "Stream routings restored after Redis lost part of them, by evidence"
     );
+    describe_counter!(
+        names::QUOTA_REFUSALS,
+        "Requests refused with 429 because a token reached a quota, by quota"
+    );
+    // Present at 0 from the start, so `rate()` and `increase()` see the first refusal.
+    for quota in ["groups", "shards", "members", "rate"] {
+        metrics::counter!(names::QUOTA_REFUSALS, "quota" => quota).increment(0);
+    }
     describe_gauge!(
         names::SHARDS_BEYOND_ROUTING,
         "Shards recorded beyond the stored shard count (unread until restored)"

@@ -60,6 +60,9 @@ pub const ROUTING_VERSION_AHEAD: &str = "redis_stream_coord_routing_version_ahea
 /// Counter, label `why` (`records_beyond`, `fence_above`, `reported`): stream routings restored because Redis
 /// had lost part of them (see `docs/resharding.md`, "When Redis forgets a growth").
 pub const ROUTING_RESTORED: &str = "redis_stream_coord_routing_restored_total";
+/// Counter, label `quota` (`groups`, `shards`, `members`, `rate`): requests refused with `429` because a token
+/// reached that quota (see `docs/operations.md`, "Quotas").
+pub const QUOTA_REFUSALS: &str = "redis_stream_coord_quota_refusals_total";
 /// Gauge per stream: shards whose record exists beyond the stored shard count (their entries are unread until
 /// the routing is restored, at the next tick); 0 normally.
 pub const SHARDS_BEYOND_ROUTING: &str = "redis_stream_coord_stream_shards_beyond_routing";
@@ -126,6 +129,7 @@ pub const ALL: &[&str] = &[
     CLIENT_VERSION_AHEAD,
     ROUTING_VERSION_AHEAD,
     ROUTING_RESTORED,
+    QUOTA_REFUSALS,
     SHARDS_BEYOND_ROUTING,
     CORRECTIONS_OPENED,
     METADATA_UNAVAILABLE,

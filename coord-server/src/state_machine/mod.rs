@@ -21,6 +21,7 @@
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * [`reshard`]: growths: parents' seals, children held until the group drained their parents.
 //! * `heartbeat`, `tick`: the inputs (the tick module also holds admin fencing).
+//! * [`quota`]: the member quota, checked before a join is applied.
 //! * [`grace`]: the expiry grace and suspected loss of a load; [`recreate`]: what recreating a lost group
 //!   writes; [`routing`]: a producer's routing answer (`SYNC_METADATA`).
 //! * Tests only: `harness` (the core driven as the coordinator drives it), `model` (the exhaustive model check,
@@ -34,6 +35,7 @@ pub mod grace;
 mod heartbeat;
 pub mod incarnation;
 mod lease;
+pub mod quota;
 mod reconcile;
 pub mod recreate;
 pub mod reshard;
@@ -52,6 +54,8 @@ mod late_request_tests;
 pub(crate) mod model;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod reshard_tests;
 #[cfg(test)]
@@ -175,6 +179,28 @@ pub fn apply_heartbeats(
     reqs: &[&HeartbeatRequest],
     clock: Clock,
 ) -> (Transition, Vec<Outcome>) {
+    let unlimited: Vec<Admission<'_>> = reqs.iter().map(|&req| Admission { req, max_members: None }).collect();
+    apply_heartbeats_within(meta, liveness, &unlimited, clock)
+}
+
+/// A heartbeat with the member quota of the token that sent it.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// The request.
+    pub req: &'a HeartbeatRequest,
+    /// The most members its group may hold after a join (`None`: no limit).
+    pub max_members: Option<u32>,
+}
+
+/// [`apply_heartbeats`], refusing each join that would take its group past the member quota of its request
+/// ([`quota::refuse_join`]) with `QUOTA_EXCEEDED`, before it is applied: a refused join changes nothing. Each
+/// request is checked against the state the previous ones left, so one batch never overshoots the quota.
+pub fn apply_heartbeats_within(
+    meta: &GroupMetadata,
+    liveness: &Liveness,
+    reqs: &[Admission<'_>],
+    clock: Clock,
+) -> (Transition, Vec<Outcome>) {
     let mut current: Cow<'_, GroupMetadata> = Cow::Borrowed(meta);
     let mut live: Cow<'_, Liveness> = Cow::Borrowed(liveness);
     let mut renew: BTreeMap<MemberId, u64> = BTreeMap::new();
@@ -182,7 +208,11 @@ pub fn apply_heartbeats(
     let mut events = Vec::new();
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut clock = clock;
-    for req in reqs {
+    for &Admission { req, max_members } in reqs {
+        if let Some(refusal) = max_members.and_then(|max| quota::refuse_join(&current, req, max)) {
+            outcomes.push(Outcome::Rejected(refusal));
+            continue;
+        }
         let t = apply(&current, &live, Input::Heartbeat(req), clock);
         if let Some(next) = t.next {
             current = Cow::Owned(next);

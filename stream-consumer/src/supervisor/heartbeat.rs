@@ -129,7 +129,8 @@ impl State {
         if let Some(status) = e.status() {
             self.d.membership.record_status(status);
         }
-        if !e.is_retryable() && joining && self.counters.answers() == 0 {
+        // A join over the token's member quota stays refused until an operator acts: say so, do not loop.
+        if joining && (e.is_quota_exceeded() || (!e.is_retryable() && self.counters.answers() == 0)) {
             error!(group = %self.d.config.group, error = %e, "the coordinator refused the consumer");
             return Flow::Fatal(ConsumerError::Coordinator(e));
         }
@@ -146,7 +147,9 @@ impl State {
             })
             .next()
             .unwrap_or(self.interval)
-            .min(self.interval);
+            .min(self.interval)
+            // RATE_LIMITED: the coordinator refuses this token until then; asking earlier only spends the bucket.
+            .max(e.retry_after().unwrap_or_default());
         let now = now();
         if joining {
             // Nothing is read before a join is answered: there is no lease to read on within.

@@ -278,3 +278,29 @@ async fn close_leaves_with_epoch_minus_one_retrying_a_failed_leave_after_100_the
         .collect();
     assert_eq!(leaves, [0, 100, 300].map(|ms| ms * MS));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_rejoin_over_the_member_quota_stops_the_consumer_instead_of_looping() {
+    let fake = FakeCoord::new();
+    let mut n = 0;
+    fake.on_heartbeat(move |_| {
+        n += 1;
+        match n {
+            1 => Reply::answer(ok(1, &[], 1500, 200)),
+            2 => Reply::refuse(Status::FencedMemberEpoch),
+            // The group filled up while this member was out: the join stays refused until an operator acts.
+            _ => Reply::refuse(Status::QuotaExceeded),
+        }
+    });
+    let c = spawn(&fake);
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !c.is_finished() {
+            tokio::time::sleep(10 * MS).await;
+        }
+    })
+    .await
+    .expect("the consumer stops after the refused rejoin");
+    assert_eq!(fake.heartbeats().len(), 3, "no retry of the refused join");
+    let err = c.close().await.expect_err("stopped with the refusal");
+    assert_eq!(err.coordinator_status(), Some(Status::QuotaExceeded), "{err}");
+}
