@@ -33,7 +33,8 @@ pub use config_error::ConfigError;
 pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
 pub use redis_check::{
-    check_redis, redact_url, Incompatibility, RedisCapabilities, RedisCheckError, RedisRequirements,
+    check_permissions, check_redis, redact_url, Incompatibility, PermissionProbe, RedisCapabilities, RedisCheckError,
+    RedisRequirements,
 };
 pub use version_store::{
     FileVersionStore, MemoryVersionStore, ObservedVersion, SharedVersionStore, VersionStore, VersionStoreError,

@@ -1,10 +1,16 @@
-//! Checks a Redis server before a client depends on it: its version (`INFO server`) and the commands the client
-//! sends (`COMMAND INFO`), so a Redis that is too old, or where an operator disabled or renamed a command with
-//! `rename-command`, fails with a typed error naming the command and the server, not with an "unknown command"
-//! in the middle of a publish or a read.
+//! Checks a Redis server before a client depends on it: its version (`HELLO`, which every ACL user may send;
+//! `INFO server` only on a server that does not answer `HELLO` without arguments), the commands the client sends
+//! (`COMMAND INFO`), and, with [`check_permissions`], that the ACL user the client connects as may send them, so
+//! a Redis that is too old, where an operator disabled or renamed a command with `rename-command`, or whose ACL
+//! refuses the user a command or key, fails with a typed error naming the command (and key) and the server, not
+//! with an "unknown command" or `NOPERM` in the middle of a publish or a read.
 //!
-//! Only top-level commands are checked (`rename-command` cannot rename a subcommand, and Redis 6.2 does not
-//! know the `CLIENT|UNBLOCK` form). The URL in every error has its password removed.
+//! Only top-level commands are checked for presence (`rename-command` cannot rename a subcommand). The URL in
+//! every error has its password removed.
+
+mod permissions;
+
+pub use permissions::{check_permissions, PermissionProbe};
 
 use thiserror::Error;
 
@@ -58,6 +64,16 @@ pub enum RedisCheckError {
         /// What was wrong.
         detail: String,
     },
+    /// The ACL user the client connects as may not send commands (or touch keys) the client needs: each entry
+    /// names the command, its key if any, and Redis's `NOPERM` answer. Grant them (`deploy/redis/README.md`
+    /// lists what each SDK mode needs) or connect as another user.
+    #[error("Redis at {url} refuses this ACL user what the client needs: {}", refused.join("; "))]
+    NotPermitted {
+        /// The server's URL, without password.
+        url: String,
+        /// `COMMAND [key] (NOPERM answer)` of each refusal.
+        refused: Vec<String>,
+    },
     /// `INFO` or `COMMAND INFO` failed.
     #[error("cannot check Redis at {url}: {source}")]
     Query {
@@ -76,6 +92,7 @@ impl RedisCheckError {
         match self {
             RedisCheckError::TooOld { .. }
             | RedisCheckError::MissingCommands { .. }
+            | RedisCheckError::NotPermitted { .. }
             | RedisCheckError::Unreadable { .. } => true,
             // An error *reply* (COMMAND renamed away, NOPERM) is the server's configuration; a dropped connection
             // or a timeout is not.
@@ -167,12 +184,14 @@ pub fn check_commands(
     }
 }
 
-/// Checks the server behind `conn` (a connection to `url`) against `requirements`: `INFO server` for the
-/// version, then one `COMMAND INFO` with every required command.
+/// Checks the server behind `conn` (a connection to `url`) against `requirements`: `HELLO` for the version (the
+/// one command no ACL refuses; `INFO server` on a server that wants `HELLO`'s protocol argument), then one
+/// `COMMAND INFO` with every required command.
 ///
 /// # Errors
-/// [`RedisCheckError`], naming the server by its redacted URL; [`RedisCheckError::is_unsupported`] tells a
-/// server that cannot serve the client from a failed check.
+/// [`RedisCheckError`], naming the server by its redacted URL ([`RedisCheckError::NotPermitted`] when the ACL
+/// refuses the check's own `INFO` or `COMMAND INFO`); [`RedisCheckError::is_unsupported`] tells a server that
+/// cannot serve the client from a failed check.
 pub async fn check_redis<C>(
     conn: &mut C,
     url: &str,
@@ -182,15 +201,31 @@ where
     C: redis::aio::ConnectionLike + Send,
 {
     let url = redact_url(url);
-    let query = |source| RedisCheckError::Query {
-        url: url.clone(),
-        source,
+    let query = |what: &str, source: redis::RedisError| match source.code() {
+        Some("NOPERM") => RedisCheckError::NotPermitted {
+            url: url.clone(),
+            refused: vec![format!("{what} ({})", permissions::noperm_text(&source))],
+        },
+        _ => RedisCheckError::Query {
+            url: url.clone(),
+            source,
+        },
     };
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(conn)
-        .await
-        .map_err(query)?;
+    let hello = redis::cmd("HELLO").query_async::<redis::Value>(conn).await;
+    let from_hello = match hello {
+        Ok(reply) => hello_version(&reply),
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => return Err(query("HELLO", e)),
+        // Redis 6.0 wants HELLO's protocol argument; a proxy may not know HELLO: INFO then.
+        Err(_) => None,
+    };
+    let info = match from_hello {
+        Some(version) => format!("redis_version:{version}"),
+        None => redis::cmd("INFO")
+            .arg("server")
+            .query_async(conn)
+            .await
+            .map_err(|e| query("INFO", e))?,
+    };
     let version = check_version(&info, requirements.min_version).map_err(|e| e.at(url.clone()))?;
     if !requirements.commands.is_empty() {
         let mut cmd = redis::cmd("COMMAND");
@@ -198,7 +233,7 @@ where
         for (name, _) in requirements.commands {
             cmd.arg(*name);
         }
-        let infos: Vec<redis::Value> = cmd.query_async(conn).await.map_err(query)?;
+        let infos: Vec<redis::Value> = cmd.query_async(conn).await.map_err(|e| query("COMMAND INFO", e))?;
         if infos.len() != requirements.commands.len() {
             return Err(RedisCheckError::Unreadable {
                 url,
@@ -213,6 +248,27 @@ where
         check_commands(requirements.commands, present).map_err(|e| e.at(url))?;
     }
     Ok(RedisCapabilities { version })
+}
+
+/// The `version` of a `HELLO` answer (a flat array of names and values in RESP2, a map in RESP3).
+fn hello_version(reply: &redis::Value) -> Option<String> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    match reply {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .find(|pair| text(&pair[0]).as_deref() == Some("version"))
+            .and_then(|pair| text(&pair[1])),
+        Value::Map(pairs) => pairs
+            .iter()
+            .find(|(k, _)| text(k).as_deref() == Some("version"))
+            .and_then(|(_, v)| text(v)),
+        _ => None,
+    }
 }
 
 fn parse_version(v: &str) -> Option<(u32, u32)> {
@@ -255,5 +311,17 @@ mod tests {
             err.to_string(),
             "Redis lacks required commands (missing or renamed): XCLAIM (retries)"
         );
+    }
+
+    #[test]
+    fn hello_answers_give_the_version_in_either_protocol() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![bulk("server"), bulk("redis"), bulk("version"), bulk("7.0.15")]);
+        assert_eq!(hello_version(&resp2).as_deref(), Some("7.0.15"));
+        let resp3 = Value::Map(vec![(bulk("proto"), Value::Int(3)), (bulk("version"), bulk("7.2.4"))]);
+        assert_eq!(hello_version(&resp3).as_deref(), Some("7.2.4"));
+        assert_eq!(hello_version(&Value::Array(vec![bulk("server"), bulk("redis")])), None);
+        assert_eq!(hello_version(&Value::Okay), None);
     }
 }

@@ -44,10 +44,7 @@ pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
     ("XINFO", "C: lag and pending metrics (XINFO GROUPS)"),
     ("XLEN", "C: shard length metric"),
     ("XPENDING", "K: delivery counts"),
-    (
-        "CLIENT",
-        "K: SETNAME/ID/UNBLOCK to end a blocking read at once on revoke",
-    ),
+    ("CLIENT", "K: SETNAME naming a blocking read's connection"),
     ("MULTI", "K: dead letter and acknowledgement in one transaction"),
     ("EXEC", "K: dead letter and acknowledgement in one transaction"),
 ];

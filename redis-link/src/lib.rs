@@ -20,8 +20,8 @@
 //!   - [`ClusterRouter::read_many`]: read-only commands over many slots, one pipeline per master, redirected
 //!     ones asked again;
 //!   - [`Nodes`] and [`KeyRoute`]: the dedicated connection of a blocking read of one key (the consumer's
-//!     `XREADGROUP BLOCK`), on the key's master, moved after `MOVED` / `ASK` / a lost connection, and
-//!     `CLIENT UNBLOCK` on the node that holds it.
+//!     `XREADGROUP BLOCK`), on the key's master, moved after `MOVED` / `ASK` / a lost connection (a blocked read
+//!     is ended by closing its connection).
 //!
 //!   [`SlotMap`], [`NodePool`] and [`Redirect`] are its parts: the map, the node connections, and the reading
 //!   of `MOVED` / `ASK` replies.

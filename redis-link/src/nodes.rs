@@ -4,14 +4,13 @@
 //! key's slot by the slot map ([`KeyRoute`]). A `MOVED` answer re-reads the map and moves the connection to the
 //! named master; an `ASK` (the slot is migrating and the key is already on the target) moves it to the named node
 //! with `ASKING` before each command until that node serves the slot itself; a lost connection re-reads the map
-//! (a failover promoted another master) before the next one opens. `CLIENT UNBLOCK` goes to the node that holds
-//! the blocked command ([`Nodes::unblock`]).
+//! (a failover promoted another master) before the next one opens. A blocked command is ended by closing its
+//! connection, never by `CLIENT UNBLOCK`, which Redis's ACL cannot confine to the caller's own connections.
 
 use std::sync::Arc;
 
-use redis::{RedisError, Value};
+use redis::RedisError;
 
-use crate::connection::Connection;
 use crate::redirect::{Redirect, RedirectKind};
 use crate::router::ClusterRouter;
 use crate::topology::{NodeAddr, TopologyError};
@@ -104,26 +103,6 @@ impl Nodes {
                 "a cluster connection needs a node",
             ))),
         }
-    }
-
-    /// Sends `CLIENT UNBLOCK id` to the node holding the blocked command of `route` (on one server, over
-    /// `shared`).
-    ///
-    /// # Errors
-    /// The node unreachable, or its error reply.
-    pub async fn unblock(&self, shared: &Connection, route: &Route, id: i64) -> Result<(), RedisError> {
-        let mut conn = match (self, route) {
-            (Nodes::Cluster(router), Route::Node { node, .. }) => {
-                Connection::Node(router.pool().connection(node).await?)
-            }
-            _ => shared.clone(),
-        };
-        redis::cmd("CLIENT")
-            .arg("UNBLOCK")
-            .arg(id)
-            .query_async::<Value>(&mut conn)
-            .await
-            .map(drop)
     }
 
     /// Clients for every server a start-up check must ask: the one server, or every master by a slot map read

@@ -8,7 +8,7 @@
 //!
 //! A shard reader's blocking `XREADGROUP` owns its connection, routed by [`redis_link::Nodes`] and
 //! [`redis_link::KeyRoute`]: to the server, or to the master of the shard key's slot, moved after `MOVED`, `ASK`
-//! or a lost connection; `CLIENT UNBLOCK` goes to the node that holds the blocked read.
+//! or a lost connection.
 
 use std::time::Duration;
 

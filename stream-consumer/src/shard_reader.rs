@@ -22,9 +22,9 @@
 //!    valid). Entries read but not handled stay pending for this member; whoever owns the shard next claims
 //!    them in step 3.
 //! 6. When told to stop (DRAIN, close): finish the entry in hand, then `on_revoked`, then exit. A blocking read
-//!    in progress is ended at once with `CLIENT UNBLOCK` and awaited, so no read is left running on the server
-//!    when the shard is reported revoked (an entry delivered to an abandoned read would otherwise sit in this
-//!    member's pending list after the next owner already claimed).
+//!    in progress is abandoned at once and its connection closed, which ends it on the server before the shard
+//!    is reported revoked (not `CLIENT UNBLOCK`, which an ACL cannot confine to a tenant's own connections: see
+//!    `dedicated.rs`).
 //!
 //! # Handling one entry
 //! The handler succeeds: the entry is acknowledged. Acknowledgements are batched (one `XACK` per read instead of
@@ -44,7 +44,7 @@
 //!
 //! # Layout
 //! This file is the task: what it waits for, sends and retries; [`dedicated`] holds its own connection for the
-//! blocking read (where it goes, the read, `CLIENT UNBLOCK`). What can be decided without I/O is in the
+//! blocking read (where it goes, the read, abandoning it on a stop). What can be decided without I/O is in the
 //! submodules: [`ack_batch`] (which entries the next `XACK` carries, and when it must go out), [`retry`]
 //! (acknowledge, dead-letter, or retry after which delay), [`commands`] (every Redis command the reader sends,
 //! and the pairing of a claim batch with its delivery counts) and [`health`] (how long the reader has failed to
@@ -128,7 +128,6 @@ pub(crate) async fn run(
         health,
         failing: false,
         dedicated: None,
-        blocked_client: None,
         route,
         redirects: 0,
         redis_backoff: None,
@@ -141,11 +140,8 @@ pub(crate) async fn run(
         () = reader.body() => ReaderExit::Drained,
     };
     if exit == ReaderExit::Killed {
-        // The body was dropped mid-way; if it was blocked in XREADGROUP, end that read on the server too.
+        // The body was dropped mid-way; closing its connection ends a read still blocked in XREADGROUP.
         reader.dedicated = None;
-        if let Some((id, route)) = reader.blocked_client.take() {
-            let _ = tokio::time::timeout(Duration::from_millis(500), reader.unblock(&route, id)).await;
-        }
         // Entries handled but not yet acknowledged: one brief try; if it fails they are delivered again.
         if !reader.acks.is_empty() && reader.within_lease() {
             let _ = tokio::time::timeout(Duration::from_millis(500), reader.send_acks()).await;
@@ -384,7 +380,12 @@ impl Reader {
             };
             let result = self.blocking_read(&mut dedicated).await;
             match result {
-                Ok(entries) => {
+                Ok(None) => {
+                    // Stopped while blocked: closing the connection ends the read on the server.
+                    drop(dedicated);
+                    return false;
+                }
+                Ok(Some(entries)) => {
                     self.redis_ok();
                     self.redirects = 0;
                     self.dedicated = Some(dedicated);

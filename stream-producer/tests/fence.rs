@@ -190,7 +190,7 @@ async fn clients_in_multi(redis: &test_support::RedisServer) -> usize {
         .count()
 }
 
-/// Calls of `command` so far (`INFO commandstats`).
+/// Calls of `command` so far that did not answer an error (`INFO commandstats`).
 async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
     let mut con = redis.connection().await;
     let info: String = redis::cmd("INFO")
@@ -198,11 +198,19 @@ async fn calls(redis: &test_support::RedisServer, command: &str) -> u64 {
         .query_async(&mut con)
         .await
         .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    let prefix = format!("cmdstat_{command}:");
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return 0;
+    };
+    let field = |name: &str| -> u64 {
+        stats
+            .split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    // Calls that ran and answered an error do not count: the producer's start-up permission probes send
+    // commands Redis refuses after its ACL check (`XADD` with id 0-0, `EXEC` without `MULTI`), which write nothing.
+    field("calls=") - field("failed_calls=")
 }
 
 /// Sends 40 keyed records through a proxy that holds Redis's replies, waits until both lanes' checks ran in

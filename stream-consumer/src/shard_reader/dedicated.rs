@@ -1,22 +1,28 @@
 //! The reader's dedicated connection for the blocking `XREADGROUP`: opened where [`redis_link::KeyRoute`] says
 //! (the shard key's slot master on a cluster, moved after `MOVED`, `ASK` or a lost connection), the read itself
-//! with the queued acknowledgements in the same round trip, and `CLIENT UNBLOCK` when the reader stops.
-
-use std::time::Duration;
+//! with the queued acknowledgements in the same round trip, and a stop that abandons a read still blocked by
+//! closing the connection.
+//!
+//! # Why a stop closes the connection
+//! `CLIENT UNBLOCK` would end the read at once and let the reader wait for its answer, but Redis's ACL cannot limit
+//! it to the caller's own connections: a user allowed it may unblock every other tenant's blocked reads too. So
+//! the consumer's ACL user has no `CLIENT UNBLOCK`, and a stop drops the read and its connection instead; Redis
+//! ends a blocked command when its connection closes. The close travels ahead of everything the stop causes (the
+//! `REVOKED` heartbeat, the next owner's claim of the pending entries), so in practice Redis has ended the read
+//! before the next owner claims; if it had not, an entry it then delivered would wait in this member's pending
+//! list until the next owner's periodic claim (`ReaderShared::reclaim_every`), the
+//! same bound as a read delayed by the network (at-least-once either way).
 
 use redis::{RedisError, Value};
-use redis_link::{PipelinedConnection, Route};
+use redis_link::PipelinedConnection;
 use tracing::debug;
 
 use super::reader::{reply_error, Dedicated, Reader};
 use crate::stream_reply::{self, RawEntry};
 
-/// Pause between two `CLIENT UNBLOCK`s of a read that has not returned yet.
-const UNBLOCK_RETRY: Duration = Duration::from_millis(50);
-
 impl Reader {
-    /// Opens a dedicated connection and learns its `CLIENT ID` (for `CLIENT UNBLOCK`). Without the id (an ACL that
-    /// forbids `CLIENT`), a stop waits for the read to return on its own, at most `read_block`.
+    /// Opens a dedicated connection and names it (`CLIENT SETNAME stream-consumer:<member>:<shard>`, for an
+    /// operator's `CLIENT LIST`; a refusal only leaves it unnamed).
     pub(super) async fn connect_dedicated(&mut self) -> Result<Dedicated, RedisError> {
         let route = self.route.next(&self.shared.redis).await?;
         let client = self.shared.redis.client(&route)?;
@@ -35,47 +41,38 @@ impl Reader {
             }
         };
         let name = format!("stream-consumer:{}:{}", self.shared.member_id, self.shard);
-        let named: Result<((), i64), RedisError> = redis::pipe()
-            .cmd("CLIENT")
+        let named: Result<(), RedisError> = redis::cmd("CLIENT")
             .arg("SETNAME")
             .arg(name)
-            .cmd("CLIENT")
-            .arg("ID")
             .query_async(&mut conn)
             .await;
-        let client_id = match named {
-            Ok(((), id)) => Some(id),
+        match named {
+            Ok(()) => {}
             Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
                 self.route.lost();
                 return Err(e);
             }
-            Err(e) => {
-                debug!(shard = %self.shard, error = %e, "CLIENT SETNAME/ID refused; stops wait for BLOCK to run out");
-                None
-            }
-        };
-        Ok(Dedicated { conn, client_id, route })
-    }
-
-    /// Ends a blocking read of client `id` on the node of `route` (it answers as if `BLOCK` ran out).
-    pub(super) async fn unblock(&self, route: &Route, id: i64) {
-        if let Err(e) = self.shared.redis.unblock(&self.shared.conn, route, id).await {
-            debug!(shard = %self.shard, error = %e, "CLIENT UNBLOCK failed");
+            Err(e) => debug!(shard = %self.shard, error = %e, "CLIENT SETNAME refused; the connection stays unnamed"),
         }
+        Ok(Dedicated { conn, route })
     }
 
-    /// One blocking `XREADGROUP`. A stop while blocked unblocks the read and still waits for its answer.
+    /// One blocking `XREADGROUP`: its entries, or `None` when a stop came while it was blocked (the read is
+    /// abandoned: the caller must drop `dedicated`, which closes the connection and so ends the read on the
+    /// server; see the module docs).
     ///
     /// The queued acknowledgements (the previous read's entries) are sent on the same connection just before
     /// the read, without waiting for their answer first: both travel in one round trip, and the entries stop
     /// being in flight as soon as the `XACK` answer arrives (it comes before the read's, which may block). If it
     /// fails they stay queued and are sent again on the shared connection before anything is claimed.
-    pub(super) async fn blocking_read(&mut self, dedicated: &mut Dedicated) -> Result<Vec<RawEntry>, RedisError> {
+    pub(super) async fn blocking_read(
+        &mut self,
+        dedicated: &mut Dedicated,
+    ) -> Result<Option<Vec<RawEntry>>, RedisError> {
         if !self.within_lease() {
             // Neither the read nor the queued acknowledgements go out; the caller waits for the lease.
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
-        let client_id = dedicated.client_id;
         let asking = dedicated.route.asking();
         let conn = &mut dedicated.conn;
         let mut read_pipe = redis::pipe();
@@ -100,13 +97,10 @@ impl Reader {
         let mut ack_done = ack.is_none();
         let ack = futures::future::OptionFuture::from(ack);
         tokio::pin!(ack);
-        self.blocked_client = client_id.map(|id| (id, dedicated.route.clone()));
-        let route = dedicated.route.clone();
         // Handed over now (after the acknowledgements, on the same connection); its reply comes back as RESP bytes
         // and is decoded straight into entries.
         let read = conn.submit_frames(vec![read_pipe.get_packed_pipeline().into()], skip + 1);
         tokio::pin!(read);
-        let mut unblock_at: Option<tokio::time::Instant> = None;
         let reply = loop {
             tokio::select! {
                 biased;
@@ -116,21 +110,15 @@ impl Reader {
                         self.acks.clear();
                     }
                 }
-                r = &mut read => break r,
-                _ = self.stop.cancelled(), if unblock_at.is_none() && client_id.is_some() => {
-                    unblock_at = Some(tokio::time::Instant::now());
-                }
-                // Repeated: an UNBLOCK that reaches Redis before the read itself (they travel on different
-                // connections) finds nothing to unblock.
-                _ = tokio::time::sleep_until(unblock_at.unwrap_or_else(tokio::time::Instant::now)), if unblock_at.is_some() => {
-                    if let Some(id) = client_id {
-                        self.unblock(&route, id).await;
-                    }
-                    unblock_at = Some(tokio::time::Instant::now() + UNBLOCK_RETRY);
-                }
+                r = &mut read => break Some(r),
+                _ = self.stop.cancelled() => break None,
             }
         };
-        self.blocked_client = None;
+        let Some(reply) = reply else {
+            // Abandoned with its connection; acknowledgements not answered yet stay queued for the shared
+            // connection (XACK is idempotent).
+            return Ok(None);
+        };
         if !ack_done {
             // Sent before the read on the same connection: answered by now (or failed with it).
             if let Some(Ok(_)) = ack.await {
@@ -146,6 +134,6 @@ impl Reader {
                 _ => RedisError::from((redis::ErrorKind::Parse, "unreadable XREADGROUP error reply")),
             });
         }
-        stream_reply::read_group_frame(&frame).map_err(reply_error)
+        stream_reply::read_group_frame(&frame).map(Some).map_err(reply_error)
     }
 }

@@ -62,8 +62,6 @@ impl ReaderShared {
 /// entry batches (the reply that carries every record) at about half the client CPU of redis-rs's.
 pub(super) struct Dedicated {
     pub(super) conn: PipelinedConnection,
-    /// Its `CLIENT ID` (for `CLIENT UNBLOCK`), when the server told it.
-    pub(super) client_id: Option<i64>,
     /// The node it is connected to.
     pub(super) route: Route,
 }
@@ -85,8 +83,6 @@ pub(super) struct Reader {
     pub(super) failing: bool,
     /// The dedicated connection, once connected.
     pub(super) dedicated: Option<Dedicated>,
-    /// The client id of a blocking read in progress, and where it runs.
-    pub(super) blocked_client: Option<(i64, Route)>,
     /// Where the next dedicated connection goes: where a redirect said, or the slot's master (by a slot map read
     /// again after a failed connection: a failover may have moved the shard's slot).
     pub(super) route: KeyRoute,

@@ -20,7 +20,7 @@ use redis_link::{
 use tokio::sync::oneshot;
 
 use super::durable::{Durable, Replication};
-use super::gate::{ConnectFailure, RedisGate};
+use super::gate::{AclProbes, ConnectFailure, RedisGate};
 use super::lane::{CmdOutcome, Lane, LaneError, LaneTimeouts};
 use crate::stats::Stats;
 
@@ -37,6 +37,8 @@ pub(crate) struct ClusterRoute {
     pub(super) preload_script: bool,
     /// What each node's check requires beyond the producer's commands (`WAIT` for durable writes).
     pub(super) also_require: Option<&'static client_core::RedisRequirements>,
+    /// What every node's check asks of the ACL user.
+    pub(super) probes: Arc<AclProbes>,
     /// How long after a call started it may still send commands again (one response timeout).
     retry: RetryPolicy,
     /// Per shard written so far: the last pipeline issued, and how many are settling redirects.
@@ -144,6 +146,7 @@ impl ClusterRoute {
             connections: connections.max(1),
             preload_script: false,
             also_require: None,
+            probes: Arc::new(AclProbes::none()),
             retry: RetryPolicy {
                 window: timeouts.response,
                 max_redirects: MAX_REDIRECTS,
@@ -163,7 +166,11 @@ impl ClusterRoute {
         self.router.node_state(
             node,
             |client| {
-                let gate = Arc::new(RedisGate::new(format!("redis://{node}"), self.also_require));
+                let gate = Arc::new(RedisGate::new(
+                    format!("redis://{node}"),
+                    self.also_require,
+                    self.probes.clone(),
+                ));
                 Ok((0..self.connections)
                     .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
                     .collect())

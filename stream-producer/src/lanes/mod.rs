@@ -44,6 +44,7 @@ mod server;
 pub(crate) use durable::{Durable, Replication};
 pub(crate) use gate::ConnectFailure;
 pub use gate::REDIS_REQUIREMENTS;
+use gate::{AclProbes, PathCommands};
 pub(crate) use lane::{reply_of, CmdOutcome, InFlightGuard, Lane, LaneTimeouts};
 pub(crate) use server::ServerLanes;
 
@@ -111,6 +112,12 @@ impl ClusterLanes {
         route.preload_script = preload_script;
         // A durable producer's check of every node covers `WAIT` too.
         route.also_require = durable.as_ref().map(|_| &durable::WAIT_REQUIREMENTS);
+        let path = if preload_script {
+            PathCommands::Script
+        } else {
+            PathCommands::Plain
+        };
+        route.probes = Arc::new(AclProbes::of(config, path));
         Ok(ClusterLanes {
             route: Box::new(route),
             stream: config.stream.clone(),

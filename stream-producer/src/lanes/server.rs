@@ -11,7 +11,7 @@ use redis::RedisResult;
 use redis::Value;
 
 use super::durable::{Durable, Replication, WAIT_REQUIREMENTS};
-use super::gate::{ConnectFailure, RedisGate};
+use super::gate::{AclProbes, ConnectFailure, PathCommands, RedisGate};
 use super::lane::{cmd_outcomes, CmdOutcome, InFlightGuard, Lane, LaneTimeouts};
 use crate::config::ProducerConfig;
 use crate::error::ConfigError;
@@ -40,7 +40,13 @@ impl ServerLanes {
         let durable = Durable::of(config);
         // A durable producer's check of the server covers `WAIT` too.
         let also = durable.as_ref().map(|_| &WAIT_REQUIREMENTS);
-        let gate = Arc::new(RedisGate::new(config.redis_url.clone(), also));
+        let path = match (preload_script, config.fencing) {
+            (true, _) => PathCommands::Script,
+            (false, true) => PathCommands::Transaction,
+            (false, false) => PathCommands::Plain,
+        };
+        let probes = Arc::new(AclProbes::of(config, path));
+        let gate = Arc::new(RedisGate::new(config.redis_url.clone(), also, probes));
         let timeouts = LaneTimeouts::of(config);
         let lanes = (0..config.connections)
             .map(|_| Lane::new(gate.clone(), client.clone(), timeouts, preload_script))

@@ -1,4 +1,5 @@
 //! The scenario environment, shared by every scenario file (`mod common;`), one module per concern:
+//! * [`acl`]: the shipped ACL file on test servers, its users' URLs and `ACL LOG`;
 //! * [`env`]: [`Scenario`]: a real `redis-server`, one or more in-process coordinators on fixed addresses (so one
 //!   can be crashed and brought back on the same URL), and one group with short timings;
 //! * [`api`] and [`wire_member`]: level-2 scenarios craft the HTTP requests themselves ([`GroupApi`],
@@ -14,6 +15,7 @@
 #![allow(dead_code)] // each scenario file uses a different subset
 #![allow(unused_imports)] // the shared imports below serve the submodules; each file uses a different subset
 
+pub mod acl;
 pub mod api;
 pub mod assertions;
 pub mod builders;
@@ -23,6 +25,7 @@ pub mod processes;
 pub mod triggers;
 pub mod wire_member;
 
+pub use acl::*;
 pub use api::*;
 pub use assertions::*;
 pub use builders::*;

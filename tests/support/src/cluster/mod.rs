@@ -78,6 +78,7 @@ pub struct ClusterBuilder {
     automatic_failover: bool,
     /// The binary every node runs; `None`: the [`RedisServerBuilder`](crate::RedisServerBuilder) default.
     bin: Option<PathBuf>,
+    aclfile: Option<PathBuf>,
 }
 
 impl Default for ClusterBuilder {
@@ -88,6 +89,7 @@ impl Default for ClusterBuilder {
             node_timeout_ms: 2000,
             automatic_failover: false,
             bin: None,
+            aclfile: None,
         }
     }
 }
@@ -116,6 +118,13 @@ impl ClusterBuilder {
     /// `cluster-replica-no-failover yes`; [`RedisCluster::takeover`] works either way).
     pub fn automatic_failover(mut self, enabled: bool) -> Self {
         self.automatic_failover = enabled;
+        self
+    }
+
+    /// Every node loads its users from the ACL file at `path`: `default` must stay an unrestricted user without
+    /// a password (see [`RedisServerBuilder::aclfile`](crate::RedisServerBuilder::aclfile)).
+    pub fn aclfile(mut self, path: impl AsRef<std::path::Path>) -> Self {
+        self.aclfile = Some(path.as_ref().to_path_buf());
         self
     }
 
@@ -176,6 +185,9 @@ impl ClusterBuilder {
         }
         if let Some(bin) = &self.bin {
             options = options.bin(bin.clone());
+        }
+        if let Some(path) = &self.aclfile {
+            options = options.aclfile(path.clone());
         }
         options
     }

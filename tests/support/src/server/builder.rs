@@ -70,6 +70,14 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Loads users from the ACL file at `path` (`--aclfile`). Test helpers connect as the `default` user without a
+    /// password (readiness checks, [`RedisServer::connection`], forming a cluster), so the file must keep
+    /// `default` on with `nopass` and every permission; the users under test are the file's others.
+    pub fn aclfile(self, path: impl AsRef<std::path::Path>) -> Self {
+        let path = path.as_ref().to_string_lossy().into_owned();
+        self.extra_arg("--aclfile").extra_arg(path)
+    }
+
     /// Makes the server a Redis Cluster node: `cluster-enabled yes`, `cluster-node-timeout` of `node_timeout_ms`,
     /// its `nodes.conf` in its own directory, and a cluster bus on a second free port (`cluster-port`, see
     /// [`RedisServer::bus_port`]) rather than the port + 10000 default, which may be out of range or taken.
