@@ -40,6 +40,7 @@ use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 pub use crate::group_slots::SLOT_RETENTION;
 
 mod reshard;
+mod usage;
 
 /// How often the tick loop rebuilds the groups index by `SCAN`.
 pub const INDEX_REBUILD_PERIOD: Duration = Duration::from_secs(10);
@@ -91,8 +92,9 @@ impl Coordinator {
     /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
-        let store = Store::connect(&config.redis_url).await?;
+        let store = Store::connect_split(&config.redis_url, config.metadata_redis_url.as_deref()).await?;
         tracing::info!(redis = %crate::config::redact_redis_target(&config.redis_url), cluster = store.nodes().is_some(),
+            metadata_redis = ?config.metadata_redis_url.as_deref().map(crate::config::redact_redis_target),
             "connected to Redis");
         crate::startup::check_redis(&store)
             .await
@@ -162,6 +164,7 @@ impl Coordinator {
     /// counters and the instance state, in the Prometheus text format.
     pub async fn render_metrics(&self) -> String {
         let (stats, gate) = (&self.inner.stats, &self.inner.gate);
+        self.tenant_usage().await;
         stats
             .metrics()
             .render(

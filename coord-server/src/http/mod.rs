@@ -30,6 +30,7 @@ mod metrics;
 mod routing;
 mod state;
 mod status;
+mod status_usage;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::Next;

@@ -103,6 +103,8 @@ pub(super) async fn status(
     render_recent(&mut body, &state.coordinator.recent_rebalances(), |stream| {
         access.covers(stream)
     });
+    let usage = state.coordinator.tenant_usage().await;
+    super::status_usage::render_usage(&mut body, usage.as_deref(), &access);
     Ok(Html(page(&body)).into_response())
 }
 
