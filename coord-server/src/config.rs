@@ -317,6 +317,20 @@ mod tests {
     }
 
     #[test]
+    fn a_metadata_redis_is_checked_and_hidden_like_the_data_redis() {
+        let mut config = Config::new("redis://a:1");
+        config.metadata_redis_url = Some("redis://:secret@m:2".into());
+        config.validate().expect("two single servers");
+        assert!(!format!("{config:?}").contains("secret"));
+        config.metadata_redis_url = Some("cluster:redis://:secret@m:2/3".into());
+        let err = config.validate().expect_err("a cluster seed with a database");
+        assert!(
+            err.starts_with("metadata_redis_url: ") && !err.contains("secret"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn unusable_single_tokens_are_refused() {
         let mut config = Config {
             admin_token: Some("two words".into()),

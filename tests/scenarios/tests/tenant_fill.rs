@@ -319,6 +319,15 @@ async fn a_tenant_filling_the_data_redis_stops_no_group_when_metadata_has_its_ow
     let admin = AdminClient::new(&s.coord.url(), Some(ADMIN.into()), Duration::from_secs(5)).expect("admin");
     let group_b = admin.describe(B.stream, "g").await.expect("group B described");
     let metrics = Api::new(s.coord.url()).metrics().await;
+    let status = reqwest::Client::new()
+        .get(format!("{}/status", s.coord.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("status page")
+        .text()
+        .await
+        .expect("status body");
     let (log_a, log_b) = (a.stop().await, b.stop().await);
     for (name, log) in [("A", &log_a), ("B", &log_b)] {
         let failed: Vec<&Beat> = log.iter().filter(|b| b.answer != Ok(SHARDS as usize)).collect();
@@ -349,6 +358,11 @@ async fn a_tenant_filling_the_data_redis_stops_no_group_when_metadata_has_its_ow
     assert_eq!(redis("redis_stream_coord_redis_maxmemory_bytes", "data"), max);
     assert!(redis("redis_stream_coord_redis_used_memory_bytes", "data") > 0.9 * max);
     assert!(redis("redis_stream_coord_redis_used_memory_bytes", "metadata") > 0.0);
+    assert!(
+        status.contains("<tr class=\"tenant\"><td>tenant-a.</td><td>1</td><td>2</td>"),
+        "the status page shows tenant A's usage: {status}"
+    );
+    assert!(status.contains("<tr class=\"redis\"><td>data</td>"), "{status}");
     let length_a = series(&metrics, "redis_stream_coord_tenant_stream_length", "tenant", A.prefix);
     assert_eq!(length_a, Some((filled.records + written) as f64));
     eprintln!(
