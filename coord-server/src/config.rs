@@ -30,6 +30,11 @@ pub struct Config {
     /// the comma-separated URLs of some of its nodes (`cluster:redis://h1:7000,redis://h2:7000`; the other nodes
     /// are discovered, every URL's database must be 0). See [`redis_link::RedisTarget`].
     pub redis_url: String,
+    /// A Redis of its own for the coordinator's metadata (`redis-stream:coord:*`: group and routing hashes,
+    /// liveness, mutexes, indexes), same forms as `redis_url`; `redis_url` then holds only what must sit next to
+    /// the stream data (shard streams, shard records and fences). `None`: one Redis holds everything. See
+    /// [`crate::store::Store::connect_split`].
+    pub metadata_redis_url: Option<String>,
     /// HTTP listen address (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
     /// Listen address of the probe listener, which serves only `/healthz`, `/readyz` and `/metrics` with
@@ -84,6 +89,10 @@ impl fmt::Debug for Config {
         let hidden = |t: &Option<String>| t.as_ref().map(|_| "***");
         f.debug_struct("Config")
             .field("redis_url", &redact_redis_target(&self.redis_url))
+            .field(
+                "metadata_redis_url",
+                &self.metadata_redis_url.as_deref().map(redact_redis_target),
+            )
             .field("listen", &self.listen)
             .field("probe_listen", &self.probe_listen)
             .field("tick_interval", &self.tick_interval)
@@ -112,6 +121,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             redis_url: "redis://127.0.0.1:6379".into(),
+            metadata_redis_url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             probe_listen: None,
             tick_interval: Duration::from_millis(250),
@@ -160,6 +170,9 @@ impl Config {
     /// A sentence naming the broken rule.
     pub fn validate(&self) -> Result<(), String> {
         self.redis_target().map_err(|e| format!("redis_url: {e}"))?;
+        if let Some(url) = &self.metadata_redis_url {
+            redis_link::RedisTarget::parse(url).map_err(|e| format!("metadata_redis_url: {e}"))?;
+        }
         if self.critical_section_timeout >= self.mutex_ttl {
             return Err("critical_section_timeout must be shorter than mutex_ttl".into());
         }
@@ -349,6 +362,20 @@ mod tests {
             ..Config::default()
         };
         assert!(conflicting.validate().unwrap_err().contains("groups="));
+    }
+
+    #[test]
+    fn a_metadata_redis_is_checked_and_hidden_like_the_data_redis() {
+        let mut config = Config::new("redis://a:1");
+        config.metadata_redis_url = Some("redis://:secret@m:2".into());
+        config.validate().expect("two single servers");
+        assert!(!format!("{config:?}").contains("secret"));
+        config.metadata_redis_url = Some("cluster:redis://:secret@m:2/3".into());
+        let err = config.validate().expect_err("a cluster seed with a database");
+        assert!(
+            err.starts_with("metadata_redis_url: ") && !err.contains("secret"),
+            "{err}"
+        );
     }
 
     #[test]

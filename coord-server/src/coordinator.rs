@@ -41,6 +41,7 @@ pub use crate::group_slots::SLOT_RETENTION;
 
 mod quota;
 mod reshard;
+mod usage;
 
 pub use quota::Usage;
 
@@ -94,8 +95,9 @@ impl Coordinator {
     /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
-        let store = Store::connect(&config.redis_url).await?;
+        let store = Store::connect_split(&config.redis_url, config.metadata_redis_url.as_deref()).await?;
         tracing::info!(redis = %crate::config::redact_redis_target(&config.redis_url), cluster = store.nodes().is_some(),
+            metadata_redis = ?config.metadata_redis_url.as_deref().map(crate::config::redact_redis_target),
             "connected to Redis");
         crate::startup::check_redis(&store)
             .await
@@ -165,6 +167,7 @@ impl Coordinator {
     /// counters and the instance state, in the Prometheus text format.
     pub async fn render_metrics(&self) -> String {
         let (stats, gate) = (&self.inner.stats, &self.inner.gate);
+        self.tenant_usage().await;
         stats
             .metrics()
             .render(

@@ -57,6 +57,7 @@ pub mod state_machine;
 pub mod stats;
 pub mod store;
 
+pub mod tenants;
 pub mod tick;
 
 pub use store::traces;

@@ -29,6 +29,11 @@ struct Args {
     /// every node connection uses the first URL's credentials and TLS settings).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    /// A Redis of its own for the coordinator's metadata (group and routing hashes, liveness, mutexes, indexes),
+    /// same forms as --redis-url, which then holds only the shard streams and their fences: stream data filling
+    /// that Redis up cannot stop heartbeats. Unset: --redis-url holds everything.
+    #[arg(long, env = "COORD_METADATA_REDIS_URL")]
+    metadata_redis_url: Option<String>,
     /// HTTP listen address.
     #[arg(long, env = "COORD_LISTEN", default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
@@ -172,6 +177,7 @@ impl Args {
 
     fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::new(self.redis_url.clone());
+        config.metadata_redis_url = self.metadata_redis_url.clone();
         config.listen = self.listen;
         config.probe_listen = self.probe_listen;
         let ms = Duration::from_millis;

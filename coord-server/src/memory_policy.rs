@@ -106,13 +106,18 @@ impl PolicyCheck {
 
 /// Reads `maxmemory_policy` from `INFO memory`. On a cluster every master is read: the answer is
 /// [`REQUIRED_POLICY`] when every master has it, else the first other policy followed by the node that has it
-/// (`allkeys-lru on 10.0.0.2:7001`), so the log and `/readyz` name the node to fix.
+/// (`allkeys-lru on 10.0.0.2:7001`), so the log and `/readyz` name the node to fix. With a metadata Redis of its
+/// own, both Redis are read: the data Redis holds the shard fences, whose eviction would let stale producers write.
 ///
 /// # Errors
 /// Redis errors; [`StoreError::Protocol`] when the field is missing (both naming the cluster node).
 pub async fn read(store: &Store) -> Result<String, StoreError> {
+    let mut infos = store.info("memory").await?;
+    if store.split() {
+        infos.extend(store.data().info("memory").await?);
+    }
     let mut unsafe_policy = None;
-    for (node, info) in store.info("memory").await? {
+    for (node, info) in infos {
         let Some(policy) = parse(&info) else {
             let e = StoreError::Protocol("INFO memory reports no maxmemory_policy".into());
             return Err(match node {

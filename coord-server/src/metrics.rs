@@ -51,6 +51,7 @@ use crate::store::{lag, Store};
 
 mod describe;
 pub mod names;
+pub mod tenants;
 
 /// Gauges not refreshed for this long are dropped from `/metrics` (deleted groups, removed shards).
 pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -135,6 +136,8 @@ pub struct Metrics {
     /// The last `maxmemory-policy` check: 0 not yet, 1 safe, 2 unsafe (set again at every render, so the gauge
     /// never idles out while the condition lasts).
     eviction_policy: AtomicU8,
+    /// The last usage scrape (per-tenant and Redis memory gauges); the async lock shares one scrape.
+    usage: tokio::sync::Mutex<tenants::UsageCache>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -169,6 +172,7 @@ impl Metrics {
             seen_groups: StdMutex::new(HashSet::new()),
             lag_scraped: tokio::sync::Mutex::new(LastRun::default()),
             eviction_policy: AtomicU8::new(0),
+            usage: tokio::sync::Mutex::default(),
         };
         metrics.describe();
         metrics.record(|| {
@@ -181,6 +185,7 @@ impl Metrics {
             counter!(names::COMPATIBILITY_FAILURES, "phase" => "runtime").increment(0);
             counter!(names::ADMIN_REVISION_CONFLICTS).increment(0);
             counter!(names::LAG_SCRAPE_ERRORS).increment(0);
+            counter!(names::USAGE_SCRAPE_ERRORS).increment(0);
         });
         metrics
     }

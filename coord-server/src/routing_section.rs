@@ -74,7 +74,7 @@ impl Probed {
 /// # Errors
 /// A Redis failure; a record that does not parse.
 pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) -> Result<Probed, Error> {
-    let mut conn = store.connection();
+    let mut conn = store.data().connection();
     let (fence, sealed_for) = store::reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
     let mut beyond = Vec::new();
     let mut next = shard_count;
@@ -379,7 +379,7 @@ where
         }
         let (next, json) = self.next.as_mut().expect("decided before the write");
         let stream = next.stream.clone();
-        let conn = store.connection();
+        let conn = store.data().connection();
         // Seals first: a child's record exists only once every parent refuses the layout without it.
         let sealed: Vec<(SealTodo, protocol::reshard::EntryId)> = futures::stream::iter(prep.seals)
             .map(|todo| {

@@ -49,12 +49,22 @@ pub const REQUIRED_COMMANDS: &[(&str, &str)] = &[
     ("EXEC", "K: dead letter and acknowledgement in one transaction"),
 ];
 
-/// Checks the server version and commands (of every master on a cluster).
+/// Checks the server version and commands (of every master on a cluster), of the data Redis too when the metadata
+/// has a Redis of its own.
 ///
 /// # Errors
 /// [`StoreError::Unsupported`] naming the version or command (inside [`StoreError::Node`] naming the node on a
 /// cluster); Redis errors.
 pub async fn check_redis(store: &Store) -> Result<(), StoreError> {
+    check_one(store).await?;
+    if store.split() {
+        // The data Redis serves the SDKs and the seals; the metadata Redis the scripts: both are checked in full.
+        check_one(store.data()).await?;
+    }
+    Ok(())
+}
+
+async fn check_one(store: &Store) -> Result<(), StoreError> {
     let names: Vec<&str> = REQUIRED_COMMANDS.iter().map(|(name, _)| *name).collect();
     let infos = store.info("server").await?;
     let commands = store.commands_present(&names).await?;

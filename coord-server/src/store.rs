@@ -45,7 +45,10 @@
 //! * `scripts`: the Lua of `LOAD`, `COMMIT`, `ADOPT_RUN_ID` and `RELEASE`; `section_data`: the keys, loads, writes
 //!   and tokens they work on; `section`: the round trips themselves and the snapshot reads; `decode`: the strict
 //!   parsing of replies, fields and documents; `index`: the rebuildable groups and streams indexes.
-//! * [`nodes`]: what every master of a cluster answers; [`lag`]: the lag scrape; [`traces`]: "never created" or
+//! * Two Redis targets ([`Store::connect_split`]): `self` holds the coordinator's keys, [`Store::data`] the shard
+//!   streams and fences; one store serves both when no metadata Redis is configured.
+//! * [`nodes`]: what every master of a cluster answers; [`lag`]: the lag scrape; [`usage`]: shard length and
+//!   memory; [`traces`]: "never created" or
 //!   "lost"; [`reshard`]: the seal, record and drain scripts of resharding.
 
 use redis::aio::ConnectionManager;
@@ -82,7 +85,8 @@ mod scripts;
 mod section;
 mod section_data;
 pub mod traces;
-mod usage;
+mod quota_usage;
+pub mod usage;
 
 pub use decode::{
     check_versions, decode_group, decode_routing, digest, group_refs, schema_of_group, schema_of_routing,
@@ -107,6 +111,9 @@ pub struct Store {
     owner: Arc<str>,
     /// Tokens of the sections running now.
     live: Arc<StdMutex<HashSet<String>>>,
+    /// The Redis of the shard streams and their fences when the metadata has a Redis of its own (`None`: this
+    /// one holds both). See [`Store::data`].
+    data: Option<Arc<Store>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -133,7 +140,37 @@ impl Store {
             adopt_run_id: Script::new(ADOPT_RUN_ID),
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
+            data: None,
         }
+    }
+
+    /// Connects to two Redis targets: `metadata_url` for the coordinator's own keys (`redis-stream:coord:*`:
+    /// group and routing hashes, liveness, mutexes, indexes; its `TIME` and run id) and `data_url` for what must
+    /// sit next to the stream data: the shard streams and the shard records and fences
+    /// (`redis-stream:shard-fence:*`), which producers check in the same transaction or script as their `XADD`,
+    /// so a seal written anywhere else would fence nobody. Stream data filling the data Redis up then cannot stop
+    /// heartbeats or metadata commits. With `metadata_url` `None` this is [`Store::connect`] of `data_url`.
+    ///
+    /// # Errors
+    /// A malformed URL; either Redis unreachable.
+    pub async fn connect_split(data_url: &str, metadata_url: Option<&str>) -> Result<Self, StoreError> {
+        let Some(metadata_url) = metadata_url else {
+            return Self::connect(data_url).await;
+        };
+        let mut metadata = Self::connect(metadata_url).await?;
+        metadata.data = Some(Arc::new(Self::connect(data_url).await?));
+        Ok(metadata)
+    }
+
+    /// The store of the data Redis: shard streams, dead-letter streams, shard records and fences, the lag and
+    /// memory of the shards. `self` unless the metadata has a Redis of its own ([`Store::connect_split`]).
+    pub fn data(&self) -> &Store {
+        self.data.as_deref().unwrap_or(self)
+    }
+
+    /// Whether the metadata lives on a Redis of its own (see [`Store::connect_split`]).
+    pub fn split(&self) -> bool {
+        self.data.is_some()
     }
 
     /// Connects to the Redis that `url` names: one server's URL, or `cluster:` and seed URLs (see
@@ -208,7 +245,8 @@ impl Store {
             .collect())
     }
 
-    /// A clone of the underlying connection, for plain commands.
+    /// A clone of the underlying connection, for plain commands. Shard keys (streams, records, fences) are on
+    /// [`Store::data`]'s connection, not necessarily this one.
     pub fn connection(&self) -> Connection {
         self.conn.clone()
     }

@@ -144,3 +144,33 @@ async fn a_policy_changed_at_run_time_is_noticed_by_the_periodic_check() {
     assert_eq!(api.get("/readyz").await.status(), StatusCode::SERVICE_UNAVAILABLE);
     coord.shutdown().await;
 }
+
+#[tokio::test]
+async fn with_a_metadata_redis_of_its_own_both_redis_must_run_noeviction() {
+    for lru_on_data in [true, false] {
+        let (lru, safe) = (lru_redis().await, RedisServer::start().await);
+        let (data, metadata) = if lru_on_data { (&lru, &safe) } else { (&safe, &lru) };
+        let mut config = common::config(&data.url());
+        config.metadata_redis_url = Some(metadata.url());
+        let coord = CoordinatorHandle::spawn(config)
+            .await
+            .expect("coordinator starts (unready)");
+        let api = Api::new(coord.url());
+        let body = error_json(
+            api.get("/readyz").await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Status::StoreUnavailable,
+        )
+        .await;
+        assert!(
+            body.message.contains("allkeys-lru"),
+            "lru on data: {lru_on_data}: {body:?}"
+        );
+        config_set_policy(&lru, "noeviction").await;
+        wait_until(WAIT, "/readyz to turn ready", || async {
+            api.get("/readyz").await.status() == StatusCode::OK
+        })
+        .await;
+        coord.shutdown().await;
+    }
+}

@@ -124,7 +124,7 @@ impl Coordinator {
     /// A Redis failure, or an unreadable routing.
     pub async fn tend_routing(&self, stream: &StreamName) -> Result<(), Error> {
         let (_, r) = self.read_routing(stream).await?;
-        let mut conn = self.inner.store.connection();
+        let mut conn = self.inner.store.data().connection();
         let fence = store::reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
         let beyond = if r.shard_count < MAX_SHARDS {
             store::reshard::birth(&mut conn, stream, ShardId(r.shard_count)).await?
@@ -160,7 +160,7 @@ impl Coordinator {
         };
         let end = (start + RECORD_SWEEP).min(r.shard_count);
         let births = routing_section::migration_records(r);
-        let conn = self.inner.store.connection();
+        let conn = self.inner.store.data().connection();
         let window: Vec<Birth> = births[start as usize..end as usize].to_vec();
         let shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
         let found = store::reshard::swept(&conn, stream, &shards).await?;
@@ -219,7 +219,7 @@ impl Coordinator {
         }
         // Concurrent on the multiplexed connection (so pipelined): a growth of a large stream seals up to
         // MAX_SHARDS parents, and one round trip each would outlast the request timeout.
-        let conn = self.inner.store.connection();
+        let conn = self.inner.store.data().connection();
         let seals: Vec<Seal> = futures::stream::iter(todo)
             .map(|(version, shard)| {
                 let mut conn = conn.clone();
@@ -265,7 +265,7 @@ impl Coordinator {
         if needs.is_empty() {
             return Ok(());
         }
-        let mut conn = self.inner.store.connection();
+        let mut conn = self.inner.store.data().connection();
         let mut observed = Vec::new();
         for need in needs {
             match need {

@@ -38,6 +38,7 @@ mod routing;
 mod security_headers;
 mod state;
 mod status;
+mod status_usage;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::Next;

@@ -105,6 +105,8 @@ pub(super) async fn status(
     render_recent(&mut body, &state.coordinator.recent_rebalances(), |stream| {
         access.covers(stream)
     });
+    let usage = state.coordinator.tenant_usage().await;
+    super::status_usage::render_usage(&mut body, usage.as_deref(), &access);
     let nonce = security_headers::nonce();
     let mut response = Html(page(&body, &nonce)).into_response();
     security_headers::status_page(&mut response, &nonce);

@@ -11,6 +11,7 @@ impl Metrics {
             describe_sections();
             describe_groups();
             describe_lag();
+            describe_usage();
         });
     }
 }
@@ -137,4 +138,20 @@ fn describe_lag() {
         Unit::Seconds,
         "Duration of the last lag scrape"
     );
+}
+
+/// The usage family: per tenant and per Redis.
+fn describe_usage() {
+    describe_gauge!(
+        names::TENANT_STREAM_LENGTH,
+        "Entries over the tenant's shard streams (sum of XLEN)"
+    );
+    describe_gauge!(
+        names::TENANT_MEMORY,
+        Unit::Bytes,
+        "Memory of the tenant's shard streams (sum of sampled MEMORY USAGE)"
+    );
+    describe_gauge!(names::REDIS_USED_MEMORY, Unit::Bytes, "Redis used_memory");
+    describe_gauge!(names::REDIS_MAXMEMORY, Unit::Bytes, "Redis maxmemory (0: no limit)");
+    describe_counter!(names::USAGE_SCRAPE_ERRORS, "Usage scrapes that failed or timed out");
 }

@@ -101,6 +101,18 @@ pub const RESHARD_CHILDREN_WAIT: &str = "redis_stream_coord_reshard_children_wai
 /// Gauge per group: parents of open reshards the group has not yet drained up to their seal (0 when no
 /// growth is open).
 pub const RESHARD_PARENTS_NOT_DRAINED: &str = "redis_stream_coord_group_reshard_parents_not_drained";
+/// Gauge per tenant (label `tenant`: a token-table prefix, or `default`): entries over the tenant's shard streams
+/// (sum of `XLEN`, from the usage scrape every 10 s).
+pub const TENANT_STREAM_LENGTH: &str = "redis_stream_coord_tenant_stream_length";
+/// Gauge per tenant: bytes of the tenant's shard streams (sum of `MEMORY USAGE`, sampled; every 10 s).
+pub const TENANT_MEMORY: &str = "redis_stream_coord_tenant_memory_bytes";
+/// Gauge, label `redis` (`data`; `metadata` when the coordinator's keys have a Redis of their own): Redis
+/// `used_memory` in bytes (summed over a cluster's masters).
+pub const REDIS_USED_MEMORY: &str = "redis_stream_coord_redis_used_memory_bytes";
+/// Gauge, label `redis`: Redis `maxmemory` in bytes (0: no limit).
+pub const REDIS_MAXMEMORY: &str = "redis_stream_coord_redis_maxmemory_bytes";
+/// Counter: usage scrapes that failed or timed out (the previous values were served).
+pub const USAGE_SCRAPE_ERRORS: &str = "redis_stream_coord_usage_scrape_errors_total";
 
 /// Every name above.
 pub const ALL: &[&str] = &[
@@ -146,4 +158,9 @@ pub const ALL: &[&str] = &[
     LAG_SCRAPE_DURATION,
     RESHARD_CHILDREN_WAIT,
     RESHARD_PARENTS_NOT_DRAINED,
+    TENANT_STREAM_LENGTH,
+    TENANT_MEMORY,
+    REDIS_USED_MEMORY,
+    REDIS_MAXMEMORY,
+    USAGE_SCRAPE_ERRORS,
 ];

@@ -80,7 +80,7 @@ impl Store {
                     reads.push((key.clone(), redis::cmd("XLEN").arg(&key).clone()));
                     reads.push((key.clone(), redis::cmd("XINFO").arg("GROUPS").arg(&key).clone()));
                 }
-                let replies: Vec<redis::RedisResult<Value>> = self.read_many(&reads).await?;
+                let replies: Vec<redis::RedisResult<Value>> = self.data().read_many(&reads).await?;
                 for (&shard, pair) in chunk.iter().zip(replies.chunks(2)) {
                     let [length, info] = pair else { continue };
                     let length = match length {

@@ -149,6 +149,7 @@ async fn existing_shards(store: &Store, stream: &StreamName, count: u32) -> Resu
         })
         .collect();
     let present: Vec<bool> = store
+        .data()
         .read_many(&exists)
         .await?
         .into_iter()
@@ -176,6 +177,7 @@ async fn shard_with_group(
         })
         .collect();
     let replies: Vec<StreamInfoGroupsReply> = store
+        .data()
         .read_many(&infos)
         .await?
         .into_iter()
@@ -197,12 +199,13 @@ pub async fn of_stream(store: &Store, stream: &StreamName) -> Result<Absence, St
     let reads = [
         read(routing.clone(), redis::cmd("EXISTS").arg(&routing)),
         read(keys::streams_index(), redis::cmd("SMEMBERS").arg(keys::streams_index())),
-        read(shard0.clone(), redis::cmd("EXISTS").arg(&shard0)),
     ];
     let mut replies = store.read_many(&reads).await?.into_iter();
     let hash: bool = typed(replies.next())?;
     let index: HashSet<String> = typed(replies.next())?;
-    let shard: bool = typed(replies.next())?;
+    // Shard 0 is on the data Redis, which may not be the metadata's (`Store::data`).
+    let shard_read = [read(shard0.clone(), redis::cmd("EXISTS").arg(&shard0))];
+    let shard: bool = typed(store.data().read_many(&shard_read).await?.into_iter().next())?;
     let indexed = index.contains(stream.as_str());
     Ok(if hash {
         Absence::Lost(Trace::DamagedHash)
