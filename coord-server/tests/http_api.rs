@@ -254,9 +254,19 @@ async fn malformed_requests_get_typed_errors_and_change_nothing() {
     let long = "x".repeat(200);
     error_json(api.get(&protocol::routes::group("orders", &long)).await, bad, invalid).await;
 
+    // The general limit (4096 here) for every route but the heartbeat, which takes the protocol's bound.
     let mut huge = join("a");
-    huge.instance_id = "x".repeat(8192);
+    huge.instance_id = "x".repeat(protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES);
     error_json(api.post(HB, &huge).await, StatusCode::PAYLOAD_TOO_LARGE, invalid).await;
+    huge.instance_id = "x".repeat(8192);
+    error_json(api.post(HB, &huge).await, bad, invalid).await;
+    let padded = serde_json::json!({ "count": 1, "pad": "x".repeat(8192) });
+    error_json(
+        api.post("/v1/streams/orders/shards", &padded).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        invalid,
+    )
+    .await;
 
     let resp = api
         .request(Method::POST, "/v1/streams/orders/shards")
