@@ -76,7 +76,11 @@ async fn a_turn_behind_an_aborted_exec_discards_and_goes_behind_its_batches() {
     // DISCARD: counted from after it.
     p.lanes.connect_all().await.expect("the lane connects");
     let mut admin = redis.connection().await;
-    let () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut admin).await.unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     let txs = &p.transactions[0];
     let (a, b) = (records("a"), records("b"));
     let (a, b): (Vec<&Record>, Vec<&Record>) = (a.iter().collect(), b.iter().collect());
