@@ -53,6 +53,53 @@ fn the_config_map_uses_only_real_flags() {
     }
 }
 
+/// The several-teams overlay: its settings are real flags, its example token table is one the coordinator starts
+/// with (distinct names, quotas it accepts), and it mounts the table where `COORD_TOKENS_FILE` points.
+#[test]
+fn the_multi_team_overlay_uses_real_flags_and_a_token_table_that_parses() {
+    let help = std::process::Command::new(BIN)
+        .arg("--help")
+        .output()
+        .expect("coord-server --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let config = manifest("multi-team/configmap-patch.yaml");
+    let patch = manifest("multi-team/coordinator-patch.yaml");
+    let mut keys = Vec::new();
+    for text in [&config, &patch] {
+        for line in text.lines() {
+            let line = line.trim().trim_start_matches("- name: ");
+            let key = line.split_once(':').map_or(line, |(k, _)| k);
+            if key.starts_with("COORD_") {
+                keys.push(key.to_owned());
+            }
+        }
+    }
+    for key in &keys {
+        assert!(help.contains(&format!("env: {key}")), "{key} is not a coord-server variable");
+    }
+    for key in ["COORD_TOKENS_FILE", "COORD_METADATA_REDIS_URL", "COORD_QUOTA_GROUPS"] {
+        assert!(keys.iter().any(|k| k == key), "{key} missing: {keys:?}");
+    }
+    let tokens_file = value_of(&config, "COORD_TOKENS_FILE", None);
+    let mount = value_of(&patch, "mountPath", None);
+    assert_eq!(tokens_file, format!("{mount}/tokens"));
+
+    let secret = manifest("multi-team/secret.example.yaml");
+    let table: String = secret
+        .split_once("tokens: |\n")
+        .expect("a tokens block")
+        .1
+        .lines()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect();
+    let grants = coord_server::auth::Grant::parse_table(&table).expect("the example table parses");
+    assert!(grants.len() >= 7, "{grants:?}");
+    let mut config = coord_server::Config::new("redis://127.0.0.1:6379");
+    config.tokens = grants;
+    config.validate().expect("the coordinator starts with the example table");
+}
+
 #[test]
 fn the_rollout_and_the_termination_grace_fit_the_shutdown_gate() {
     let d = manifest("coordinator.yaml");
