@@ -371,6 +371,43 @@ async fn every_role_works_with_only_its_acl_and_flushall_is_denied() {
         run(&mut consumer, redis::cmd("DEL").arg(shard_key(0))).await,
         "consumer DEL a shard",
     );
+    // No tenant user may end or close connections: an ACL cannot confine these to the user's own.
+    for (what, args) in [
+        ("CLIENT UNBLOCK", &["UNBLOCK", "1"][..]),
+        ("CLIENT KILL", &["KILL", "ID", "1"][..]),
+    ] {
+        assert_noperm(
+            run(&mut consumer, redis::cmd("CLIENT").arg(args)).await,
+            &format!("consumer {what}"),
+        );
+    }
+    // The producer reads its shards' fences and may not write them (only the coordinator's seals do).
+    let fence = protocol::keys::shard_fence(&StreamName::new(S).expect("stream"), ShardId(0));
+    run(&mut producer, redis::cmd("HMGET").arg(&fence).arg("routingVersion"))
+        .await
+        .expect("the producer reads a fence");
+    assert_noperm(
+        run(
+            &mut producer,
+            redis::cmd("HSET").arg(&fence).arg("routingVersion").arg(0),
+        )
+        .await,
+        "producer writes a fence",
+    );
+    // The scripted producer holds HSET (its sequence state), yet the fence stays read-only to it, scripts included.
+    let mut scripted = connect(&redis, "producer-scripted-tenant-a").await;
+    let sequence = protocol::keys::producer_sequence(&StreamName::new(S).expect("stream"), ShardId(0), "p");
+    run(&mut scripted, redis::cmd("HSET").arg(&sequence).arg("epoch").arg(1))
+        .await
+        .expect("the scripted producer writes its sequence state");
+    assert_noperm(
+        run(
+            &mut scripted,
+            redis::cmd("HSET").arg(&fence).arg("routingVersion").arg(0),
+        )
+        .await,
+        "scripted producer writes a fence",
+    );
     tenant_users_reach_only_their_prefix(&redis, &mut producer, &mut consumer).await;
     for (user, conn) in [
         ("coordinator", &mut coordinator),
