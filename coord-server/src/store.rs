@@ -80,12 +80,12 @@ mod decode;
 mod index;
 pub mod lag;
 pub mod nodes;
+mod quota_usage;
 pub mod reshard;
 mod scripts;
 mod section;
 mod section_data;
 pub mod traces;
-mod quota_usage;
 pub mod usage;
 
 pub use decode::{

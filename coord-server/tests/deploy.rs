@@ -75,7 +75,10 @@ fn the_multi_team_overlay_uses_real_flags_and_a_token_table_that_parses() {
         }
     }
     for key in &keys {
-        assert!(help.contains(&format!("env: {key}")), "{key} is not a coord-server variable");
+        assert!(
+            help.contains(&format!("env: {key}")),
+            "{key} is not a coord-server variable"
+        );
     }
     for key in ["COORD_TOKENS_FILE", "COORD_METADATA_REDIS_URL", "COORD_QUOTA_GROUPS"] {
         assert!(keys.iter().any(|k| k == key), "{key} missing: {keys:?}");
@@ -97,7 +100,9 @@ fn the_multi_team_overlay_uses_real_flags_and_a_token_table_that_parses() {
     assert!(grants.len() >= 7, "{grants:?}");
     let mut config = coord_server::Config::new("redis://127.0.0.1:6379");
     config.tokens = grants;
-    config.validate().expect("the coordinator starts with the example table");
+    config
+        .validate()
+        .expect("the coordinator starts with the example table");
 }
 
 #[test]

@@ -32,8 +32,8 @@ mod health;
 mod heartbeat;
 mod metrics;
 mod probes;
-mod request_span;
 mod quota;
+mod request_span;
 mod routing;
 mod security_headers;
 mod state;
@@ -51,8 +51,8 @@ use tower_http::trace::TraceLayer;
 
 use crate::coordinator::Coordinator;
 pub use error::{error_response, ApiError};
-use protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES;
 pub use probes::{probe_router, PROBE_PATHS};
+use protocol::messages::MAX_HEARTBEAT_REQUEST_BYTES;
 use state::AppState;
 
 // The route templates live in `protocol` (clients build their paths from the same list).
