@@ -173,10 +173,11 @@ include-path = ["/v1/streams/{stream}/groups/{group}", "/v1/streams/{stream}/gro
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "5xx"]
 
 # Adding shards beyond the stream's total of 65536 (which depends on its current count) is 400; an If-Match that
-# is a well-formed revision but not the stored one is 412.
+# is a well-formed revision but not the stored one is 412; a total above the token's shard quota (1024 by
+# default, also state: the stream's current count) is 429 QUOTA_EXCEEDED.
 [[operations]]
 include-path = "/v1/streams/{stream}/shards"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "412", "5xx"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "412", "429", "5xx"]
 
 [[operations]]
 include-path = ["/v1/streams/{stream}/groups/{group}/members/{member}", "/v1/streams/{stream}/groups/{group}/members/{member}/fence"]

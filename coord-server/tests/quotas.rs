@@ -135,6 +135,17 @@ async fn every_quota_is_refused_with_429_and_changes_nothing() {
         .await;
     too_many(resp, Status::QuotaExceeded).await;
     assert_eq!(contents(&redis).await, before);
+    // A total no stream may have is invalid whatever the quota: 400, not a 429 that invites a retry.
+    let resp = a
+        .post(
+            &protocol::routes::shards("tenant-a.one"),
+            &AddShardsRequest {
+                count: protocol::metadata::MAX_SHARDS - 1,
+            },
+        )
+        .await;
+    error_json(resp, StatusCode::BAD_REQUEST, Status::InvalidRequest).await;
+    assert_eq!(contents(&redis).await, before);
     // Groups: the second is accepted, the third refused, on any stream the token reaches.
     a.create_group("tenant-a.two", "g2", 4).await;
     let before = contents(&redis).await;

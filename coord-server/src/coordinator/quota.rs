@@ -3,6 +3,7 @@
 //! member quota of its token (the rule itself is pure: `state_machine::quota`).
 
 use protocol::messages::{GroupRef, HeartbeatRequest, HeartbeatResponse, QuotaUsage};
+use protocol::metadata::MAX_SHARDS;
 use protocol::names::{GroupName, StreamName};
 use protocol::Status;
 use tracing::Instrument;
@@ -111,7 +112,8 @@ impl Coordinator {
             ));
         }
         let shards = self.stored_shard_count(stream).await.or(shard_count).unwrap_or(0);
-        if shards > quota.shards_per_group {
+        // A count no stream may have is the create's own 400 (a request no quota would ever admit), not a 429.
+        if shards > quota.shards_per_group && shards <= MAX_SHARDS {
             return Err(self.exceeded(
                 "shards",
                 format!(
@@ -134,7 +136,8 @@ impl Coordinator {
         };
         let limit = who.quota.shards_per_group;
         let after = u64::from(current) + u64::from(count);
-        if after > u64::from(limit) {
+        // A total no stream may have is add-shards' own 400 (a request no quota would ever admit), not a 429.
+        if after > u64::from(limit) && after <= u64::from(MAX_SHARDS) {
             return Err(self.exceeded(
                 "shards",
                 format!(
