@@ -80,7 +80,6 @@ mod decode;
 mod index;
 pub mod lag;
 pub mod nodes;
-mod quota_usage;
 pub mod reshard;
 mod scripts;
 mod section;

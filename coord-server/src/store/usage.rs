@@ -5,8 +5,11 @@
 //! [`super::lag::MAX_SHARDS_PER_STREAM`] shards), two commands per key pipelined on the data Redis
 //! (`XLEN`, O(1); `MEMORY USAGE key SAMPLES` [`MEMORY_SAMPLES`], which walks that many radix-tree nodes, not the
 //! whole stream), plus one `INFO memory` per master. The caller throttles it (`metrics::tenants`).
+//!
+//! Also what a token uses of its member quota: the members of a group with a lease.
 
-use protocol::names::StreamName;
+use protocol::keys;
+use protocol::names::{GroupName, StreamName};
 use protocol::ShardId;
 use redis::Value;
 use std::collections::BTreeSet;
@@ -165,6 +168,20 @@ fn count(reply: &redis::RedisResult<Value>) -> u64 {
     match reply {
         Ok(Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
         _ => 0,
+    }
+}
+
+impl Store {
+    /// The members of a group with a lease (`HLEN` of its liveness hash): one command, no aggregate read.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn leased_members(&self, stream: &StreamName, group: &GroupName) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("HLEN")
+            .arg(keys::group_liveness(stream, group))
+            .query_async(&mut conn)
+            .await?)
     }
 }
 
