@@ -361,10 +361,10 @@ impl Coordinator {
             .read(&keys, true)
             .await
             .map_err(|e| section::store_error(&self.inner.stats, e))?;
-        let (Some(rev), Some(agg)) = (loaded.revision, loaded.aggregate.as_deref()) else {
+        let Some(rev) = loaded.revision else {
             return Err(self.absent_group(stream, group).await);
         };
-        let meta = store::decode_group(&loaded, agg).map_err(|e| unavailable(&self.inner.stats, e))?;
+        let (meta, _) = store::decode_group(&loaded, None).map_err(|e| unavailable(&self.inner.stats, e))?;
         let liveness: Liveness = loaded.liveness.iter().cloned().collect();
         Ok(state_machine::describe(&meta, &liveness, rev, loaded.now_ms))
     }

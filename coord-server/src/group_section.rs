@@ -18,7 +18,8 @@ use crate::section::{store_error, unavailable, Section, Verdict};
 use crate::state_machine::grace::{self, Suspicion};
 use crate::state_machine::{Clock, Event, Liveness, Transition};
 use crate::stats::Stats;
-use crate::store::{self, Cached, LivenessScope, Loaded, SectionKeys, Store, Write};
+use crate::store::group_fields::{self, GroupRead, StoredFields};
+use crate::store::{self, Cached, FieldWrite, LivenessScope, Loaded, SectionKeys, Store, Write};
 
 /// A group decision: the loaded metadata, liveness, clock and revision to a transition; an error refuses.
 pub(crate) trait Decide:
@@ -57,13 +58,23 @@ pub(crate) struct GroupSection<'a, F> {
 pub(crate) struct Attempt {
     /// What this process remembered when the attempt loaded.
     memory: GroupMemory,
+    /// The metadata the decision read and its stored fields.
+    loaded: Option<(Arc<GroupMetadata>, Arc<StoredFields>)>,
+    /// SHA-1 of the aggregate loaded when the hash is still in the layout before fields (this section converts
+    /// it); empty otherwise.
+    converts: String,
+    /// [`StoredFields::shape`] of the cached fields for this section's members.
+    shape: String,
     decided: Option<Decided>,
 }
 
 /// A transition waiting for its write.
 struct Decided {
     transition: Transition,
-    json: Option<String>,
+    /// The fields to write (`None`: renewals only).
+    fields: Option<FieldWrite>,
+    /// The metadata as written.
+    next: Option<Arc<GroupMetadata>>,
 }
 
 impl<F: Decide> GroupSection<'_, F> {
@@ -72,7 +83,7 @@ impl<F: Decide> GroupSection<'_, F> {
         unavailable(self.env.stats, message)
     }
 
-    /// Resolves the loaded metadata (cache or decode), the grace period, and runs `f`.
+    /// Resolves the loaded metadata (cache, changes since it, or everything), the grace period, and runs `f`.
     fn transition(&mut self, loaded: &Loaded) -> Result<(Transition, StoreRevision), Error> {
         let (stream, group, slot) = (self.stream, self.group, self.slot);
         let Some(rev) = loaded.revision else {
@@ -80,18 +91,30 @@ impl<F: Decide> GroupSection<'_, F> {
             // Counted by `missing_metadata::group`, which tells a lost group (counted) from a never-created one.
             return Err(missing_metadata::missing_group(stream, group));
         };
-        // Every load is checked, cached or not: the cache only saves the JSON parse.
-        store::check_versions(loaded, store::schema_of_group()).map_err(|e| self.corrupt(e))?;
-        let meta = match (&loaded.aggregate, &self.attempt.memory.aggregate) {
-            (Some(json), _) => store::decode_group(loaded, json).map(Arc::new).map_err(|e| {
-                // The cached aggregate is not the stored one any more.
-                slot.drop_aggregate();
-                self.corrupt(e)
-            })?,
-            (None, Some((cached_rev, meta))) if loaded.cache_hit && *cached_rev == rev => meta.clone(),
-            (None, _) => {
-                return Err(self.corrupt(format!("group {group} metadata hash has a revision but no aggregate")));
+        let memory = &self.attempt.memory;
+        let cached = match (&memory.aggregate, &memory.fields) {
+            (Some((cached_rev, meta)), Some(fields)) if fields.revision == cached_rev.0 => Some((meta, fields)),
+            _ => None,
+        };
+        let (meta, fields) = match (&loaded.group, cached) {
+            // Every load is checked, cached or not: a hit still had its versions checked by the script and here.
+            (Some(GroupRead::Hit), Some((meta, fields))) if fields.revision == rev.0 => {
+                store::check_versions(loaded, store::schema_of_group()).map_err(|e| self.corrupt(e))?;
+                (meta.clone(), fields.clone())
             }
+            _ => {
+                let resolved = store::decode_group(loaded, cached.map(|(m, f)| (m.as_ref(), f.as_ref())));
+                let (meta, fields) = resolved.map_err(|e| {
+                    // What this process holds is not what is stored any more.
+                    slot.drop_aggregate();
+                    self.corrupt(e)
+                })?;
+                (Arc::new(meta), Arc::new(fields))
+            }
+        };
+        self.attempt.converts = match &loaded.group {
+            Some(GroupRead::Aggregate(json)) => store::digest(json),
+            _ => String::new(),
         };
         let remembered = grace::Remembered {
             highest: self.attempt.memory.highest,
@@ -118,14 +141,19 @@ impl<F: Decide> GroupSection<'_, F> {
         }
         {
             let mut memory = slot.cache.lock().expect("cache lock");
-            if let Some(json) = &loaded.aggregate {
-                memory.digest.clone_from(&loaded.aggregate_digest);
-                memory.len = json.len();
+            if self.attempt.converts.is_empty() {
+                memory.digest = store::group_fields::digest_hex(fields.xor());
+                memory.fields = Some(fields.clone());
+                memory.aggregate = Some((rev, meta.clone()));
+            } else {
+                // Not cached in the layout before fields: the section converts it, and caches what it wrote.
+                memory.aggregate = None;
+                memory.fields = None;
             }
-            memory.aggregate = Some((rev, meta.clone()));
             memory.highest = assessment.remembered.highest;
             memory.grace_until_ms = assessment.remembered.grace_until_ms;
         }
+        self.attempt.loaded = Some((meta.clone(), fields));
         let liveness: Liveness = loaded.liveness.iter().cloned().collect::<BTreeMap<_, _>>();
         let t = (self.f)(&meta, &liveness, assessment.clock, rev)?;
         Ok((t, rev))
@@ -158,15 +186,34 @@ impl<F: Decide> Section for GroupSection<'_, F> {
 
     fn prepare(&mut self) {
         self.attempt.memory = self.slot.memory();
+        self.attempt.loaded = None;
+        self.attempt.converts.clear();
         self.attempt.decided = None;
+        let members: Vec<&protocol::names::MemberId> = match self.scope {
+            LivenessScope::Member(m) => vec![m],
+            LivenessScope::Members(ms) => ms.to_vec(),
+            LivenessScope::None | LivenessScope::All => Vec::new(),
+        };
+        self.attempt.shape = self
+            .attempt
+            .memory
+            .fields
+            .as_ref()
+            .map(|f| f.shape(&members))
+            .unwrap_or_default();
     }
 
     fn cached(&self) -> Option<Cached<'_>> {
-        self.attempt.memory.aggregate.as_ref().map(|(revision, _)| Cached {
-            revision: *revision,
-            digest: &self.attempt.memory.digest,
-            len: self.attempt.memory.len,
-        })
+        let memory = &self.attempt.memory;
+        match (&memory.aggregate, &memory.fields) {
+            (Some((revision, _)), Some(fields)) if fields.revision == revision.0 => Some(Cached {
+                revision: *revision,
+                digest: &memory.digest,
+                len: 0,
+                shape: Some(&self.attempt.shape),
+            }),
+            _ => None,
+        }
     }
 
     fn scope(&self) -> LivenessScope<'_> {
@@ -178,11 +225,41 @@ impl<F: Decide> Section for GroupSection<'_, F> {
             self.slot.mark_present();
         }
         let (transition, rev) = self.transition(loaded)?;
-        if !transition.writes() {
+        let converts = !self.attempt.converts.is_empty();
+        if !transition.writes() && !converts {
             return Ok(Verdict::Answer((transition, rev)));
         }
-        let json = transition.next.as_ref().map(GroupMetadata::encode);
-        self.attempt.decided = Some(Decided { transition, json });
+        let (meta, stored) = self.attempt.loaded.as_ref().expect("loaded before deciding");
+        let next = transition.next.clone().map(Arc::new);
+        let fields = if converts {
+            // The layout before fields, converted as it is (or as this decision changes it): the same metadata
+            // in fields, nothing reassigned by the conversion itself.
+            let written = next.as_deref().unwrap_or(meta);
+            Some(FieldWrite {
+                changes: group_fields::all_fields(written)
+                    .into_iter()
+                    .map(|(name, json)| (name, Some(json), String::new()))
+                    .collect(),
+                converts: self.attempt.converts.clone(),
+            })
+        } else {
+            next.as_deref().map(|next| FieldWrite {
+                changes: group_fields::changed_fields(meta, next)
+                    .into_iter()
+                    .map(|(name, json)| {
+                        let expect = stored.expected(&name);
+                        (name, json, expect)
+                    })
+                    .collect(),
+                converts: String::new(),
+            })
+        };
+        let next = next.or_else(|| converts.then(|| meta.clone()));
+        self.attempt.decided = Some(Decided {
+            transition,
+            fields,
+            next,
+        });
         Ok(Verdict::Write)
     }
 
@@ -205,12 +282,13 @@ impl<F: Decide> Section for GroupSection<'_, F> {
     fn write<'a>(&'a self, loaded: &'a Loaded) -> Write<'a> {
         let d = self.attempt.decided.as_ref().expect("decided before the write");
         Write {
-            aggregate: d.json.as_deref(),
-            replaces: &loaded.aggregate_digest,
+            aggregate: None,
+            replaces: "",
             renew: &d.transition.renew,
             forget: &d.transition.forget,
             now_ms: loaded.now_ms,
             run_id: &loaded.run_id,
+            fields: d.fields.as_ref(),
         }
     }
 
@@ -222,17 +300,25 @@ impl<F: Decide> Section for GroupSection<'_, F> {
 
     async fn committed(&mut self, revision: StoreRevision) -> Result<Self::Output, Error> {
         if let Some(Decided {
-            transition: t,
-            json: Some(json),
+            fields: Some(fields),
+            next: Some(next),
+            ..
         }) = &self.attempt.decided
         {
-            if let Some(next) = &t.next {
-                let mut memory = self.slot.cache.lock().expect("cache lock");
-                memory.highest = memory.highest.max(next.metadata_version);
-                memory.aggregate = Some((revision, Arc::new(next.clone())));
-                memory.digest = store::digest(json.as_bytes());
-                memory.len = json.len();
-            }
+            let changes: Vec<(String, Option<String>)> = fields
+                .changes
+                .iter()
+                .map(|(name, json, _)| (name.clone(), json.clone()))
+                .collect();
+            let before = match (&self.attempt.loaded, fields.converts.is_empty()) {
+                (Some((_, stored)), true) => stored.after(revision.0, &changes),
+                _ => StoredFields::default().after(revision.0, &changes),
+            };
+            let mut memory = self.slot.cache.lock().expect("cache lock");
+            memory.highest = memory.highest.max(next.metadata_version);
+            memory.digest = group_fields::digest_hex(before.xor());
+            memory.fields = Some(Arc::new(before));
+            memory.aggregate = Some((revision, next.clone()));
         }
         let d = self.attempt.decided.as_ref().expect("decided before the write");
         self.log_events(&d.transition.events);

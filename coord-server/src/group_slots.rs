@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::LastRun;
 use crate::error::Error;
+use crate::store::group_fields::StoredFields;
 
 /// How long a slot is kept after the last load that found its group: a group that stays deleted (and unindexed)
 /// is ticked that long, with this process's memory of its versions, then forgotten.
@@ -55,7 +56,9 @@ impl GroupSlot {
     /// Forgets the cached aggregate (it is not the stored one any more); what this process saw (highest version,
     /// grace) stays.
     pub fn drop_aggregate(&self) {
-        self.cache.lock().expect("cache lock").aggregate = None;
+        let mut memory = self.cache.lock().expect("cache lock");
+        memory.aggregate = None;
+        memory.fields = None;
     }
 }
 
@@ -139,10 +142,11 @@ impl Queued {
 pub(crate) struct GroupMemory {
     /// The decoded aggregate at a revision: a load at the same revision skips fetching and parsing it.
     pub aggregate: Option<(StoreRevision, Arc<GroupMetadata>)>,
-    /// [`crate::store::digest`] and length of that aggregate's JSON: a load skips it only while the stored one
-    /// matches.
+    /// The stamps and digests of that aggregate's stored fields (at the same revision): a load reads only the
+    /// fields changed since, and a commit names the digest of every field it replaces.
+    pub fields: Option<Arc<StoredFields>>,
+    /// [`StoredFields::xor`] of `fields`, as the load script compares it (16 hex digits).
     pub digest: String,
-    pub len: usize,
     /// Highest metadata version this process has seen for the group (to notice a regression itself).
     pub highest: MetadataVersion,
     /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.

@@ -20,7 +20,8 @@ use crate::section::{unavailable, Section, Verdict};
 use crate::state_machine;
 use crate::state_machine::routing::{Evidence, Plan, Report, SealTodo, Why};
 use crate::stats::Stats;
-use crate::store::{self, Loaded, SectionKeys, Store, Write};
+use crate::store::group_fields;
+use crate::store::{self, FieldWrite, Loaded, SectionKeys, Store, Write};
 
 /// Data-plane writes sent at once (seals, records): a growth of a large stream touches up to `MAX_SHARDS` keys.
 const DATA_PLANE_IN_FLIGHT: usize = 64;
@@ -444,7 +445,7 @@ pub(crate) struct CreateSection<'a, M> {
     stream: &'a StreamName,
     group: &'a GroupName,
     make: M,
-    json: String,
+    fields: FieldWrite,
 }
 
 impl<'a, M> CreateSection<'a, M>
@@ -456,7 +457,7 @@ where
             stream,
             group,
             make,
-            json: String::new(),
+            fields: FieldWrite::default(),
         }
     }
 
@@ -483,7 +484,11 @@ where
     }
 
     fn decide(&mut self, loaded: &Loaded) -> Result<Verdict<Self::Output>, Error> {
-        self.json = (self.make)(loaded.now_ms).encode();
+        let meta = (self.make)(loaded.now_ms);
+        self.fields.changes = group_fields::all_fields(&meta)
+            .into_iter()
+            .map(|(name, json)| (name, Some(json), String::new()))
+            .collect();
         Ok(Verdict::Write)
     }
 
@@ -496,7 +501,7 @@ where
 
     fn write<'a>(&'a self, loaded: &'a Loaded) -> Write<'a> {
         Write {
-            aggregate: Some(&self.json),
+            fields: Some(&self.fields),
             now_ms: loaded.now_ms,
             run_id: &loaded.run_id,
             ..Write::default()

@@ -41,8 +41,13 @@
 //!   compare-and-set decides between them, as after a stalled holder's TTL. The lost writes themselves are found
 //!   by the stored run id (see [`Store::try_load`]).
 //!
+//! A group's hash keeps its document in fields ([`group_fields`]) and runs `GROUP_LOAD` / `GROUP_COMMIT`
+//! ([`group_io`]) instead: the same contract, but a load sends only the changes since the caller's revision and
+//! a commit writes only the changed fields (each checked against the digest the decision read).
+//!
 //! # Layout
-//! * `scripts`: the Lua of `LOAD`, `COMMIT`, `ADOPT_RUN_ID` and `RELEASE`; `section_data`: the keys, loads, writes
+//! * `scripts`: the Lua of `LOAD`, `COMMIT`, `GROUP_LOAD`, `GROUP_COMMIT`, `ADOPT_RUN_ID` and `RELEASE`;
+//!   `group_fields`: the field layout of a group (pure); `group_io`: its round trips; `section_data`: the keys, loads, writes
 //!   and tokens they work on; `section`: the round trips themselves and the snapshot reads; `decode`: the strict
 //!   parsing of replies, fields and documents; `index`: the rebuildable groups and streams indexes.
 //! * Two Redis targets ([`Store::connect_split`]): `self` holds the coordinator's keys, [`Store::data`] the shard
@@ -59,7 +64,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use crate::error::StoreError;
-use scripts::{ADOPT_RUN_ID, COMMIT, FIELD_CHECKS, LOAD, RELEASE};
+use scripts::{ADOPT_RUN_ID, COMMIT, FIELD_CHECKS, GROUP_COMMIT, GROUP_HELPERS, GROUP_LOAD, LOAD, RELEASE};
 
 /// Connect timeout of each cluster node connection.
 const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -77,6 +82,8 @@ const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
 const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 mod decode;
+pub mod group_fields;
+mod group_io;
 mod index;
 pub mod lag;
 pub mod nodes;
@@ -92,7 +99,7 @@ pub use decode::{
     UNREADABLE_LEASE_MS,
 };
 pub use scripts::script_sources;
-pub use section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Token, Write};
+pub use section_data::{Cached, Committed, FieldWrite, LivenessScope, Loaded, SectionKeys, Token, Write};
 // `nodes` reads the masters' clocks with the same conversion as `LOAD`.
 use decode::time_ms;
 
@@ -104,6 +111,8 @@ pub struct Store {
     nodes: Option<Arc<redis_link::ClusterRouter>>,
     load: Script,
     commit: Script,
+    group_load: Script,
+    group_commit: Script,
     release: Script,
     adopt_run_id: Script,
     /// Prefix of this store's mutex tokens (random per process).
@@ -135,6 +144,8 @@ impl Store {
             nodes,
             load: Script::new(&format!("{FIELD_CHECKS}{LOAD}")),
             commit: Script::new(&format!("{FIELD_CHECKS}{COMMIT}")),
+            group_load: Script::new(&format!("{FIELD_CHECKS}{GROUP_HELPERS}{GROUP_LOAD}")),
+            group_commit: Script::new(&format!("{FIELD_CHECKS}{GROUP_HELPERS}{GROUP_COMMIT}")),
             release: Script::new(RELEASE),
             adopt_run_id: Script::new(ADOPT_RUN_ID),
             owner: format!("{:016x}", rand::random::<u64>()).into(),

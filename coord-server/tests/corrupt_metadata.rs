@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use coord_server::store::{LivenessScope, SectionKeys, Store, Write};
+use coord_server::store::{FieldWrite, LivenessScope, SectionKeys, Store, Write};
 use coord_server::Error;
 use protocol::keys;
 use protocol::messages::{AddShardsRequest, HeartbeatResponse};
@@ -269,9 +269,12 @@ async fn commit_checks_what_it_overwrites_before_writing_anything() {
         hset(&mut f.conn, &key, field, value).await;
         let before = stored(&mut f.conn).await;
         let renew = [(a.clone(), loaded.now_ms + 60_000)];
+        let fields = FieldWrite {
+            changes: vec![("m:z".into(), Some("{\"replaced\":true}".into()), String::new())],
+            converts: String::new(),
+        };
         let write = Write {
-            aggregate: Some("{\"replaced\":true}"),
-            replaces: &loaded.aggregate_digest,
+            fields: Some(&fields),
             renew: &renew,
             now_ms: loaded.now_ms,
             run_id: &loaded.run_id,
@@ -308,25 +311,26 @@ async fn an_unknown_layout_version_under_a_warm_cache_fails_closed() {
 }
 
 #[tokio::test]
-async fn a_garbage_aggregate_under_a_warm_cache_is_not_served_nor_replaced() {
+async fn a_garbage_member_field_under_a_warm_cache_is_not_served_nor_replaced() {
     let mut f = group_with_a().await;
-    hset(&mut f.conn, &metadata_key(S, G), "aggregate", "garbage").await;
+    hset(&mut f.conn, &metadata_key(S, G), "m:a", "garbage").await;
     f.fails_closed().await;
 }
 
 #[tokio::test]
-async fn an_edit_that_keeps_the_aggregate_length_is_never_overwritten_and_fails_closed_from_the_next_tick() {
+async fn an_edit_that_keeps_the_field_length_is_never_overwritten_and_fails_closed_from_the_next_tick() {
     let mut f = group_with_a().await;
     let key = metadata_key(S, G);
     let original: String = redis::cmd("HGET")
         .arg(&key)
-        .arg("aggregate")
+        .arg("group")
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    hset(&mut f.conn, &key, "aggregate", &" ".repeat(original.len())).await;
+    hset(&mut f.conn, &key, "group", &" ".repeat(original.len())).await;
     let before = stored(&mut f.conn).await;
-    // b's join is decided on the cached aggregate (the length matches), but its write is refused.
+    // b's join is decided on the cached fields (the lengths match), but its write of the group field is refused:
+    // the stored one is not the one the decision read.
     f.refused(&join("b")).await;
     assert_eq!(stored(&mut f.conn).await, before, "nothing was written");
     // A tick compares digests; from then on nothing is served from the cache either.
@@ -341,11 +345,11 @@ async fn an_edit_that_keeps_the_aggregate_length_is_never_overwritten_and_fails_
 }
 
 #[tokio::test]
-async fn a_deleted_aggregate_under_a_warm_cache_fails_closed() {
+async fn a_deleted_group_field_under_a_warm_cache_fails_closed() {
     let mut f = group_with_a().await;
     let _: i64 = redis::cmd("HDEL")
         .arg(metadata_key(S, G))
-        .arg("aggregate")
+        .arg("group")
         .query_async(&mut f.conn)
         .await
         .unwrap();
@@ -358,13 +362,13 @@ async fn a_repaired_hash_is_served_again() {
     let key = metadata_key(S, G);
     let original: String = redis::cmd("HGET")
         .arg(&key)
-        .arg("aggregate")
+        .arg("m:a")
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    hset(&mut f.conn, &key, "aggregate", "garbage").await;
+    hset(&mut f.conn, &key, "m:a", "garbage").await;
     f.refused(&follow_up(&f.a, &f.a.assigned)).await;
-    hset(&mut f.conn, &key, "aggregate", &original).await;
+    hset(&mut f.conn, &key, "m:a", &original).await;
     let r = f.api.hb(S, G, &follow_up(&f.a, &f.a.assigned)).await;
     assert_eq!((r.status, r.assigned.clone()), (Status::Ok, f.a.assigned.clone()));
     f.coord.shutdown().await;

@@ -82,7 +82,7 @@ async fn a_deleted_liveness_hash_gives_grace_instead_of_mass_expiry() {
 }
 
 #[tokio::test]
-async fn a_hash_without_aggregate_fails_closed_and_create_refuses_it() {
+async fn a_hash_without_its_group_field_fails_closed_and_create_refuses_it() {
     let (redis, first) = start().await;
     let api = Api::new(first.url());
     api.create_group(S, G, 2).await;
@@ -91,7 +91,7 @@ async fn a_hash_without_aggregate_fails_closed_and_create_refuses_it() {
     let mut conn = redis.connection().await;
     let _: () = redis::cmd("HDEL")
         .arg(metadata_key(S, G))
-        .arg("aggregate")
+        .arg("group")
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -436,7 +436,7 @@ async fn unreadable_metadata_counts_schema_and_layout_errors_by_kind() {
     let key = metadata_key(S, G);
     let describe = "/v1/streams/orders/groups/billing";
     for (field, value, kind) in [
-        ("aggregate", "{", "decode"),
+        ("group", "{", "decode"),
         ("schemaVersion", "99", "schema"),
         ("layoutVersion", "99", "layout"),
     ] {

@@ -299,14 +299,8 @@ async fn a_tick_finishes_the_seals_of_a_growth_recorded_unsealed() {
     coordinator.tick_group(&stream(), &group).await.unwrap();
     let g = &routing().await.growths[0];
     assert_eq!(g.seals, sealed, "sealed again at the positions the parents recorded");
-    let mut con = redis.connection().await;
-    let json: Vec<u8> = redis::cmd("HGET")
-        .arg(keys::group_metadata(&stream(), &group))
-        .arg(keys::fields::AGGREGATE)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let meta = protocol::metadata::GroupMetadata::decode(&json).unwrap();
+    let store = coord_server::store::Store::connect(&redis.url()).await.unwrap();
+    let meta = store.group_metadata(&stream(), &group).await.unwrap().unwrap();
     assert!(
         meta.reshards.is_empty(),
         "empty parents are drained at once: {:?}",

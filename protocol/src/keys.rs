@@ -4,7 +4,7 @@
 //!
 //! | key | tag | what it holds |
 //! |---|---|---|
-//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group aggregate (hash: `aggregate`, `revision`, `livenessRevision`, `schemaVersion`, `layoutVersion`, `updatedAt`, `runId`) |
+//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group's metadata in fields (hash: `group`, `m:<member>`, `s:<block>`, `log:<revision>`, and `revision`, `livenessRevision`, `schemaVersion`, `layoutVersion`, `updatedAt`, `runId`; see docs/protocol.md §6.2.1) |
 //! | `redis-stream:coord:{<stream>:<group>}:liveness` | group | member leases renewed by no-change heartbeats (hash: member id -> lease end, Redis time in ms) |
 //! | `redis-stream:coord:{<stream>:<group>}:mutex` | group | the group's critical-section mutex (`SET NX PX`) |
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |

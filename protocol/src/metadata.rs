@@ -253,7 +253,7 @@ impl GroupMetadata {
     pub fn decode(json: &[u8]) -> Result<Self, DecodeError> {
         check_schema(json, GROUP_SCHEMA_VERSION)?;
         let meta: GroupMetadata = serde_json::from_slice(json)?;
-        meta.check()?;
+        meta.validate()?;
         Ok(meta)
     }
 
@@ -262,7 +262,13 @@ impl GroupMetadata {
         serde_json::to_string(self).expect("GroupMetadata serializes: it holds only strings, numbers and maps")
     }
 
-    fn check(&self) -> Result<(), DecodeError> {
+    /// Checks the invariants every stored group holds (shard table length, members named by shards exist,
+    /// incarnations, fencing tokens, timings, reshards): what [`GroupMetadata::decode`] checks after parsing, for
+    /// a document assembled from parts.
+    ///
+    /// # Errors
+    /// [`DecodeError::Inconsistent`] naming the broken invariant.
+    pub fn validate(&self) -> Result<(), DecodeError> {
         if self.shards.len() != self.shard_count as usize {
             return Err(DecodeError::Inconsistent(format!(
                 "shardCount is {} but the shard table has {} entries",

@@ -26,6 +26,8 @@
 //! On a second stream, `--e2e-members` consumers (no-op handler) and a producer SDK `send()` per record at
 //! `--rate` records/s for `--e2e-secs` seconds; each record carries its send time (field `t`, ns since a
 //! process-wide origin, taken just before `send()`), the handler records `now - t`. Prints p50/p90/p99/max.
+// The coordinator's create path nests deep async state machines; the default limit (128) is too low.
+#![recursion_limit = "256"]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

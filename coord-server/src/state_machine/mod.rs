@@ -47,7 +47,7 @@ mod transition;
 #[cfg(test)]
 mod fencing_tests;
 #[cfg(test)]
-mod harness;
+pub(crate) mod harness;
 #[cfg(test)]
 mod late_request_tests;
 #[cfg(test)]

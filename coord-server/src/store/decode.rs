@@ -3,7 +3,9 @@
 
 use protocol::keys::{fields, LAYOUT_VERSION};
 use protocol::messages::GroupRef;
-use protocol::metadata::{GroupMetadata, StreamRouting, GROUP_SCHEMA_VERSION, ROUTING_SCHEMA_VERSION};
+use protocol::metadata::{GroupMetadata, StreamRouting, ROUTING_SCHEMA_VERSION};
+
+use super::group_fields::{self, GroupRead, Resolved, StoredFields, AGGREGATE_SCHEMA, FIELDS_SCHEMA};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
 use redis::Value;
@@ -27,9 +29,9 @@ pub fn group_refs(raw: &[String]) -> Vec<GroupRef> {
     groups
 }
 
-/// Schema versions this build writes, for callers building a `Write`.
+/// The hash `schemaVersion` of group hashes this build writes (in fields).
 pub const fn schema_of_group() -> u32 {
-    GROUP_SCHEMA_VERSION
+    FIELDS_SCHEMA
 }
 
 /// Schema version of routing documents.
@@ -37,13 +39,21 @@ pub const fn schema_of_routing() -> u32 {
     ROUTING_SCHEMA_VERSION
 }
 
-/// Decodes a group aggregate, checking the hash's `schemaVersion` and `layoutVersion` fields too.
+/// Makes a group load whole ([`group_fields::resolve`]) over what the caller holds, after checking the hash's
+/// `schemaVersion` (fields, or the aggregate of the layout before them) and `layoutVersion`.
 ///
 /// # Errors
 /// A sentence for the `METADATA_UNAVAILABLE` answer.
-pub fn decode_group(loaded: &Loaded, json: &[u8]) -> Result<GroupMetadata, String> {
-    check_versions(loaded, GROUP_SCHEMA_VERSION)?;
-    GroupMetadata::decode(json).map_err(|e| format!("group metadata is unreadable: {e}"))
+pub fn decode_group(loaded: &Loaded, cached: Option<(&GroupMetadata, &StoredFields)>) -> Result<Resolved, String> {
+    let (Some(revision), Some(read)) = (loaded.revision, loaded.group.as_ref()) else {
+        return Err("the group hash has a revision but no fields".into());
+    };
+    let schema = match read {
+        GroupRead::Aggregate(_) => AGGREGATE_SCHEMA,
+        _ => FIELDS_SCHEMA,
+    };
+    check_versions(loaded, schema)?;
+    group_fields::resolve(read, revision, cached).map_err(|e| format!("group metadata is unreadable: {e}"))
 }
 
 /// Decodes a routing document whose hash fields were checked already ([`check_versions`], or the checks of
@@ -163,6 +173,7 @@ impl Fields<'_> {
             schema_version,
             layout_version,
             aggregate: None,
+            group: None,
             aggregate_digest: String::new(),
             cache_hit: false,
             liveness,

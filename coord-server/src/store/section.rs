@@ -79,6 +79,9 @@ impl Store {
     }
 
     async fn load_once(&self, ask: &Ask<'_>) -> Result<Attempt, StoreError> {
+        if ask.keys.fields {
+            return self.load_group_once(ask).await;
+        }
         let Ask {
             keys,
             token,
@@ -136,7 +139,7 @@ impl Store {
     /// (a replaced node's run id is nobody's, or a replica's). Then the node's run id is recorded
     /// ([`ADOPT_RUN_ID`]) and the load reports no change. Any doubt (an error, a master's run id unreadable)
     /// leaves the change reported: a needless correction round is safe, a missed one is not.
-    async fn explain_moved_run_id(&self, keys: &SectionKeys, loaded: &mut Loaded) {
+    pub(super) async fn explain_moved_run_id(&self, keys: &SectionKeys, loaded: &mut Loaded) {
         let masters = match self.master_run_ids().await {
             Ok(ids) => ids,
             Err(e) => {
@@ -184,6 +187,9 @@ impl Store {
         expected_liveness: u64,
         write: &Write<'_>,
     ) -> Result<Committed, StoreError> {
+        if keys.fields {
+            return self.commit_group(keys, token, expected, expected_liveness, write).await;
+        }
         let mut conn = self.conn.clone();
         let mut inv = self.commit.key(&keys.hash);
         inv.key(&keys.liveness)
@@ -240,6 +246,9 @@ impl Store {
     /// [`StoreError::Corrupt`] for a field that does not parse or a version this build does not understand; Redis
     /// errors.
     pub async fn read(&self, keys: &SectionKeys, liveness: bool) -> Result<Loaded, StoreError> {
+        if keys.fields {
+            return self.read_group(keys, liveness).await;
+        }
         let mut conn = self.conn.clone();
         let mut fields: Vec<&str> = SNAPSHOT_FIELDS.to_vec();
         fields.push(fields::AGGREGATE);
@@ -310,16 +319,16 @@ impl Store {
 
 /// What one load attempt asks of the load script (the arguments of [`Store::try_load`]).
 #[derive(Clone, Copy)]
-struct Ask<'a> {
-    keys: &'a SectionKeys,
-    token: &'a str,
-    mutex_ttl: Duration,
-    cached: Option<Cached<'a>>,
-    scope: LivenessScope<'a>,
+pub(super) struct Ask<'a> {
+    pub(super) keys: &'a SectionKeys,
+    pub(super) token: &'a str,
+    pub(super) mutex_ttl: Duration,
+    pub(super) cached: Option<Cached<'a>>,
+    pub(super) scope: LivenessScope<'a>,
 }
 
 /// What one `LOAD` attempt found.
-enum Attempt {
+pub(super) enum Attempt {
     Loaded(Loaded),
     /// The mutex is held by this token.
     Busy(String),

@@ -2,11 +2,13 @@
 //! read and what `COMMIT` writes, and the mutex token it holds.
 
 use protocol::keys;
-use protocol::metadata::{GROUP_SCHEMA_VERSION, ROUTING_SCHEMA_VERSION};
+use protocol::metadata::ROUTING_SCHEMA_VERSION;
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
+
+use super::group_fields::{GroupRead, FIELDS_SCHEMA};
 
 /// The keys of one critical section: a hash, its liveness hash and its mutex (one hash tag), and the schema
 /// version of the hash's document.
@@ -20,6 +22,8 @@ pub struct SectionKeys {
     pub mutex: String,
     /// The `schemaVersion` this build reads and writes in `hash`.
     pub schema: u32,
+    /// Whether `hash` is a group's, kept in fields ([`super::group_fields`]); a routing hash keeps one document.
+    pub fields: bool,
 }
 
 impl SectionKeys {
@@ -29,7 +33,8 @@ impl SectionKeys {
             hash: keys::group_metadata(stream, group),
             liveness: keys::group_liveness(stream, group),
             mutex: keys::group_mutex(stream, group),
-            schema: GROUP_SCHEMA_VERSION,
+            schema: FIELDS_SCHEMA,
+            fields: true,
         }
     }
 
@@ -41,6 +46,7 @@ impl SectionKeys {
             hash,
             mutex: keys::stream_routing_mutex(stream),
             schema: ROUTING_SCHEMA_VERSION,
+            fields: false,
         }
     }
 }
@@ -60,7 +66,8 @@ pub enum LivenessScope<'a> {
 
 /// The aggregate a caller has parsed already: `LOAD` skips sending it while the stored revision is the same and
 /// the stored aggregate has the same length (every load) and the same digest (loads of all liveness, i.e. ticks
-/// and fences, which hash it).
+/// and fences, which hash it). For a group in fields: the revision, and as digest the XOR of the fields'
+/// digests ([`super::group_fields::StoredFields::xor`]), which loads of all liveness compare.
 #[derive(Debug, Clone, Copy)]
 pub struct Cached<'a> {
     /// The revision it was read or written at.
@@ -69,6 +76,8 @@ pub struct Cached<'a> {
     pub digest: &'a str,
     /// Length of its JSON in bytes.
     pub len: usize,
+    /// For a group in fields: what a load that is not a tick compares ([`super::group_fields::StoredFields::shape`]).
+    pub shape: Option<&'a str>,
 }
 
 /// What `LOAD` read while taking the mutex.
@@ -84,8 +93,11 @@ pub struct Loaded {
     pub schema_version: Option<u32>,
     /// `layoutVersion` field.
     pub layout_version: Option<u32>,
-    /// The aggregate JSON, unless the caller's cached one is still current (or the hash is missing).
+    /// The aggregate JSON, unless the caller's cached one is still current (or the hash is missing). Routing
+    /// hashes only: a group's data is in [`Loaded::group`].
     pub aggregate: Option<Vec<u8>>,
+    /// What the load sent of a group hash's fields (`None` for routing hashes and missing groups).
+    pub group: Option<GroupRead>,
     /// [`digest`](super::digest) of the aggregate this load stands for (the one sent, or the cached one on a hit); empty when
     /// there is none.
     pub aggregate_digest: String,
@@ -123,6 +135,18 @@ pub struct Write<'a> {
     pub now_ms: u64,
     /// The server's run id, recorded with the aggregate.
     pub run_id: &'a str,
+    /// A group's changed fields (bumps `revision`); groups write these, never `aggregate`.
+    pub fields: Option<&'a FieldWrite>,
+}
+
+/// The fields a group commit writes.
+#[derive(Debug, Default)]
+pub struct FieldWrite {
+    /// (field, JSON to write or `None` to delete, the stored field's digest the decision read, empty when the
+    /// field must not exist).
+    pub changes: Vec<(String, Option<String>, String)>,
+    /// SHA-1 of the `aggregate` this write converts to fields (the layout before them); empty otherwise.
+    pub converts: String,
 }
 
 /// Result of `COMMIT`.

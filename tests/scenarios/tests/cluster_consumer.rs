@@ -513,17 +513,13 @@ async fn a_stream_grows_on_the_cluster_and_keys_keep_their_order_across_shards()
         .routing_version;
     producer.observe_routing_version(version);
     // Released: the group adopted 8 shards and every parent is drained (no reshard left in its metadata).
-    let conn = cluster.connection().await;
+    let store = coord_server::store::Store::connect(&target(&cluster))
+        .await
+        .expect("cluster");
     wait_for(DEADLINE, "the group to drain the parents and read all 8 shards", || {
-        let (mut conn, key) = (conn.clone(), keys::group_metadata(&stream, &group));
+        let (store, stream, group) = (store.clone(), stream.clone(), group.clone());
         async move {
-            let json: Vec<u8> = redis::cmd("HGET")
-                .arg(key)
-                .arg(keys::fields::AGGREGATE)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            let m = protocol::metadata::GroupMetadata::decode(&json).ok()?;
+            let m = store.group_metadata(&stream, &group).await.ok()??;
             (m.shard_count == 8 && m.reshards.is_empty()).then_some(())
         }
     })

@@ -49,7 +49,7 @@ fn ok<T>(what: &str, r: redis::RedisResult<T>) -> T {
 /// `LOAD`, `COMMIT` (a new aggregate and one lease), `LOAD` again, `RELEASE`: one critical section, as
 /// `Store::try_load` / `Store::commit` / `Store::release` send it.
 async fn critical_section(con: &mut ClusterConnection, keys: &SectionKeys, scope: &str, member: Option<&str>) {
-    let [(_, load), (_, commit), (_, release)] = script_sources();
+    let [(_, load), (_, commit), (_, release), ..] = script_sources();
     let (load, commit, release) = (Script::new(&load), Script::new(&commit), Script::new(&release));
     let token = "00000000000000010000000000000002";
     let mut inv = load.key(&keys.hash);

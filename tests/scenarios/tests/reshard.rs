@@ -30,7 +30,7 @@ use common::*;
 use coord_server::fault::{Action, Point};
 use coord_server::server::CoordinatorHandle;
 use coord_server::state_machine::Event;
-use protocol::keys::{self, fields};
+use protocol::keys;
 use protocol::messages::CreateGroupRequest;
 use protocol::metadata::GroupMetadata;
 use protocol::names::GroupName;

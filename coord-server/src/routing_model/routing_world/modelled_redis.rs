@@ -83,6 +83,7 @@ pub(super) fn loaded_of(hash: Option<&RoutingHash>, run: u32, now: u64) -> Loade
         schema_version: Some(store::schema_of_routing()),
         layout_version: Some(LAYOUT_VERSION),
         aggregate: hash.map(|h| h.routing.encode().into_bytes()),
+        group: None,
         aggregate_digest: String::new(),
         cache_hit: false,
         liveness: Vec::new(),

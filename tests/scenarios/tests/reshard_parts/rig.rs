@@ -327,12 +327,10 @@ pub(crate) async fn metadata_on(
     stream: &protocol::names::StreamName,
     group: &GroupName,
 ) -> GroupMetadata {
-    let mut con = redis.connection().await;
-    let json: Vec<u8> = redis::cmd("HGET")
-        .arg(keys::group_metadata(stream, group))
-        .arg(fields::AGGREGATE)
-        .query_async(&mut con)
+    let store = coord_server::store::Store::connect(&redis.url()).await.expect("Redis");
+    store
+        .group_metadata(stream, group)
         .await
-        .expect("HGET aggregate");
-    GroupMetadata::decode(&json).expect("stored metadata decodes")
+        .expect("stored metadata decodes")
+        .expect("the group has metadata")
 }
