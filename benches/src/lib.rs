@@ -1,6 +1,6 @@
-//! What the benchmark binaries (`producer_bench`, `consumer_bench`, `latency_bench`, in src/bin) share: the global
-//! allocator, the process's own CPU time ([`cpu`]) and memory ([`mem`]), and waiting for a group to settle
-//! ([`settle`]).
+//! What the benchmark binaries (`producer_bench`, `consumer_bench`, `latency_bench`, `group_scale_bench`, in
+//! src/bin) share: the global allocator, the process's own CPU time ([`cpu`]) and memory ([`mem`]), and waiting for
+//! a group to settle ([`settle`]); the parts of `group_scale_bench` are in [`scale`].
 //!
 //! The benchmarks start their own private `redis-server` (or local Redis Cluster) through `test_support`, and an
 //! in-process coordinator; `scripts/bench.sh` runs them all, BENCHMARKS.md keeps their figures.
@@ -23,4 +23,5 @@ pub const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
 pub mod cpu;
 pub mod group;
 pub mod mem;
+pub mod scale;
 pub mod settle;

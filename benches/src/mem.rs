@@ -6,7 +6,7 @@ pub fn status_mib(field: &str) -> Option<f64> {
     parse_status_mib(&status, field)
 }
 
-fn parse_status_mib(status: &str, field: &str) -> Option<f64> {
+pub(crate) fn parse_status_mib(status: &str, field: &str) -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: f64 = line[field.len()..]
         .strip_prefix(':')?
