@@ -319,7 +319,6 @@ impl Coordinator {
         let mut next_due = None;
         let (_, revision) = self
             .group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
-                self.inner.stats.metrics().observe_group(meta, live, clock.now_ms);
                 let t = state_machine::apply(
                     meta,
                     live,
@@ -328,6 +327,11 @@ impl Coordinator {
                     },
                     clock,
                 );
+                // The gauges show what the visit leaves (a member it expired is gone): the next visit may be a
+                // sweep period away.
+                let left = due::liveness_after(live, &t);
+                let next = t.next.as_ref().unwrap_or(meta);
+                self.inner.stats.metrics().observe_group(next, &left, clock.now_ms);
                 needs = state_machine::reshard::needs(t.next.as_ref().unwrap_or(meta));
                 next_due = due::tick_due(meta, live, &t, clock, routing.as_ref());
                 Ok(t)
@@ -516,7 +520,12 @@ impl Coordinator {
             }
             due
         };
-        let mut groups = self.list_groups(rebuild).await?.groups;
+        // The index is read every round, also when it is rebuilt: what the index holds and `SCAN` does not see
+        // yet costs nothing to include.
+        let mut groups = self.list_groups(false).await?.groups;
+        if rebuild {
+            groups.extend(self.list_groups(true).await?.groups);
+        }
         groups.extend(self.inner.slots.retained());
         groups.sort();
         groups.dedup();

@@ -24,6 +24,10 @@
 //! and the group is made due at once (the next visit scores what is stored). The other writer's own check comes
 //! after its own `ZADD`, so whichever lands last is checked against every commit before it.
 //!
+//! Besides its deadlines, a group with members is due every half member TTL ([`observe_by`]): the tick visit is
+//! also what refreshes the group's gauges (heartbeat age, drains). A group without members is visited only by the
+//! sweep, which is the point: idle groups cost nothing per tick.
+//!
 //! Several replicas visiting one due group is harmless: the visits are critical sections on the group's mutex
 //! with the revision compare-and-set, the second finds nothing left to do, and both write the same score (up to
 //! their expiry graces: a replica that just started writes its grace's end, a later score; that delays an expiry
@@ -43,8 +47,18 @@ use protocol::messages::GroupRef;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Default of [`crate::Config::due_sweep_period`]: see the module docs for the choice.
+/// Default of [`crate::Config::due_sweep_period`]: see the module docs for the choice. At most 120 s, the age at
+/// which an unrefreshed per-group gauge disappears.
 pub const SWEEP_PERIOD: Duration = Duration::from_secs(60);
+
+/// When a group must be visited next to keep its per-group gauges (heartbeat age, drains, correction age) fresh:
+/// half a member TTL from `now_ms` while it has members (a silent member's heartbeat age is seen growing before
+/// its expiry), or after a commit that changed the aggregate (`changed`: a visit shows the change, a leave's
+/// too). `None` otherwise: the gauges of a group without members do not change with time, and the sweep
+/// refreshes them well within the 120 s after which an unrefreshed gauge disappears.
+pub fn observe_by(meta: &protocol::metadata::GroupMetadata, now_ms: u64, changed: bool) -> Option<u64> {
+    (changed || !meta.members.is_empty()).then(|| now_ms.saturating_add(meta.timings.member_ttl_ms / 2))
+}
 
 /// Why the tick loop visits a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,10 +25,8 @@ pub(crate) struct Scored {
     pub revision: StoreRevision,
 }
 
-/// The due time of what a transition leaves: its next aggregate (or the loaded one) with the liveness the
-/// section loaded, renewed and forgotten as the transition writes.
-pub(super) fn due_after(meta: &GroupMetadata, live: &Liveness, t: &Transition, clock: Clock) -> Option<u64> {
-    let next = t.next.as_ref().unwrap_or(meta);
+/// The liveness a transition leaves: the loaded entries, renewed and forgotten as it writes.
+pub(super) fn liveness_after(live: &Liveness, t: &Transition) -> Liveness {
     let mut live = live.clone();
     for (m, lease) in &t.renew {
         let e = live.entry(m.clone()).or_insert(0);
@@ -37,7 +35,20 @@ pub(super) fn due_after(meta: &GroupMetadata, live: &Liveness, t: &Transition, c
     for m in &t.forget {
         live.remove(m);
     }
-    visit_due_ms(next, &live, clock.expiry_allowed_from_ms)
+    live
+}
+
+/// The due time of what a transition leaves: its next aggregate (or the loaded one) with the liveness it leaves,
+/// and the gauges' own refresh ([`crate::due::observe_by`]).
+pub(super) fn due_after(meta: &GroupMetadata, live: &Liveness, t: &Transition, clock: Clock) -> Option<u64> {
+    let next = t.next.as_ref().unwrap_or(meta);
+    let live = liveness_after(live, t);
+    let due = visit_due_ms(next, &live, clock.expiry_allowed_from_ms);
+    let observe = crate::due::observe_by(next, clock.now_ms, t.next.is_some());
+    match (due, observe) {
+        (Some(d), Some(o)) => Some(d.min(o)),
+        (d, o) => d.or(o),
+    }
 }
 
 /// A tick's due time, also at once while the stream's routing waits to be adopted: a routing refused only
