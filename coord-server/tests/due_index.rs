@@ -239,3 +239,48 @@ async fn a_deleted_due_index_still_expires_within_the_sweep_period() {
     println!("with the due index deleted the member expired after {expired:?} (TTL {MEMBER_TTL:?}, sweep {sweep:?})");
     coord.shutdown().await;
 }
+
+/// Calls of one Redis command so far (`INFO commandstats`).
+async fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let mut conn = redis.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_that_only_renew_leases_write_no_score() {
+    let redis = RedisServer::start().await;
+    let coord = CoordinatorHandle::spawn(config(&redis, coord_server::due::SWEEP_PERIOD))
+        .await
+        .expect("coordinator starts");
+    let api = Api::new(coord.url());
+    api.create_group(S, G, 2).await;
+    let mut last = api.hb(S, G, &join("a")).await;
+    // Settle: the member reads what it was given; from then on its heartbeats change nothing but its lease.
+    for _ in 0..3 {
+        let reading = common::reading_after(&last, &last.assigned);
+        last = api.hb(S, G, &common::follow_up(&last, &reading)).await;
+    }
+    let (zadd, visited) = (calls(&redis, "zadd").await, visits(&coord));
+    const BEATS: u64 = 30;
+    for _ in 0..BEATS {
+        let reading = common::reading_after(&last, &last.assigned);
+        last = api.hb(S, G, &common::follow_up(&last, &reading)).await;
+    }
+    let (zadd, visited) = (calls(&redis, "zadd").await - zadd, visits(&coord) - visited);
+    // Only tick visits (at most one `ZADD` each, one per tick in fact) wrote scores, not the heartbeats.
+    assert!(
+        zadd <= visited && zadd < BEATS / 2,
+        "{zadd} ZADDs during {BEATS} renewals and {visited} tick visits"
+    );
+    coord.shutdown().await;
+}
