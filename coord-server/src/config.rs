@@ -41,8 +41,17 @@ pub struct Config {
     /// connection slots of its own, so a flood of client connections on `listen` cannot crowd out the probes
     /// (see `server` docs). `None` (the default): no probe listener; `listen` serves the three routes either way.
     pub probe_listen: Option<SocketAddr>,
-    /// How often every group is ticked (expiry, fencing, routing adoption).
+    /// How often the tick loop runs: each run visits the groups whose deadline has come (the due index, see
+    /// [`crate::due`]) and a slice of the safety sweep.
     pub tick_interval: Duration,
+    /// Every group is visited at least this often whatever the due index says (the safety sweep, spread over the
+    /// period): the bound on how late a member expires when the index was lost (see [`crate::due`]).
+    pub due_sweep_period: Duration,
+    /// Most due groups one tick visits; the rest stay due for the next tick.
+    pub due_batch: usize,
+    /// Most decoded aggregates this process caches; beyond it the least recently used are dropped (and read
+    /// from Redis again on their next use).
+    pub max_cached_aggregates: usize,
     /// TTL of the Redis mutex; a crashed holder blocks its group at most this long.
     pub mutex_ttl: Duration,
     /// How long a request waits for its group's mutex before answering `STORE_UNAVAILABLE`.
@@ -96,6 +105,9 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("probe_listen", &self.probe_listen)
             .field("tick_interval", &self.tick_interval)
+            .field("due_sweep_period", &self.due_sweep_period)
+            .field("due_batch", &self.due_batch)
+            .field("max_cached_aggregates", &self.max_cached_aggregates)
             .field("mutex_ttl", &self.mutex_ttl)
             .field("critical_section_timeout", &self.critical_section_timeout)
             .field("body_limit_bytes", &self.body_limit_bytes)
@@ -125,6 +137,9 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             probe_listen: None,
             tick_interval: Duration::from_millis(250),
+            due_sweep_period: crate::due::SWEEP_PERIOD,
+            due_batch: 1_000,
+            max_cached_aggregates: 10_000,
             mutex_ttl: Duration::from_secs(2),
             critical_section_timeout: Duration::from_millis(1500),
             body_limit_bytes: 256 * 1024,
@@ -178,6 +193,9 @@ impl Config {
         }
         if self.tick_interval.is_zero() {
             return Err("tick_interval must be positive".into());
+        }
+        if self.due_sweep_period.is_zero() || self.due_batch == 0 {
+            return Err("due_sweep_period and due_batch must be positive".into());
         }
         if self.body_limit_bytes < 1024 {
             return Err("body_limit_bytes must be at least 1024".into());

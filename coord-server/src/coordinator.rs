@@ -12,7 +12,7 @@ use protocol::messages::{
     CreateGroupRequest, GroupDescription, GroupList, GroupRef, HeartbeatRequest, HeartbeatResponse,
     RecreateGroupRequest, RoutingDescription, RoutingQuery, RoutingResponse,
 };
-use protocol::metadata::{GroupTimings, StreamRouting, MAX_SHARDS};
+use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{Status, StoreRevision};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +39,7 @@ use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
 pub use crate::group_slots::SLOT_RETENTION;
 
+mod due;
 mod quota;
 mod reshard;
 mod usage;
@@ -86,6 +87,8 @@ struct Inner {
     routing_checks: StdMutex<std::collections::HashSet<StreamName>>,
     /// Per stream, the next shard whose record the tick's sweep looks at ([`Coordinator::tend_routing`]).
     record_sweep: StdMutex<std::collections::HashMap<StreamName, u32>>,
+    /// The due index's safety sweep (see [`crate::due`]).
+    sweep: StdMutex<crate::due::Sweep>,
 }
 
 impl Coordinator {
@@ -118,6 +121,7 @@ impl Coordinator {
                 eviction_policy,
                 routing_checks: StdMutex::new(Default::default()),
                 record_sweep: StdMutex::new(Default::default()),
+                sweep: StdMutex::new(Default::default()),
             }),
         };
         coordinator.check_eviction_policy().await?;
@@ -269,11 +273,24 @@ impl Coordinator {
         }
     }
 
-    /// Runs one tick of a group: expiry, fencing, hold ends, routing adoption, closing a correction round.
+    /// Runs one tick of a group: expiry, fencing, hold ends, routing adoption, closing a correction round; then
+    /// writes the group's next due time to the due index (see [`crate::due`]).
     ///
     /// # Errors
     /// See [`Error`].
     pub async fn tick_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), Error> {
+        let scored = self.visit_group(stream, group).await?;
+        let g = GroupRef {
+            stream: stream.clone(),
+            group: group.clone(),
+        };
+        self.record_due(&[(g, scored)], &[]).await;
+        Ok(())
+    }
+
+    /// [`Coordinator::tick_group`] without writing the due index: the tick loop writes the scores of all its
+    /// visits at once.
+    pub(crate) async fn visit_group(&self, stream: &StreamName, group: &GroupName) -> Result<due::Scored, Error> {
         let routing = match self.inner.store.read_routing(stream).await {
             Ok(Some((_, json))) => match store::decode_routing(&json) {
                 Ok(r) => Some(r),
@@ -299,26 +316,36 @@ impl Coordinator {
             None => None,
         };
         let mut needs = Vec::new();
-        self.group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
-            self.inner.stats.metrics().observe_group(meta, live, clock.now_ms);
-            let t = state_machine::apply(
-                meta,
-                live,
-                Input::Tick {
-                    routing: routing.as_ref(),
-                },
-                clock,
-            );
-            needs = state_machine::reshard::needs(t.next.as_ref().unwrap_or(meta));
-            Ok(t)
-        })
-        .instrument(spans::section("tick", stream, Some(group)))
-        .await?;
+        let mut next_due = None;
+        let (_, revision) = self
+            .group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
+                let t = state_machine::apply(
+                    meta,
+                    live,
+                    Input::Tick {
+                        routing: routing.as_ref(),
+                    },
+                    clock,
+                );
+                // The gauges show what the visit leaves (a member it expired is gone): the next visit may be a
+                // sweep period away.
+                let left = due::liveness_after(live, &t);
+                let next = t.next.as_ref().unwrap_or(meta);
+                self.inner.stats.metrics().observe_group(next, &left, clock.now_ms);
+                needs = state_machine::reshard::needs(t.next.as_ref().unwrap_or(meta));
+                next_due = due::tick_due(meta, live, &t, clock, routing.as_ref());
+                Ok(t)
+            })
+            .instrument(spans::section("tick", stream, Some(group)))
+            .await?;
         // The tick's own work is recorded; what the reshard observation could not read is looked at next tick.
         if let Err(e) = self.observe_reshards(stream, group, needs).await {
             warn!(stream = %stream, group = %group, error = %e, "reshard observation failed; retried next tick");
         }
-        Ok(())
+        Ok(due::Scored {
+            due: next_due,
+            revision,
+        })
     }
 
     /// Fences a member now (admin). Its shards move when its lease ends.
@@ -477,10 +504,10 @@ impl Coordinator {
         })
     }
 
-    /// The groups the tick loop visits: the index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost
-    /// or incomplete index must not stop expiry), plus every group a load of this process found within
-    /// [`SLOT_RETENTION`]. Groups that requests merely named are not visited: the tick's cost follows the groups
-    /// that exist, not the names clients send.
+    /// The groups the tick loop's safety sweep visits (see [`crate::due`]; the due index decides the others): the
+    /// groups index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost or incomplete index must not
+    /// stop expiry), plus every group a load of this process found within [`SLOT_RETENTION`]. Groups that requests
+    /// merely named are not visited: the tick's cost follows the groups that exist, not the names clients send.
     ///
     /// # Errors
     /// Redis errors.
@@ -493,7 +520,12 @@ impl Coordinator {
             }
             due
         };
-        let mut groups = self.list_groups(rebuild).await?.groups;
+        // The index is read every round, also when it is rebuilt: what the index holds and `SCAN` does not see
+        // yet costs nothing to include.
+        let mut groups = self.list_groups(false).await?.groups;
+        if rebuild {
+            groups.extend(self.list_groups(true).await?.groups);
+        }
         groups.extend(self.inner.slots.retained());
         groups.sort();
         groups.dedup();
@@ -535,6 +567,19 @@ impl Coordinator {
     /// or idle). Returns how many slots remain. Run by the tick loop.
     pub fn evict_idle_slots(&self) -> usize {
         self.inner.slots.evict_idle()
+    }
+
+    /// Drops the least recently used cached aggregates beyond [`Config::max_cached_aggregates`] (they are read
+    /// from Redis again on their next use). Returns how many were dropped. Run by the tick loop.
+    pub fn trim_cached_aggregates(&self) -> usize {
+        self.inner
+            .slots
+            .trim_aggregates(self.inner.config.max_cached_aggregates)
+    }
+
+    /// How many decoded aggregates this process caches.
+    pub fn cached_aggregates(&self) -> usize {
+        self.inner.slots.cached_aggregates()
     }
 
     /// How many per-group slots this process holds.
@@ -606,16 +651,33 @@ impl Coordinator {
             recent: &inner.recent,
             global_grace_until_ms: &inner.global_grace_until_ms,
         };
+        // The due time of what the decision leaves, computed only when the aggregate changes: a commit that only
+        // renews leases makes no deadline earlier, and writes no score (see `crate::due`).
+        let mut f = f;
+        let mut next_due = None;
+        let scoring = |meta: &GroupMetadata, live: &Liveness, clock: state_machine::Clock, rev: StoreRevision| {
+            let t = f(meta, live, clock, rev)?;
+            next_due = t.next.is_some().then(|| due::due_after(meta, live, &t, clock));
+            Ok(t)
+        };
         let mut section = GroupSection {
             env,
             stream,
             group,
             slot,
             scope,
-            f,
+            f: scoring,
             attempt: Default::default(),
         };
-        section::run(self.env(), &SectionKeys::group(stream, group), &mut section).await
+        let (t, revision) = section::run(self.env(), &SectionKeys::group(stream, group), &mut section).await?;
+        if let Some(due) = next_due.filter(|_| t.next.is_some()) {
+            let g = GroupRef {
+                stream: stream.clone(),
+                group: group.clone(),
+            };
+            self.record_due(&[(g, due::Scored { due, revision })], &[]).await;
+        }
+        Ok((t, revision))
     }
 
     /// A critical section over a stream's routing, deciding with `f`.
@@ -723,6 +785,7 @@ impl Coordinator {
         let mut section = CreateSection::new(stream, group, make);
         section::run(self.env(), &keys, &mut section).await?;
         self.inner.store.index_group(stream, group).await?;
+        self.make_due(stream, group).await;
         info!(stream = %stream, group = %group, recreate, "group created");
         self.describe_group(stream, group).await
     }

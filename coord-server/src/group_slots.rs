@@ -10,6 +10,7 @@ use protocol::names::{GroupName, StreamName};
 use protocol::{MetadataVersion, StoreRevision};
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -32,6 +33,9 @@ pub(crate) struct GroupSlot {
     pub cache: StdMutex<GroupMemory>,
     /// When a load last found the group's metadata hash; `None`: never (the group may not exist).
     present_at: StdMutex<LastRun>,
+    /// When the slot was last taken for use, on [`Slots`]'s use counter: the least recently used cached
+    /// aggregates are dropped first ([`Slots::trim_aggregates`]).
+    used: AtomicU64,
 }
 
 impl GroupSlot {
@@ -158,13 +162,48 @@ pub(crate) struct GroupMemory {
 #[derive(Default)]
 pub(crate) struct Slots {
     groups: StdMutex<HashMap<(StreamName, GroupName), Arc<GroupSlot>>>,
+    /// Counts uses of slots, to order them by last use.
+    uses: AtomicU64,
 }
 
 impl Slots {
     /// The slot of a group, created when missing.
     pub fn slot(&self, stream: &StreamName, group: &GroupName) -> Arc<GroupSlot> {
         let mut groups = self.groups.lock().expect("groups lock");
-        groups.entry((stream.clone(), group.clone())).or_default().clone()
+        let slot = groups.entry((stream.clone(), group.clone())).or_default().clone();
+        slot.used
+            .store(self.uses.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
+        slot
+    }
+
+    /// Keeps at most `max` cached aggregates, dropping those of the least recently used slots. Returns how many
+    /// were dropped. Dropping is always safe: the next section of the group reads the aggregate from Redis again
+    /// (what this process saw of the group, its highest version and grace, stays).
+    pub fn trim_aggregates(&self, max: usize) -> usize {
+        let groups = self.groups.lock().expect("groups lock");
+        let mut cached: Vec<(u64, &Arc<GroupSlot>)> = groups
+            .values()
+            .filter(|s| s.cache.lock().expect("cache lock").aggregate.is_some())
+            .map(|s| (s.used.load(Ordering::Relaxed), s))
+            .collect();
+        let excess = cached.len().saturating_sub(max);
+        if excess == 0 {
+            return 0;
+        }
+        cached.select_nth_unstable_by_key(excess - 1, |(used, _)| *used);
+        for (_, slot) in &cached[..excess] {
+            slot.drop_aggregate();
+        }
+        excess
+    }
+
+    /// How many slots hold a cached aggregate.
+    pub fn cached_aggregates(&self) -> usize {
+        let groups = self.groups.lock().expect("groups lock");
+        groups
+            .values()
+            .filter(|s| s.cache.lock().expect("cache lock").aggregate.is_some())
+            .count()
     }
 
     /// Drops `slot` and, when its group was never found and nobody else uses the slot, forgets it: a request
@@ -257,6 +296,29 @@ mod tests {
         assert!(!slots.seen_recently(&stream, None));
         assert!(slots.retained().is_empty());
         assert_eq!(slots.evict_idle(), 0, "idle and not found for the retention: forgotten");
+    }
+
+    #[test]
+    fn the_least_recently_used_aggregates_are_dropped_beyond_the_budget() {
+        let slots = Slots::default();
+        let stream = StreamName::new("s").expect("name");
+        let meta = |g: &GroupName| {
+            let timings = protocol::metadata::GroupTimings::default();
+            let m = GroupMetadata::new(stream.clone(), g.clone(), 1, protocol::RoutingVersion(1), timings, 0);
+            Some((StoreRevision(1), Arc::new(m)))
+        };
+        let names: Vec<GroupName> = (0..5).map(|i| GroupName::new(format!("g{i}")).expect("name")).collect();
+        for g in &names {
+            slots.slot(&stream, g).cache.lock().expect("cache lock").aggregate = meta(g);
+        }
+        // g0 is used again: now the most recent.
+        drop(slots.slot(&stream, &names[0]));
+        assert_eq!(slots.trim_aggregates(2), 3);
+        assert_eq!(slots.cached_aggregates(), 2);
+        let kept = |g: &GroupName| slots.slot(&stream, g).memory().aggregate.is_some();
+        assert!(kept(&names[0]) && kept(&names[4]), "the two most recently used stay");
+        assert!(!kept(&names[1]) && !kept(&names[2]) && !kept(&names[3]));
+        assert_eq!(slots.trim_aggregates(2), 0, "within the budget: nothing dropped");
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,8 @@
 //!   `missing_metadata`: the "never created" or "lost" answer.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
 //! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
-//! * [`tick`]: the loop that ticks every group.
+//! * [`tick`]: the loop that ticks the groups that are due; [`due`]: the due index in Redis and the safety
+//!   sweep that bounds what a lost index can delay.
 //! * [`shutdown`]: the terminating gate; [`deadline`]: request and mutex-wait deadlines that forgive a stop of this
 //!   process (SIGSTOP, a paused VM) once.
 //! * [`startup`]: Redis version and command checks; [`memory_policy`]: the `maxmemory-policy` precondition.
@@ -33,6 +34,7 @@ mod clock;
 pub mod config;
 pub mod coordinator;
 pub mod deadline;
+pub mod due;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

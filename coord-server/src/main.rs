@@ -42,9 +42,15 @@ struct Args {
     /// the main port serves the three either way).
     #[arg(long, env = "COORD_PROBE_LISTEN")]
     probe_listen: Option<SocketAddr>,
-    /// How often every group is ticked (expiry, fencing, routing adoption), in ms.
+    /// How often the tick loop visits the groups that are due (expiry, fencing, routing adoption), in ms.
     #[arg(long, env = "COORD_TICK_INTERVAL_MS")]
     tick_interval_ms: Option<u64>,
+    /// Every group is visited at least this often whatever the due index says (the safety sweep), in ms.
+    #[arg(long, env = "COORD_DUE_SWEEP_PERIOD_MS")]
+    due_sweep_period_ms: Option<u64>,
+    /// Most decoded group aggregates cached in memory (least recently used dropped beyond it).
+    #[arg(long, env = "COORD_MAX_CACHED_AGGREGATES")]
+    max_cached_aggregates: Option<usize>,
     /// Default member lease TTL of new groups, in ms.
     #[arg(long, env = "COORD_MEMBER_TTL_MS")]
     member_ttl_ms: Option<u64>,
@@ -183,6 +189,12 @@ impl Args {
         let ms = Duration::from_millis;
         if let Some(v) = self.tick_interval_ms {
             config.tick_interval = ms(v);
+        }
+        if let Some(v) = self.due_sweep_period_ms {
+            config.due_sweep_period = ms(v);
+        }
+        if let Some(v) = self.max_cached_aggregates {
+            config.max_cached_aggregates = v;
         }
         if let Some(v) = self.routing_lease_ms {
             config.routing_lease = ms(v);

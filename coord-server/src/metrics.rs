@@ -121,6 +121,10 @@ pub struct Totals {
     pub metadata_unavailable: u64,
     /// Redis restarts noticed.
     pub redis_restarts: u64,
+    /// Groups the tick loop visited because they were due.
+    pub tick_visits_due: u64,
+    /// Groups the tick loop visited for the safety sweep.
+    pub tick_visits_sweep: u64,
 }
 
 /// The recorder of one coordinator and the state of the lazy lag scrape.
@@ -391,6 +395,8 @@ impl Metrics {
             counter!(names::ROUTING_VERSION_AHEAD).absolute(totals.routing_regressions);
             counter!(names::METADATA_UNAVAILABLE).absolute(totals.metadata_unavailable);
             counter!(names::REDIS_RESTARTS).absolute(totals.redis_restarts);
+            counter!(names::TICK_VISITS, "reason" => "due").absolute(totals.tick_visits_due);
+            counter!(names::TICK_VISITS, "reason" => "sweep").absolute(totals.tick_visits_sweep);
             counter!(names::COMPATIBILITY_FAILURES, "phase" => "startup").absolute(startup_compatibility_failures());
         });
         self.handle.render()

@@ -52,6 +52,10 @@ pub struct Stats {
     pub members_fenced: AtomicU64,
     /// Redis restarts noticed (run id change).
     pub redis_restarts: AtomicU64,
+    /// Groups the tick loop visited because the due index said so.
+    pub tick_visits_due: AtomicU64,
+    /// Groups the tick loop visited for the safety sweep (see [`crate::due`]).
+    pub tick_visits_sweep: AtomicU64,
     /// This coordinator's Prometheus recorder: labelled counters, gauges and histograms (see [`crate::metrics`]).
     metrics: Metrics,
 }
@@ -110,6 +114,8 @@ impl Stats {
             routing_regressions: get(&self.routing_regressions),
             metadata_unavailable: get(&self.metadata_unavailable),
             redis_restarts: get(&self.redis_restarts),
+            tick_visits_due: get(&self.tick_visits_due),
+            tick_visits_sweep: get(&self.tick_visits_sweep),
         }
     }
 

@@ -82,6 +82,7 @@ const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
 const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 mod decode;
+mod due;
 pub mod group_fields;
 mod group_io;
 mod index;
@@ -98,6 +99,7 @@ pub use decode::{
     check_versions, decode_group, decode_routing, digest, group_refs, schema_of_group, schema_of_routing,
     UNREADABLE_LEASE_MS,
 };
+pub use due::DueScore;
 pub use scripts::script_sources;
 pub use section_data::{Cached, Committed, FieldWrite, LivenessScope, Loaded, SectionKeys, Token, Write};
 // `nodes` reads the masters' clocks with the same conversion as `LOAD`.

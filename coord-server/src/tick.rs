@@ -1,5 +1,7 @@
 //! The tick loop: drives time-based transitions (expiry, fencing after the rebalance timeout, hold ends, routing
-//! adoption, closing correction rounds) of every group, since no request may come to trigger them.
+//! adoption, closing correction rounds), since no request may come to trigger them. Each tick visits only the
+//! groups the due index says are due, plus a slice of the safety sweep (see [`crate::due`]): its cost follows
+//! the deadlines, not the number of groups.
 //!
 //! A tick is a critical section like a heartbeat (see [`crate::coordinator`]), so ticks from several
 //! coordinator replicas, and heartbeats, serialise on the group's Redis mutex; running the loop in every replica
@@ -12,7 +14,7 @@ use tracing::{debug, warn};
 
 use crate::coordinator::Coordinator;
 
-/// Ticks every group every `config.tick_interval` until `cancel` fires or shutdown begins.
+/// Ticks the due groups every `config.tick_interval` until `cancel` fires or shutdown begins.
 ///
 /// An error on one group is logged and the loop goes on: one broken group must not stop the others from
 /// expiring members. Groups whose metadata is missing are skipped quietly (they are `METADATA_UNAVAILABLE` to
@@ -52,12 +54,15 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
     debug!("tick loop stopped");
 }
 
-/// One pass over every indexed group. Returns how many groups were ticked successfully.
+/// One pass over the groups that are due, and the safety sweep's slice (see [`Coordinator::groups_to_visit`]).
+/// Returns how many groups were ticked successfully.
 ///
-/// Also forgets per-group state nobody uses any more (see [`Coordinator::evict_idle_slots`]) and, every
+/// Also forgets per-group state nobody uses any more (see [`Coordinator::evict_idle_slots`]), keeps the cached
+/// aggregates within their budget ([`Coordinator::trim_cached_aggregates`]) and, every
 /// [`crate::memory_policy::CHECK_PERIOD`], reads Redis's `maxmemory-policy` again.
 pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) -> usize {
     coordinator.evict_idle_slots();
+    coordinator.trim_cached_aggregates();
     if let Err(e) = coordinator.check_redis_restart().await {
         coordinator.stats().metrics().error(&e);
         warn!(error = %e, "Redis restart check failed");
@@ -68,14 +73,15 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             warn!(error = %e, "maxmemory-policy check failed");
         }
     }
-    let groups = match coordinator.groups_to_tick().await {
-        Ok(groups) => groups,
+    let visits = match coordinator.groups_to_visit().await {
+        Ok(visits) => visits,
         Err(e) => {
             coordinator.stats().metrics().error(&e);
-            warn!(error = %e, "cannot list groups; skipping this tick");
+            warn!(error = %e, "cannot read the due index; skipping this tick");
             return 0;
         }
     };
+    let groups: Vec<&protocol::messages::GroupRef> = visits.iter().map(|(g, _)| g).collect();
     // Each stream's routing once per pass, before its groups adopt it: a growth Redis lost from the routing is
     // restored from the shards' records (and a routing without records gets them).
     let mut streams: Vec<&protocol::names::StreamName> = groups.iter().map(|g| &g.stream).collect();
@@ -96,24 +102,31 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             }
         }
     }
-    let mut ticked = 0;
-    for g in groups {
+    let mut scored = Vec::new();
+    let mut gone = Vec::new();
+    for (g, reason) in visits {
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {
             break;
         }
-        match coordinator.tick_group(&g.stream, &g.group).await {
-            Ok(()) => ticked += 1,
+        coordinator.count_visit(reason);
+        match coordinator.visit_group(&g.stream, &g.group).await {
+            Ok(s) => scored.push((g, s)),
             Err(e) => {
                 coordinator.stats().metrics().error(&e);
                 match e.status() {
                     Status::MetadataUnavailable | Status::NotFound => {
-                        debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked")
+                        debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked");
+                        // Out of the due index: the sweep visits it again, and scores it if it comes back.
+                        gone.push(g);
                     }
                     Status::CoordinatorTerminating => break,
+                    // Left as it was (due): visited again next tick.
                     _ => warn!(stream = %g.stream, group = %g.group, error = %e, "group tick failed"),
                 }
             }
         }
     }
-    ticked
+    // One ZADD for every visit of this tick (a visit that failed keeps its score: due, so retried next tick).
+    coordinator.record_due(&scored, &gone).await;
+    scored.len()
 }

@@ -367,11 +367,13 @@ async fn lost_metadata_fails_closed_until_recreated() {
     )
     .await;
 
-    // Ticks meet the missing key too (each counts as unavailable) and must not recreate it either.
+    // Ticks meet the missing key too (each counts as unavailable) and must not recreate it either. The group is
+    // due (its member's gauges are refreshed every half TTL); once found lost it leaves the due index, and only the
+    // safety sweep visits it again (see `coord_server::due`), so one visit is what a test can wait for.
     let stats = coord.coordinator().stats();
     let seen = Stats::get(&stats.metadata_unavailable);
-    wait_until(WAIT, "ticks to visit the lost group", || async {
-        Stats::get(&stats.metadata_unavailable) >= seen + 3
+    wait_until(WAIT, "a tick to visit the lost group", || async {
+        Stats::get(&stats.metadata_unavailable) > seen
     })
     .await;
     let exists: i64 = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await.unwrap();

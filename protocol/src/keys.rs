@@ -10,6 +10,7 @@
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
 //! | `redis-stream:coord:{<stream>}:routing-mutex` | stream | the stream's routing mutex |
 //! | `redis-stream:coord:groups` / `redis-stream:coord:streams` | none | rebuildable indexes (sets) |
+//! | `redis-stream:coord:due` | none | the due index (sorted set: group index member -> Redis time in ms of its next deadline) |
 //! | `redis-stream:shard:{<stream>:<n>:<salt>}` | shard | the Redis stream of shard `n` |
 //! | `redis-stream:dead-letter:{<stream>:<n>:<salt>}` | shard | entries of shard `n` that exceeded the delivery limit |
 //! | `redis-stream:shard-fence:{<stream>:<n>:<salt>}` | shard | the data-plane fence of shard `n` (hash: `routingVersion`, the lowest routing version a producer must hold to write into the shard; written only by the coordinator's seal) |
@@ -85,6 +86,12 @@ pub fn stream_routing_mutex(stream: &StreamName) -> String {
 /// Rebuildable index of groups: a set of `<stream>:<group>` members.
 pub fn groups_index() -> String {
     format!("{KEY_PREFIX}:coord:groups")
+}
+
+/// The due index: a sorted set of [`groups_index_member`]s scored by the Redis time (ms) each group next needs a
+/// tick (`+inf`: none). Untagged like the groups index; rebuilt by the coordinator's sweep when lost.
+pub fn due_index() -> String {
+    format!("{KEY_PREFIX}:coord:due")
 }
 
 /// Rebuildable index of streams: a set of stream names.

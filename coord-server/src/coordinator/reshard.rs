@@ -59,6 +59,8 @@ impl Coordinator {
             return Err(missing_metadata::stream(&inner.store, &inner.stats, &inner.slots, stream).await);
         }
         let (routing, rev) = grown?;
+        // The stream's groups adopt the growth on their next visit; adoption is no deadline of theirs.
+        self.make_stream_due(stream).await;
         // The parents were sealed and the children recorded before the routing was committed (see
         // `routing_section`); a growth recorded unsealed by an older coordinator is finished by the tick.
         info!(stream = %stream, shard_count = routing.shard_count, routing_version = %routing.routing_version, "shards added");
@@ -108,6 +110,7 @@ impl Coordinator {
             .instrument(spans::section("restore_routing", stream, None))
             .await?;
         if !why.is_empty() {
+            self.make_stream_due(stream).await;
             stats.metrics().routing_restored(&why);
             warn!(stream = %stream, why = ?why, before = ?before, routing_version = %routing.routing_version,
                 shard_count = routing.shard_count, "routing restored: Redis had lost part of it");
@@ -247,6 +250,8 @@ impl Coordinator {
             })
             .instrument(spans::section("seal", stream, None))
             .await?;
+        // The groups copy the seals on their next visit.
+        self.make_stream_due(stream).await;
         info!(stream = %stream, parents = seals.len(), "parents sealed");
         Ok(recorded)
     }

@@ -119,6 +119,10 @@ fn describe_groups() {
     describe_counter!(names::MEMBERS_FENCED, "Members fenced");
     describe_counter!(names::GROUP_EVENTS, "State machine events by group and kind");
     describe_counter!(names::REDIS_RESTARTS, "Redis restarts noticed (run id change)");
+    describe_counter!(
+        names::TICK_VISITS,
+        "Groups the tick loop visited, by reason (due, sweep)"
+    );
 }
 
 /// The lag family and its scrape.

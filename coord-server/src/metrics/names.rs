@@ -84,6 +84,8 @@ pub const MEMBERS_FENCED: &str = "redis_stream_coord_members_fenced_total";
 pub const GROUP_EVENTS: &str = "redis_stream_coord_group_events_total";
 /// Counter: Redis restarts noticed (run id change), each starting a global expiry grace.
 pub const REDIS_RESTARTS: &str = "redis_stream_coord_redis_restarts_total";
+/// Counter by `reason` (`due`, `sweep`): groups the tick loop visited (ran a tick section on).
+pub const TICK_VISITS: &str = "redis_stream_coord_tick_visits_total";
 /// Gauge per (stream, group, shard): entries of the shard stream not yet delivered to the Redis consumer
 /// group (`XINFO GROUPS` `lag`; absent when Redis cannot tell, or before Redis 7).
 pub const SHARD_LAG: &str = "redis_stream_coord_shard_lag";
@@ -151,6 +153,7 @@ pub const ALL: &[&str] = &[
     MEMBERS_FENCED,
     GROUP_EVENTS,
     REDIS_RESTARTS,
+    TICK_VISITS,
     SHARD_LAG,
     SHARD_PENDING,
     SHARD_LENGTH,

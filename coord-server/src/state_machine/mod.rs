@@ -20,6 +20,7 @@
 //! * `correction`: the metadata correction round; [`bounds`]: how far a reported version may move the stored one.
 //! * `fencing`: fencing tokens, minted per shard for every new owner.
 //! * [`reshard`]: growths: parents' seals, children held until the group drained their parents.
+//! * [`due`]: when a group next needs a tick (the due index's score).
 //! * `heartbeat`, `tick`: the inputs (the tick module also holds admin fencing).
 //! * [`quota`]: the member quota, checked before a join is applied.
 //! * [`grace`]: the expiry grace and suspected loss of a load; [`recreate`]: what recreating a lost group
@@ -30,6 +31,7 @@
 pub mod assignor;
 pub mod bounds;
 mod correction;
+pub mod due;
 mod fencing;
 pub mod grace;
 mod heartbeat;
