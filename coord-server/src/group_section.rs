@@ -21,6 +21,11 @@ use crate::stats::Stats;
 use crate::store::group_fields::{self, GroupRead, StoredFields};
 use crate::store::{self, Cached, FieldWrite, LivenessScope, Loaded, SectionKeys, Store, Write};
 
+/// How often a tick's load compares the digest of every stored field with what this process holds (O(fields) in
+/// Redis: for a group of 10,000 members some milliseconds), so that an edit outside a commit that keeps every
+/// field's length is noticed within this period. Other loads compare the count and lengths of fields only.
+pub(crate) const VERIFY_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A group decision: the loaded metadata, liveness, clock and revision to a transition; an error refuses.
 pub(crate) trait Decide:
     FnMut(&GroupMetadata, &Liveness, Clock, StoreRevision) -> Result<Transition, Error>
@@ -65,6 +70,8 @@ pub(crate) struct Attempt {
     converts: String,
     /// [`StoredFields::shape`] of the cached fields for this section's members.
     shape: String,
+    /// Whether this load compares every stored field's digest ([`VERIFY_PERIOD`]).
+    verify: bool,
     decided: Option<Decided>,
 }
 
@@ -142,6 +149,10 @@ impl<F: Decide> GroupSection<'_, F> {
         {
             let mut memory = slot.cache.lock().expect("cache lock");
             if self.attempt.converts.is_empty() {
+                let read_all = !matches!(loaded.group, Some(GroupRead::Hit | GroupRead::Delta(_)));
+                if read_all || self.attempt.verify {
+                    memory.verified_at = Some(std::time::Instant::now());
+                }
                 memory.digest = store::group_fields::digest_hex(fields.xor());
                 memory.fields = Some(fields.clone());
                 memory.aggregate = Some((rev, meta.clone()));
@@ -210,7 +221,7 @@ impl<F: Decide> Section for GroupSection<'_, F> {
                 revision: *revision,
                 digest: &memory.digest,
                 len: 0,
-                shape: Some(&self.attempt.shape),
+                shape: (!self.attempt.verify).then_some(self.attempt.shape.as_str()),
             }),
             _ => None,
         }

@@ -151,6 +151,8 @@ pub(crate) struct GroupMemory {
     pub fields: Option<Arc<StoredFields>>,
     /// [`StoredFields::xor`] of `fields`, as the load script compares it (16 hex digits).
     pub digest: String,
+    /// When a load last compared every stored field with `fields` (the digest check of ticks, or a full read).
+    pub verified_at: Option<std::time::Instant>,
     /// Highest metadata version this process has seen for the group (to notice a regression itself).
     pub highest: MetadataVersion,
     /// No expiry before this Redis time: first sight of the group by this process, or a seen regression.

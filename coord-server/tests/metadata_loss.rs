@@ -109,7 +109,7 @@ async fn a_hash_without_its_group_field_fails_closed_and_create_refuses_it() {
     error_json(resp, StatusCode::CONFLICT, Status::AlreadyExists).await;
     let exists: bool = redis::cmd("HEXISTS")
         .arg(metadata_key(S, G))
-        .arg("aggregate")
+        .arg("group")
         .query_async(&mut conn)
         .await
         .unwrap();

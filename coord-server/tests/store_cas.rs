@@ -2,7 +2,7 @@
 //! coordinator): the late commit is refused, nothing of it is written, and the coordinator's retry decides again
 //! from the newer state.
 
-use coord_server::store::{Committed, LivenessScope, SectionKeys, Store, Write};
+use coord_server::store::{Committed, FieldWrite, LivenessScope, SectionKeys, Store, Write};
 use coord_server::{Config, Coordinator};
 use protocol::messages::{CreateGroupRequest, HeartbeatRequest};
 use protocol::names::{GroupName, MemberId, StreamName};
@@ -57,9 +57,12 @@ async fn a_writer_that_outlived_its_mutex_loses_the_compare_and_set() {
     assert_eq!(joined.status, Status::Ok);
 
     // The stalled writer's commit is refused and writes nothing.
-    let json = "{\"stale\":true}";
+    let fields = FieldWrite {
+        changes: vec![("m:stale".into(), Some("{\"stale\":true}".into()), String::new())],
+        converts: String::new(),
+    };
     let write = Write {
-        aggregate: Some(json),
+        fields: Some(&fields),
         now_ms: stalled.now_ms,
         run_id: &stalled.run_id,
         ..Write::default()
@@ -137,8 +140,12 @@ async fn a_decision_loaded_from_another_server_is_a_conflict() {
         .unwrap()
         .expect("mutex free");
     redis.restart().await;
+    let fields = FieldWrite {
+        changes: vec![("m:stale".into(), Some("{}".into()), String::new())],
+        converts: String::new(),
+    };
     let write = Write {
-        aggregate: Some("{\"stale\":true}"),
+        fields: Some(&fields),
         now_ms: loaded.now_ms,
         run_id: &loaded.run_id,
         ..Write::default()

@@ -9,7 +9,7 @@ use redis::Value;
 use super::decode::{check_versions, corrupt, counter, int, text, value_text, Fields, REVISION_DIGITS};
 use super::group_fields::{GroupRead, AGGREGATE_SCHEMA};
 use super::section::{Ask, Attempt};
-use super::section_data::{Committed, LivenessScope, Loaded, SectionKeys, Write};
+use super::section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Write};
 use super::Store;
 use crate::error::StoreError;
 use protocol::names::MemberId;
@@ -49,10 +49,11 @@ impl Store {
             LivenessScope::Members(ms) => ("m", ms.to_vec()),
             LivenessScope::All => ("*", Vec::new()),
         };
-        let check = match (cached, scope) {
-            (Some(c), LivenessScope::All) => format!("xor:{}", c.digest),
-            (Some(c), _) => c.shape.unwrap_or_default().to_owned(),
-            (None, _) => String::new(),
+        // The caller's shape check, or without one (a tick that verifies) the digest of every field.
+        let check = match cached {
+            Some(Cached { shape: Some(shape), .. }) => shape.to_owned(),
+            Some(c) => format!("xor:{}", c.digest),
+            None => String::new(),
         };
         let mut conn = self.conn.clone();
         let mut inv = self.group_load.key(&keys.hash);

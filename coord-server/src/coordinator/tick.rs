@@ -1,0 +1,89 @@
+//! A group's tick visit: read and seal its stream's routing, run the tick input in the group's section, observe
+//! its reshards, and give the due index the group's next due time.
+
+use protocol::messages::GroupRef;
+use protocol::names::{GroupName, StreamName};
+use tracing::{warn, Instrument};
+
+use super::{due, Coordinator};
+use crate::error::{Error, StoreError};
+use crate::spans;
+use crate::state_machine::{self, Input};
+use crate::store::{self, LivenessScope};
+
+impl Coordinator {
+    /// Runs one tick of a group: expiry, fencing, hold ends, routing adoption, closing a correction round; then
+    /// writes the group's next due time to the due index (see [`crate::due`]).
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn tick_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), Error> {
+        let scored = self.visit_group(stream, group).await?;
+        let g = GroupRef {
+            stream: stream.clone(),
+            group: group.clone(),
+        };
+        self.record_due(&[(g, scored)], &[]).await;
+        Ok(())
+    }
+
+    /// [`Coordinator::tick_group`] without writing the due index: the tick loop writes the scores of all its
+    /// visits at once.
+    pub(crate) async fn visit_group(&self, stream: &StreamName, group: &GroupName) -> Result<due::Scored, Error> {
+        let routing = match self.inner.store.read_routing(stream).await {
+            Ok(Some((_, json))) => match store::decode_routing(&json) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                    None
+                }
+            },
+            Ok(None) => None,
+            // A damaged routing hash must not stop the group's expiry: tick it without adopting.
+            Err(StoreError::Corrupt(e)) => {
+                warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // Resharding: seal what a growth left unsealed before the group adopts it (see `reshard`).
+        let routing = match routing {
+            Some(r) => Some(self.seal_growths(stream, &r).await.unwrap_or_else(|e| {
+                warn!(stream = %stream, error = %e, "sealing parents failed; retried next tick");
+                r
+            })),
+            None => None,
+        };
+        let mut needs = Vec::new();
+        let mut next_due = None;
+        let (_, revision) = self
+            .group_section(stream, group, LivenessScope::All, |meta, live, clock, _| {
+                let t = state_machine::apply(
+                    meta,
+                    live,
+                    Input::Tick {
+                        routing: routing.as_ref(),
+                    },
+                    clock,
+                );
+                // The gauges show what the visit leaves (a member it expired is gone): the next visit may be a
+                // sweep period away.
+                let left = due::liveness_after(live, &t);
+                let next = t.next.as_ref().unwrap_or(meta);
+                self.inner.stats.metrics().observe_group(next, &left, clock.now_ms);
+                needs = state_machine::reshard::needs(t.next.as_ref().unwrap_or(meta));
+                next_due = due::tick_due(meta, live, &t, clock, routing.as_ref());
+                Ok(t)
+            })
+            .instrument(spans::section("tick", stream, Some(group)))
+            .await?;
+        // The tick's own work is recorded; what the reshard observation could not read is looked at next tick.
+        if let Err(e) = self.observe_reshards(stream, group, needs).await {
+            warn!(stream = %stream, group = %group, error = %e, "reshard observation failed; retried next tick");
+        }
+        Ok(due::Scored {
+            due: next_due,
+            revision,
+        })
+    }
+}
