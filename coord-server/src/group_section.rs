@@ -213,7 +213,11 @@ impl<F: Decide> Section for GroupSection<'_, F> {
             .map(|f| f.shape(&members))
             .unwrap_or_default();
         self.attempt.verify = matches!(self.scope, LivenessScope::All)
-            && self.attempt.memory.verified_at.is_none_or(|t| t.elapsed() >= VERIFY_PERIOD);
+            && self
+                .attempt
+                .memory
+                .verified_at
+                .is_none_or(|t| t.elapsed() >= VERIFY_PERIOD);
     }
 
     fn cached(&self) -> Option<Cached<'_>> {
