@@ -90,6 +90,8 @@ struct Inner {
     record_sweep: StdMutex<std::collections::HashMap<StreamName, u32>>,
     /// The due index's safety sweep (see [`crate::due`]).
     sweep: StdMutex<crate::due::Sweep>,
+    /// Until when every tick tends every stream's routing: one member TTL after a Redis restart or failover.
+    tend_all_until: StdMutex<Option<tokio::time::Instant>>,
 }
 
 impl Coordinator {
@@ -123,6 +125,7 @@ impl Coordinator {
                 routing_checks: StdMutex::new(Default::default()),
                 record_sweep: StdMutex::new(Default::default()),
                 sweep: StdMutex::new(Default::default()),
+                tend_all_until: StdMutex::new(None),
             }),
         };
         coordinator.check_eviction_policy().await?;

@@ -63,10 +63,14 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
 pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) -> usize {
     coordinator.evict_idle_slots();
     coordinator.trim_cached_aggregates();
-    if let Err(e) = coordinator.check_redis_restart().await {
-        coordinator.stats().metrics().error(&e);
-        warn!(error = %e, "Redis restart check failed");
-    }
+    let restarted = match coordinator.check_redis_restart().await {
+        Ok(changed) => changed,
+        Err(e) => {
+            coordinator.stats().metrics().error(&e);
+            warn!(error = %e, "Redis restart check failed");
+            false
+        }
+    };
     if coordinator.eviction_policy().due() {
         if let Err(e) = coordinator.check_eviction_policy().await {
             coordinator.stats().metrics().error(&e);
@@ -81,18 +85,24 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             return 0;
         }
     };
-    let groups: Vec<&protocol::messages::GroupRef> = visits.iter().map(|(g, _)| g).collect();
-    // Each stream's routing once per pass, before its groups adopt it: a growth Redis lost from the routing is
-    // restored from the shards' records (and a routing without records gets them).
-    let mut streams: Vec<&protocol::names::StreamName> = groups.iter().map(|g| &g.stream).collect();
-    streams.dedup();
+    // Each visited stream's routing once per pass, before its groups adopt it: a growth Redis lost from the
+    // routing is restored from the shards' records (and a routing without records gets them). For one member TTL
+    // after a restart or failover, which is when Redis loses part of a routing, every stream with a group rather
+    // than when its groups come due: producers writing to the lost growth's children are refused until then.
+    let mut streams: Vec<protocol::names::StreamName> = visits.iter().map(|(g, _)| g.stream.clone()).collect();
+    if coordinator.tends_every_routing(restarted) {
+        match coordinator.list_groups(false).await {
+            Ok(all) => streams.extend(all.groups.into_iter().map(|g| g.stream)),
+            Err(e) => warn!(error = %e, "cannot list the groups to tend every routing after a Redis restart"),
+        }
+    }
     streams.sort();
     streams.dedup();
     for stream in streams {
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {
             return 0;
         }
-        if let Err(e) = coordinator.tend_routing(stream).await {
+        if let Err(e) = coordinator.tend_routing(&stream).await {
             coordinator.stats().metrics().error(&e);
             match e.status() {
                 Status::MetadataUnavailable | Status::NotFound | Status::CoordinatorTerminating => {

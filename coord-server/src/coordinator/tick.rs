@@ -86,4 +86,16 @@ impl Coordinator {
             revision,
         })
     }
+
+    /// Whether this tick tends the routing of every stream, not only of the streams it visits: for one member
+    /// TTL after a Redis restart or failover (`restarted`), the moment Redis may have lost part of a routing, so
+    /// that a lost growth is restored within ticks (retried while Redis settles), not within a sweep period.
+    pub(crate) fn tends_every_routing(&self, restarted: bool) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut until = self.inner.tend_all_until.lock().expect("tend lock");
+        if restarted {
+            *until = Some(now + std::time::Duration::from_millis(self.max_ttl_ms()));
+        }
+        until.is_some_and(|u| now < u)
+    }
 }
