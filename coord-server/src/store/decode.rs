@@ -10,7 +10,7 @@ use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::StoreRevision;
 use redis::Value;
 
-use super::section_data::{Cached, LivenessScope, Loaded, SectionKeys};
+use super::section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys};
 use crate::error::StoreError;
 
 /// The groups of the index's `stream:group` members; members that are not valid names are skipped. Sorted.
@@ -181,6 +181,20 @@ impl Fields<'_> {
             run_id: String::new(),
             liveness_missing: false,
         })
+    }
+}
+
+/// Parses the reply of a `COMMIT` or `GROUP_COMMIT`: written at a revision, a conflict, or a corrupt hash.
+pub(super) fn committed(reply: &[Value], keys: &SectionKeys) -> Result<Committed, StoreError> {
+    match int(reply, 0)? {
+        1 => {
+            let rev = counter(&text(reply, 1)?, REVISION_DIGITS)
+                .map_err(|e| corrupt(keys, &format!("revision is {e}")))?
+                .unwrap_or(0);
+            Ok(Committed::Ok(StoreRevision(rev)))
+        }
+        2 => Err(corrupt(keys, &text(reply, 1)?)),
+        _ => Ok(Committed::Conflict),
     }
 }
 

@@ -6,7 +6,7 @@ use protocol::keys::{fields, LAYOUT_VERSION};
 use protocol::StoreRevision;
 use redis::Value;
 
-use super::decode::{check_versions, corrupt, counter, int, text, value_text, Fields, REVISION_DIGITS};
+use super::decode::{check_versions, committed, corrupt, int, text, value_text, Fields};
 use super::group_fields::{GroupRead, AGGREGATE_SCHEMA};
 use super::section::{Ask, Attempt};
 use super::section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Write};
@@ -128,16 +128,7 @@ impl Store {
             inv.arg(m.as_str());
         }
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        match int(&reply, 0)? {
-            1 => {
-                let rev = counter(&text(&reply, 1)?, REVISION_DIGITS)
-                    .map_err(|e| corrupt(keys, &format!("revision is {e}")))?
-                    .unwrap_or(0);
-                Ok(Committed::Ok(StoreRevision(rev)))
-            }
-            2 => Err(corrupt(keys, &text(&reply, 1)?)),
-            _ => Ok(Committed::Conflict),
-        }
+        committed(&reply, keys)
     }
 
     /// A snapshot of a group hash without the mutex: every field (`HGETALL`), checked as strictly as a load.

@@ -9,8 +9,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use super::decode::{
-    check_of, check_versions, corrupt, counter, digest, int, parse_loaded, text, Fields, REVISION_DIGITS,
-    SNAPSHOT_FIELDS,
+    check_of, check_versions, committed, corrupt, digest, int, parse_loaded, text, Fields, SNAPSHOT_FIELDS,
 };
 use super::section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Token, Write};
 use super::Store;
@@ -211,16 +210,7 @@ impl Store {
             inv.arg(m.as_str());
         }
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        match int(&reply, 0)? {
-            1 => {
-                let rev = counter(&text(&reply, 1)?, REVISION_DIGITS)
-                    .map_err(|e| corrupt(keys, &format!("revision is {e}")))?
-                    .unwrap_or(0);
-                Ok(Committed::Ok(StoreRevision(rev)))
-            }
-            2 => Err(corrupt(keys, &text(&reply, 1)?)),
-            _ => Ok(Committed::Conflict),
-        }
+        committed(&reply, keys)
     }
 
     /// Releases the mutex if `token` still holds it.
