@@ -352,6 +352,8 @@ async fn lost_metadata_fails_closed_until_recreated() {
     api.create_group(S, G, 2).await;
     let a1 = api.hb(S, G, &join("a")).await;
 
+    let stats = coord.coordinator().stats();
+    let before_loss = Stats::get(&stats.metadata_unavailable);
     let mut con = redis.connection().await;
     let key = metadata_key(S, G);
     let _: () = redis::cmd("DEL").arg(&key).query_async(&mut con).await.unwrap();
@@ -369,11 +371,10 @@ async fn lost_metadata_fails_closed_until_recreated() {
 
     // Ticks meet the missing key too (each counts as unavailable) and must not recreate it either. The group is
     // due (its member's gauges are refreshed every half TTL); once found lost it leaves the due index, and only the
-    // safety sweep visits it again (see `coord_server::due`), so one visit is what a test can wait for.
-    let stats = coord.coordinator().stats();
-    let seen = Stats::get(&stats.metadata_unavailable);
+    // safety sweep visits it again (see `coord_server::due`), so one visit is what a test can wait for. That visit
+    // may come before the heartbeats above: each of the two counts once, so a third count is the tick's.
     wait_until(WAIT, "a tick to visit the lost group", || async {
-        Stats::get(&stats.metadata_unavailable) > seen
+        Stats::get(&stats.metadata_unavailable) >= before_loss + 3
     })
     .await;
     let exists: i64 = redis::cmd("EXISTS").arg(&key).query_async(&mut con).await.unwrap();

@@ -252,7 +252,10 @@ async fn a_seal_between_the_check_and_the_writes_aborts_the_transaction_and_noth
     assert_eq!(err.count(WriteState::NotWritten), 40, "{err}");
     for outcome in err.outcomes() {
         match outcome.error() {
-            Some(PublishError::Fenced { fence, .. }) => assert_eq!(fence.0, sealed),
+            // At least the seal's: a fence above the routing with no growth in it is what a growth Redis lost
+            // looks like, and a tick of the new group may restore the routing past it (raising the fences again)
+            // before the producer reads them once more.
+            Some(PublishError::Fenced { fence, .. }) => assert!(fence.0 >= sealed, "{} < {sealed}", fence.0),
             other => panic!("expected Fenced after the aborted transaction, got {other:?}"),
         }
     }

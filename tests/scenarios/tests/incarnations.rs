@@ -418,10 +418,10 @@ async fn a_replaced_worker_resumed_in_a_correction_round_ends_and_shares_no_shar
     );
     assert!(
         failed.is_empty(),
-        "{} replacement runs failed (printed above)",
+        "{} replacement runs failed: {failed:#?}",
         failed.len()
     );
-    assert_eq!(not_in_round, 0, "every run resumed A inside the round");
+    assert_eq!(not_in_round, 0, "every run resumed A inside the round: {results:#?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -474,8 +474,8 @@ async fn replacement_run(s: &Scenario, worker: &StallWorker, dir: &Path, run: us
         .is_some_and(|()| a2.try_exit().is_none()),
         None => false,
     };
-    if a_exit.is_none() {
-        eprintln!("A still runs; its log:\n{}", a.log());
+    if a_exit != Some(EXIT_REPLACED) {
+        eprintln!("A did not end replaced (exit {a_exit:?}); its log:\n{}", a.log());
     }
     a.close().await;
     a2.close().await;
