@@ -64,7 +64,8 @@ pub const LAG_MAX_SHARDS_PER_STREAM: u32 = lag::MAX_SHARDS_PER_STREAM;
 /// Buckets of [`names::RESHARD_CHILDREN_WAIT`], in seconds: a drain takes from one tick to as long as consumers
 /// lag.
 const RESHARD_WAIT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
-/// Buckets of [`names::MUTEX_WAIT`]: from an uncontended round trip to the critical-section deadline.
+/// Buckets of [`names::MUTEX_WAIT`] and [`names::HEARTBEAT_DURATION`]: from an uncontended round trip to the
+/// critical-section deadline.
 const MUTEX_WAIT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
@@ -162,6 +163,8 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(names::MUTEX_WAIT.to_owned()), MUTEX_WAIT_BUCKETS)
             .expect("the bucket list is not empty")
+            .set_buckets_for_metric(Matcher::Full(names::HEARTBEAT_DURATION.to_owned()), MUTEX_WAIT_BUCKETS)
+            .expect("the bucket list is not empty")
             .set_buckets_for_metric(
                 Matcher::Full(names::RESHARD_CHILDREN_WAIT.to_owned()),
                 RESHARD_WAIT_BUCKETS,
@@ -206,9 +209,12 @@ impl Metrics {
         self.record(|| gauge!(names::EVICTION_POLICY_UNSAFE).set(if unsafe_policy { 1.0 } else { 0.0 }));
     }
 
-    /// Records one heartbeat answer.
-    pub(crate) fn heartbeat_answered(&self, status: Status) {
-        self.record(|| counter!(names::HEARTBEATS, "status" => status.as_str()).increment(1));
+    /// Records one heartbeat answer and how long it took.
+    pub(crate) fn heartbeat_answered(&self, status: Status, took: Duration) {
+        self.record(|| {
+            counter!(names::HEARTBEATS, "status" => status.as_str()).increment(1);
+            histogram!(names::HEARTBEAT_DURATION).record(took.as_secs_f64());
+        });
     }
 
     /// Records a request refused because a token reached `quota` (`groups`, `shards`, `members`, `rate`).

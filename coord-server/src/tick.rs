@@ -7,12 +7,18 @@
 //! coordinator replicas, and heartbeats, serialise on the group's Redis mutex; running the loop in every replica
 //! is safe, only redundant.
 
+use std::collections::BTreeMap;
+
+use protocol::messages::GroupRef;
+use protocol::metadata::StreamRouting;
+use protocol::names::StreamName;
 use protocol::Status;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::coordinator::Coordinator;
+use crate::due::Reason;
 
 /// Ticks the due groups every `config.tick_interval` until `cancel` fires or shutdown begins.
 ///
@@ -89,49 +95,48 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
     // routing is restored from the shards' records (and a routing without records gets them). For one member TTL
     // after a restart or failover, which is when Redis loses part of a routing, every stream with a group rather
     // than when its groups come due: producers writing to the lost growth's children are refused until then.
-    let mut streams: Vec<protocol::names::StreamName> = visits.iter().map(|(g, _)| g.stream.clone()).collect();
+    let mut streams: Vec<StreamName> = visits.iter().map(|(g, _)| g.stream.clone()).collect();
     if coordinator.tends_every_routing(restarted) {
         match coordinator.list_groups(false).await {
             Ok(all) => streams.extend(all.groups.into_iter().map(|g| g.stream)),
             Err(e) => warn!(error = %e, "cannot list the groups to tend every routing after a Redis restart"),
         }
     }
-    streams.sort();
-    streams.dedup();
+    // Each stream is tended right before its groups are visited, which adopt the routing as tended (no second
+    // read, and no older routing than a visit of its own would have read).
+    let mut by_stream: BTreeMap<StreamName, Vec<(GroupRef, Reason)>> = BTreeMap::new();
     for stream in streams {
-        if cancel.is_cancelled() || coordinator.gate().is_terminating() {
-            return 0;
-        }
-        if let Err(e) = coordinator.tend_routing(&stream).await {
-            coordinator.stats().metrics().error(&e);
-            match e.status() {
-                Status::MetadataUnavailable | Status::NotFound | Status::CoordinatorTerminating => {
-                    debug!(stream = %stream, error = %e, "routing not tended")
-                }
-                _ => warn!(stream = %stream, error = %e, "routing check failed"),
-            }
-        }
+        by_stream.entry(stream).or_default();
+    }
+    for (g, reason) in visits {
+        by_stream.entry(g.stream.clone()).or_default().push((g, reason));
     }
     let mut scored = Vec::new();
     let mut gone = Vec::new();
-    for (g, reason) in visits {
+    'streams: for (stream, groups) in by_stream {
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {
             break;
         }
-        coordinator.count_visit(reason);
-        match coordinator.visit_group(&g.stream, &g.group).await {
-            Ok(s) => scored.push((g, s)),
-            Err(e) => {
-                coordinator.stats().metrics().error(&e);
-                match e.status() {
-                    Status::MetadataUnavailable | Status::NotFound => {
-                        debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked");
-                        // Out of the due index: the sweep visits it again, and scores it if it comes back.
-                        gone.push(g);
+        let routing = tend(coordinator, &stream).await;
+        for (g, reason) in groups {
+            if cancel.is_cancelled() || coordinator.gate().is_terminating() {
+                break 'streams;
+            }
+            coordinator.count_visit(reason);
+            match coordinator.visit_group(&g.stream, &g.group, routing.clone()).await {
+                Ok(s) => scored.push((g, s)),
+                Err(e) => {
+                    coordinator.stats().metrics().error(&e);
+                    match e.status() {
+                        Status::MetadataUnavailable | Status::NotFound => {
+                            debug!(stream = %g.stream, group = %g.group, error = %e, "group metadata unavailable; not ticked");
+                            // Out of the due index: the sweep visits it again, and scores it if it comes back.
+                            gone.push(g);
+                        }
+                        Status::CoordinatorTerminating => break 'streams,
+                        // Left as it was (due): visited again next tick.
+                        _ => warn!(stream = %g.stream, group = %g.group, error = %e, "group tick failed"),
                     }
-                    Status::CoordinatorTerminating => break,
-                    // Left as it was (due): visited again next tick.
-                    _ => warn!(stream = %g.stream, group = %g.group, error = %e, "group tick failed"),
                 }
             }
         }
@@ -139,4 +144,22 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
     // One ZADD for every visit of this tick (a visit that failed keeps its score: due, so retried next tick).
     coordinator.record_due(&scored, &gone).await;
     scored.len()
+}
+
+/// [`Coordinator::tend_routing`] of one stream; the routing as tended, `None` when it failed (logged; the visits
+/// then read the routing themselves).
+async fn tend(coordinator: &Coordinator, stream: &StreamName) -> Option<StreamRouting> {
+    match coordinator.tend_routing(stream).await {
+        Ok(routing) => Some(routing),
+        Err(e) => {
+            coordinator.stats().metrics().error(&e);
+            match e.status() {
+                Status::MetadataUnavailable | Status::NotFound | Status::CoordinatorTerminating => {
+                    debug!(stream = %stream, error = %e, "routing not tended")
+                }
+                _ => warn!(stream = %stream, error = %e, "routing check failed"),
+            }
+            None
+        }
+    }
 }

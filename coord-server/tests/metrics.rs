@@ -137,6 +137,12 @@ async fn heartbeat_answers_are_counted_by_status() {
         0.0,
         "every status is exported from the start"
     );
+    // Every answer is timed once, whatever its status.
+    let timed = |suffix: &str| m.value(&format!("{}_{suffix}", names::HEARTBEAT_DURATION), &[]);
+    assert_eq!(timed("count"), by("OK") + 3.0, "{}", m.text);
+    assert!(timed("sum") > 0.0 && timed("sum") < timed("count") * 5.0, "{}", m.text);
+    let within = m.value(&format!("{}_bucket", names::HEARTBEAT_DURATION), &[("le", "2.5")]);
+    assert_eq!(within, timed("count"), "test answers take well under 2.5 s: {}", m.text);
 
     coord.begin_shutdown();
     error_json(

@@ -119,54 +119,80 @@ impl Coordinator {
         Ok(routing)
     }
 
-    /// The tick's look at a stream's routing: two reads (shard 0's fence, the record of the first shard beyond the
-    /// routing); a restoration ([`Coordinator::restore_routing`]) only when they show that Redis lost part of the
-    /// routing, or when the routing has no shard records yet.
+    /// The tick's look at a stream's routing, in one batch of record reads: shard 0's fence, the record of the
+    /// first shard beyond the routing, and the next [`RECORD_SWEEP`] records ([`Coordinator::sweep_records`]). A
+    /// restoration ([`Coordinator::restore_routing`]) only when they show that Redis lost part of the routing, or
+    /// when the routing has no shard records yet. Answers the routing as it stands afterwards, which the tick's
+    /// visits of the stream's groups adopt without reading it again.
     ///
     /// # Errors
     /// A Redis failure, or an unreadable routing.
-    pub async fn tend_routing(&self, stream: &StreamName) -> Result<(), Error> {
+    pub async fn tend_routing(&self, stream: &StreamName) -> Result<StreamRouting, Error> {
         let (_, r) = self.read_routing(stream).await?;
-        let mut conn = self.inner.store.data().connection();
-        let fence = store::reshard::fence_of(&mut conn, stream, ShardId(0)).await?;
-        let beyond = if r.shard_count < MAX_SHARDS {
-            store::reshard::birth(&mut conn, stream, ShardId(r.shard_count)).await?
-        } else {
-            None
+        let window = self.record_window(stream, &r);
+        let mut shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
+        let swept = shards.len();
+        // Shard 0 is in the window of every stream of up to RECORD_SWEEP shards: read once.
+        let zero = match shards.first() {
+            Some(ShardId(0)) => 0,
+            _ => {
+                shards.push(ShardId(0));
+                shards.len() - 1
+            }
         };
+        if r.shard_count < MAX_SHARDS {
+            shards.push(ShardId(r.shard_count));
+        }
+        let found = store::reshard::swept(&self.inner.store.data().connection(), stream, &shards).await?;
+        let fence = found[zero].fence;
+        let beyond = (r.shard_count < MAX_SHARDS)
+            .then(|| found[shards.len() - 1].birth)
+            .flatten();
         self.inner
             .stats
             .metrics()
             .shards_beyond_routing(stream, u32::from(beyond.is_some()));
         if fence > r.routing_version || beyond.is_some() || !r.shard_records {
-            self.restore_routing(stream, None).await?;
-        } else if let Some(seen) = self.sweep_records(stream, &r).await? {
-            self.restore_routing_above(stream, None, seen).await?;
+            return self.restore_routing(stream, None).await;
         }
-        Ok(())
+        match self.sweep_records(stream, &r, window, &found[..swept]).await? {
+            Some(seen) => self.restore_routing_above(stream, None, seen).await,
+            None => Ok(r),
+        }
     }
 
-    /// Writes again the records of shards the routing lists but Redis lost (on a Cluster each record lives on
-    /// the master of its own slot, and a failover there loses it while the routing keeps the shard): without it,
-    /// every fenced publish to the shard would be refused. Looks at [`RECORD_SWEEP`] shards per call, resuming
-    /// where the last call stopped. A record is written only where none is (never overwriting one), with the
-    /// birth the routing's growths give the shard. A record that names a layout with more shards than the routing
-    /// at or below its version (a Cluster master that lost the retirement's seal kept a lost layout's) gets the
-    /// routing's count ([`store::reshard::recount`]), else that layout's producers would be refused there for good.
-    ///
-    /// Answers the highest fence above the routing's version it saw (`None`: none): a growth that sealed those
-    /// shards was lost, and the caller restores the routing past it.
-    async fn sweep_records(&self, stream: &StreamName, r: &StreamRouting) -> Result<Option<RoutingVersion>, Error> {
+    /// The births of the [`RECORD_SWEEP`] shards the next [`Coordinator::sweep_records`] of `stream` looks at,
+    /// resuming where the last one stopped.
+    fn record_window(&self, stream: &StreamName, r: &StreamRouting) -> Vec<Birth> {
         let start = {
             let sweep = self.inner.record_sweep.lock().expect("record sweep lock");
             sweep.get(stream).copied().unwrap_or(0) % r.shard_count.max(1)
         };
         let end = (start + RECORD_SWEEP).min(r.shard_count);
-        let births = routing_section::migration_records(r);
+        routing_section::migration_records(r)[start as usize..end as usize].to_vec()
+    }
+
+    /// Writes again the records of shards the routing lists but Redis lost (on a Cluster each record lives on
+    /// the master of its own slot, and a failover there loses it while the routing keeps the shard): without it,
+    /// every fenced publish to the shard would be refused. `window` ([`Coordinator::record_window`]) are the
+    /// shards looked at, `found` what their records hold. A record is written only where none is (never
+    /// overwriting one), with the birth the routing's growths give the shard. A record that names a layout with
+    /// more shards than the routing at or below its version (a Cluster master that lost the retirement's seal
+    /// kept a lost layout's) gets the routing's count ([`store::reshard::recount`]), else that layout's producers
+    /// would be refused there for good.
+    ///
+    /// Answers the highest fence above the routing's version it saw (`None`: none): a growth that sealed those
+    /// shards was lost, and the caller restores the routing past it.
+    async fn sweep_records(
+        &self,
+        stream: &StreamName,
+        r: &StreamRouting,
+        window: Vec<Birth>,
+        found: &[store::reshard::SweptRecord],
+    ) -> Result<Option<RoutingVersion>, Error> {
+        let end = window.last().map_or(0, |b| b.shard.0 + 1);
         let conn = self.inner.store.data().connection();
-        let window: Vec<Birth> = births[start as usize..end as usize].to_vec();
         let shards: Vec<ShardId> = window.iter().map(|b| b.shard).collect();
-        let found = store::reshard::swept(&conn, stream, &shards).await?;
         let fence_above = found.iter().map(|f| f.fence).filter(|&f| f > r.routing_version).max();
         let recount: Vec<ShardId> = found
             .iter()

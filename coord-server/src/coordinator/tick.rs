@@ -2,6 +2,7 @@
 //! its reshards, and give the due index the group's next due time.
 
 use protocol::messages::GroupRef;
+use protocol::metadata::StreamRouting;
 use protocol::names::{GroupName, StreamName};
 use tracing::{warn, Instrument};
 
@@ -18,7 +19,7 @@ impl Coordinator {
     /// # Errors
     /// See [`Error`].
     pub async fn tick_group(&self, stream: &StreamName, group: &GroupName) -> Result<(), Error> {
-        let scored = self.visit_group(stream, group).await?;
+        let scored = self.visit_group(stream, group, None).await?;
         let g = GroupRef {
             stream: stream.clone(),
             group: group.clone(),
@@ -28,23 +29,17 @@ impl Coordinator {
     }
 
     /// [`Coordinator::tick_group`] without writing the due index: the tick loop writes the scores of all its
-    /// visits at once.
-    pub(crate) async fn visit_group(&self, stream: &StreamName, group: &GroupName) -> Result<due::Scored, Error> {
-        let routing = match self.inner.store.read_routing(stream).await {
-            Ok(Some((_, json))) => match store::decode_routing(&json) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
-                    None
-                }
-            },
-            Ok(None) => None,
-            // A damaged routing hash must not stop the group's expiry: tick it without adopting.
-            Err(StoreError::Corrupt(e)) => {
-                warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
-                None
-            }
-            Err(e) => return Err(e.into()),
+    /// visits at once. `tended` is the stream's routing as this tick's [`Coordinator::tend_routing`] left it;
+    /// without it the visit reads the routing itself.
+    pub(crate) async fn visit_group(
+        &self,
+        stream: &StreamName,
+        group: &GroupName,
+        tended: Option<StreamRouting>,
+    ) -> Result<due::Scored, Error> {
+        let routing = match tended {
+            Some(r) => Some(r),
+            None => self.routing_to_adopt(stream).await?,
         };
         // Resharding: seal what a growth left unsealed before the group adopts it (see `reshard`).
         let routing = match routing {
@@ -97,5 +92,25 @@ impl Coordinator {
             *until = Some(now + std::time::Duration::from_millis(self.max_ttl_ms()));
         }
         until.is_some_and(|u| now < u)
+    }
+
+    /// The routing a visit adopts, read: `None` when the stream has none or it is unreadable (a damaged routing
+    /// hash must not stop the group's expiry: the group is ticked without adopting).
+    async fn routing_to_adopt(&self, stream: &StreamName) -> Result<Option<StreamRouting>, StoreError> {
+        Ok(match self.inner.store.read_routing(stream).await {
+            Ok(Some((_, json))) => match store::decode_routing(&json) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(StoreError::Corrupt(e)) => {
+                warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
+                None
+            }
+            Err(e) => return Err(e),
+        })
     }
 }

@@ -16,6 +16,7 @@ pub(super) async fn heartbeat(
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let started = std::time::Instant::now();
     let result = state
         .mutate(move |c| async move { c.heartbeat_within(&stream, &group, &req, max_members).await })
         .await;
@@ -25,7 +26,7 @@ pub(super) async fn heartbeat(
         Err(e) => e.body().status,
     };
     let metrics = state.coordinator.stats().metrics();
-    metrics.heartbeat_answered(status);
+    metrics.heartbeat_answered(status, started.elapsed());
     if status == protocol::Status::QuotaExceeded {
         metrics.quota_refused("members");
     }

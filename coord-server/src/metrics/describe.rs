@@ -27,6 +27,11 @@ fn describe_sections() {
     describe_gauge!(names::SECTIONS_IN_FLIGHT, "Critical sections running now");
     describe_histogram!(names::MUTEX_WAIT, Unit::Seconds, "Time to take a Redis mutex and load");
     describe_histogram!(
+        names::HEARTBEAT_DURATION,
+        Unit::Seconds,
+        "Time to answer one heartbeat, join or leave"
+    );
+    describe_histogram!(
         names::RESHARD_CHILDREN_WAIT,
         Unit::Seconds,
         "How long the children of a growth were held per group"

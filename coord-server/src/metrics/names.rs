@@ -10,6 +10,9 @@ pub const SECTIONS_IN_FLIGHT: &str = "redis_stream_coord_critical_sections_in_fl
 /// Histogram: time from the first try to take a group's (or stream's) Redis mutex until it was held and the
 /// hash loaded, in seconds. Includes the retries while another section held it.
 pub const MUTEX_WAIT: &str = "redis_stream_coord_mutex_wait_seconds";
+/// Histogram: time the coordinator took to answer one heartbeat (join, heartbeat or leave), from its parsed
+/// body to its answer, in seconds: the mutex wait, the batch it joined, the decision and the commit.
+pub const HEARTBEAT_DURATION: &str = "redis_stream_coord_heartbeat_duration_seconds";
 /// Counter: tries to take a Redis mutex that found it held by another section.
 pub const MUTEX_BUSY: &str = "redis_stream_coord_mutex_busy_total";
 /// Counter: critical sections that ran a batch of heartbeats (group commit).
@@ -122,6 +125,7 @@ pub const ALL: &[&str] = &[
     EVICTION_POLICY_UNSAFE,
     SECTIONS_IN_FLIGHT,
     MUTEX_WAIT,
+    HEARTBEAT_DURATION,
     MUTEX_BUSY,
     HEARTBEAT_BATCHES,
     HEARTBEATS_BATCHED,

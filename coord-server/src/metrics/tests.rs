@@ -38,7 +38,7 @@ fn names_follow_prometheus_conventions() {
 #[test]
 fn two_recorders_are_independent() {
     let (a, b) = (Metrics::new(), Metrics::new());
-    a.heartbeat_answered(Status::Ok);
+    a.heartbeat_answered(Status::Ok, Duration::from_millis(1));
     let ra = a.handle.render();
     let rb = b.handle.render();
     assert!(

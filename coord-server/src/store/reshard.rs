@@ -342,23 +342,6 @@ pub async fn recount(
     Ok(changed == 1)
 }
 
-/// The fence one shard's record holds (0 for none).
-///
-/// # Errors
-/// As [`record`].
-pub async fn fence_of(
-    conn: &mut (impl redis::aio::ConnectionLike + Send),
-    stream: &StreamName,
-    shard: ShardId,
-) -> Result<RoutingVersion, StoreError> {
-    let v: Value = redis::cmd("HGET")
-        .arg(keys::shard_fence(stream, shard))
-        .arg(shard_fence_fields::ROUTING_VERSION)
-        .query_async(conn)
-        .await?;
-    fence(Some(&v))
-}
-
 /// A record's `fenceCount` (0 for none).
 fn fence_count(shard: ShardId, v: Option<&Value>) -> Result<u32, StoreError> {
     match text(v)? {
@@ -369,7 +352,6 @@ fn fence_count(shard: ShardId, v: Option<&Value>) -> Result<u32, StoreError> {
     }
 }
 
-/// `{born, parents, count}` as `HMGET` answers them.
 /// The fence one shard's record holds (0 for none) and the shard count of the layout at it (`fenceCount`, 0 for
 /// none).
 ///
@@ -389,6 +371,7 @@ pub async fn fence_and_count(
     Ok((fence(reply.first())?, fence_count(shard, reply.get(1))?))
 }
 
+/// `{born, parents, count}` as `HMGET` answers them.
 fn parse_birth(shard: ShardId, reply: &[Value]) -> Result<Option<Birth>, StoreError> {
     let (Some(born), parents, count) = (text(reply.first())?, text(reply.get(1))?, text(reply.get(2))?) else {
         return Ok(None);
