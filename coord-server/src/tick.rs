@@ -7,7 +7,7 @@
 //! coordinator replicas, and heartbeats, serialise on the group's Redis mutex; running the loop in every replica
 //! is safe, only redundant.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use protocol::messages::GroupRef;
 use protocol::metadata::StreamRouting;
@@ -95,12 +95,22 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
     // routing is restored from the shards' records (and a routing without records gets them). For one member TTL
     // after a restart or failover, which is when Redis loses part of a routing, every stream with a group rather
     // than when its groups come due: producers writing to the lost growth's children are refused until then.
-    let mut streams: Vec<StreamName> = visits.iter().map(|(g, _)| g.stream.clone()).collect();
+    //
+    // A stream whose groups only the safety sweep visits is tended only where Redis can lose its records without
+    // the run id saying so (`Coordinator::sweeps_tend_routing`): elsewhere records are lost only with a restart or
+    // failover, after which every routing is tended anyway. Its groups' visits read the routing themselves.
+    let mut streams: Vec<StreamName> = Vec::new();
+    let mut tended: BTreeSet<StreamName> = visits
+        .iter()
+        .filter(|(_, reason)| *reason == Reason::Due || coordinator.sweeps_tend_routing())
+        .map(|(g, _)| g.stream.clone())
+        .collect();
     if coordinator.tends_every_routing(restarted) {
         match coordinator.list_groups(false).await {
             Ok(all) => streams.extend(all.groups.into_iter().map(|g| g.stream)),
             Err(e) => warn!(error = %e, "cannot list the groups to tend every routing after a Redis restart"),
         }
+        tended.extend(streams.iter().cloned());
     }
     // Each stream is tended right before its groups are visited, which adopt the routing as tended (no second
     // read, and no older routing than a visit of its own would have read).
@@ -117,7 +127,10 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {
             break;
         }
-        let routing = tend(coordinator, &stream).await;
+        let routing = match tended.contains(&stream) {
+            true => tend(coordinator, &stream).await,
+            false => None,
+        };
         for (g, reason) in groups {
             if cancel.is_cancelled() || coordinator.gate().is_terminating() {
                 break 'streams;

@@ -284,3 +284,50 @@ async fn heartbeats_that_only_renew_leases_write_no_score() {
     );
     coord.shutdown().await;
 }
+
+/// A group whose members have joined, read what they were given and stay within long leases has nothing due:
+/// after it settled, the tick loop does not visit it (the sweep's slow share aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_group_with_live_members_is_not_visited_each_tick() {
+    let redis = RedisServer::start().await;
+    let coord = CoordinatorHandle::spawn(config(&redis, Duration::from_secs(3600)))
+        .await
+        .expect("coordinator starts");
+    let api = Api::new(coord.url());
+    let mut timings = common::timings();
+    timings.member_ttl_ms = 3_600_000;
+    timings.assignment_lease_ms = 1_800_000;
+    api.create_group_with(S, G, 4, timings).await;
+    let mut last = Vec::new();
+    for m in ["a", "b"] {
+        last.push(api.hb(S, G, &join(m)).await);
+    }
+    // Heartbeats (each member reporting what it reads) until a whole round changes nothing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut next = Vec::new();
+        for p in &last {
+            next.push(api.hb(S, G, &common::follow_up(p, &p.assigned)).await);
+        }
+        let quiet = next
+            .iter()
+            .zip(&last)
+            .all(|(n, p)| n.metadata_version == p.metadata_version && n.pending.is_empty());
+        last = next;
+        if quiet {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the group settles: {last:?}");
+    }
+    let (_, due) = index_counts(&redis).await;
+    let before = visits(&coord);
+    // Long enough for the 250 ms tick to run 8 times: a group left due would be visited at each.
+    tokio::time::sleep(TICK * 8).await;
+    let visited = visits(&coord) - before;
+    let (total, due_after) = index_counts(&redis).await;
+    assert!(
+        visited <= 1 && due_after == 0,
+        "a settled group was visited {visited} times in 8 ticks; index: {total} entries, {due} then {due_after} due"
+    );
+    coord.shutdown().await;
+}

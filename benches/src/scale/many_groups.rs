@@ -6,6 +6,7 @@
 //! groups are created with long timings (member TTL 1 h) so that a member driven slower than real time is not
 //! expired; the per-group figure is given per default TTL (10 s), the one the goal names.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,18 +48,100 @@ pub struct Sizes {
 /// The default member TTL the goal's "per group per TTL" refers to.
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
-/// Runs part B against a fresh `redis-server` and in-process coordinator.
+/// Runs part B against a fresh `redis-server` and in-process coordinator. The groups are created by a set-up
+/// coordinator that then stops, so the measured one starts with every group there: its first safety-sweep round
+/// covers them all (the steady share), and no visit of the creations is still running when the windows open.
 pub async fn run(sizes: &Sizes) -> Result<()> {
     let redis = RedisServer::start().await;
+    let timings = timings(sizes);
+    let mut setup_config = Config::new(redis.url());
+    setup_config.listen = "127.0.0.1:0".parse()?;
+    let setup = CoordinatorHandle::spawn(setup_config)
+        .await
+        .context("set-up coordinator")?;
+    let created = create_groups(&setup, sizes, timings).await;
+    let drained = match &created {
+        Ok(_) => {
+            due_drained(
+                &mut redis.connection().await,
+                setup.coordinator().config().tick_interval,
+            )
+            .await?
+        }
+        Err(_) => false,
+    };
+    setup.shutdown().await;
+    let create_elapsed = created?;
     // The coordinator reaches Redis through a counter of what it sends (Redis counts scripts' commands as its own).
     let proxy = CountingProxy::start(([127, 0, 0, 1], redis.port()).into()).await?;
     let mut config = Config::new(proxy.url());
     config.listen = "127.0.0.1:0".parse()?;
     let tick = config.tick_interval;
     let coordinator = CoordinatorHandle::spawn(config).await.context("coordinator")?;
-    let result = measure(&redis, &proxy, &coordinator, tick, sizes).await;
+    let setup = SetUp {
+        create_elapsed,
+        drained,
+        timings,
+    };
+    let result = measure(&redis, &proxy, &coordinator, tick, sizes, &setup).await;
     coordinator.shutdown().await;
     result
+}
+
+/// What the set-up coordinator did.
+struct SetUp {
+    create_elapsed: Duration,
+    /// Its due index had nothing due when it stopped.
+    drained: bool,
+    timings: GroupTimings,
+}
+
+/// The groups' timings: a member TTL of an hour, so members driven slower than real time are not expired.
+fn timings(sizes: &Sizes) -> GroupTimings {
+    let total = sizes.groups * sizes.members;
+    let interval_ms = ((total as f64 / sizes.rate) * 1e3).max(2_000.0).round() as u64;
+    GroupTimings {
+        member_ttl_ms: 3_600_000,
+        heartbeat_interval_ms: interval_ms,
+        rebalance_timeout_ms: interval_ms.max(30_000),
+        assignment_lease_ms: 1_800_000,
+    }
+}
+
+/// The streams and groups of part B.
+fn names(i: usize) -> Result<(StreamName, GroupName)> {
+    Ok((StreamName::new(format!("scale-b{i:05}"))?, GroupName::new("g")?))
+}
+
+/// Creates every group through `coordinator`; how long it took.
+async fn create_groups(coordinator: &CoordinatorHandle, sizes: &Sizes, timings: GroupTimings) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    let names: Vec<(StreamName, GroupName)> = (0..sizes.groups).map(names).collect::<Result<_>>()?;
+    let created: Vec<Result<()>> = futures::stream::iter(
+        names
+            .iter()
+            .map(|(s, g)| crate::group::create(coordinator, s, g.as_str(), sizes.shards, Some(timings))),
+    )
+    .buffer_unordered(sizes.concurrency.clamp(1, 32))
+    .collect()
+    .await;
+    created.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(started.elapsed())
+}
+
+/// Waits (up to a minute) until the due index holds nothing due, so the set-up coordinator's visits of the new
+/// groups are over; whether it got there.
+async fn due_drained(conn: &mut redis::aio::MultiplexedConnection, tick: Duration) -> Result<bool> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if due_now(conn).await? == 0 {
+            return Ok(true);
+        }
+        if std::time::Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(tick).await;
+    }
 }
 
 async fn measure(
@@ -67,40 +150,24 @@ async fn measure(
     coordinator: &CoordinatorHandle,
     tick: Duration,
     sizes: &Sizes,
+    setup: &SetUp,
 ) -> Result<()> {
     let (g, per) = (sizes.groups, sizes.members);
     let total = g * per;
-    let interval_ms = ((total as f64 / sizes.rate) * 1e3).max(2_000.0).round() as u64;
-    let timings = GroupTimings {
-        member_ttl_ms: 3_600_000,
-        heartbeat_interval_ms: interval_ms,
-        rebalance_timeout_ms: interval_ms.max(30_000),
-        assignment_lease_ms: 1_800_000,
-    };
+    let interval_ms = setup.timings.heartbeat_interval_ms;
     let mut probe = Probe::new(redis.connection().await).await?;
     let load_before = drive::load_average();
-
-    let create_started = std::time::Instant::now();
+    let create_elapsed = setup.create_elapsed;
     let targets: Vec<Arc<Target>> = (0..g)
         .map(|i| {
+            let (stream, group) = names(i)?;
             Ok(Arc::new(Target {
                 coordinator: coordinator.coordinator().clone(),
-                stream: StreamName::new(format!("scale-b{i:05}"))?,
-                group: GroupName::new("g")?,
+                stream,
+                group,
             }))
         })
         .collect::<Result<_>>()?;
-    let created: Vec<Result<()>> = futures::stream::iter(
-        targets
-            .iter()
-            .map(|t| crate::group::create(coordinator, &t.stream, t.group.as_str(), sizes.shards, Some(timings))),
-    )
-    .buffer_unordered(sizes.concurrency.clamp(1, 32))
-    .collect()
-    .await;
-    created.into_iter().collect::<Result<Vec<()>>>()?;
-    let create_elapsed = create_started.elapsed();
-
     let members: Arc<Vec<Driven>> = Arc::new(
         targets
             .iter()
@@ -139,11 +206,24 @@ async fn measure(
     }
     let (owned, settled) = super::one_group::state(&members, shards_total).await;
 
+    // The joins made every group due once more (a commit's score); that visit is set-up, not the idle floor.
+    let drained = setup.drained && due_drained(&mut probe.conn, tick).await?;
+    drive::progress(t0, &format!("B: due index drained before the idle window: {drained}"));
+
     // The idle floor: nobody heartbeats.
     drive::progress(t0, "B: idle window");
     let (before, sent_before) = (probe.read().await?, proxy.sent());
+    let stats = coordinator.coordinator().stats();
+    let visits = || {
+        (
+            stats.tick_visits_due.load(Relaxed),
+            stats.tick_visits_sweep.load(Relaxed),
+        )
+    };
+    let visits_before = visits();
     tokio::time::sleep(sizes.window).await;
     let idle = probe.since(&before).await?;
+    let idle_visits = (visits().0 - visits_before.0, visits().1 - visits_before.1);
     let idle_sent = proxy.sent().since(&sent_before);
     let idle_s = sizes.window.as_secs_f64();
     let load_idle = drive::load_average();
@@ -300,6 +380,10 @@ async fn measure(
         "sent: counted between the coordinator and Redis (an EVALSHA is one); executed: Redis's \
           total_commands_processed (a script's redis.call's included)",
     );
+    note(&format!(
+        "idle window, tick visits: {} due, {} of the safety sweep",
+        idle_visits.0, idle_visits.1
+    ));
     note(&format!("idle window, sent: {idle_log}"));
     note(&format!("idle window, executed: {}", idle.breakdown()));
     note(&format!("heartbeating window, sent: {busy_log}"));
@@ -318,4 +402,17 @@ async fn revisions(conn: &mut redis::aio::MultiplexedConnection, targets: &[Arc<
     }
     let revs: Vec<Option<u64>> = pipe.query_async(conn).await?;
     Ok(revs.into_iter().flatten().sum())
+}
+
+/// Groups the due index says are due now, by Redis time.
+async fn due_now(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let due: u64 = redis::cmd("ZCOUNT")
+        .arg(protocol::keys::due_index())
+        .arg("-inf")
+        .arg(now_ms)
+        .query_async(conn)
+        .await?;
+    Ok(due)
 }

@@ -94,6 +94,15 @@ impl Coordinator {
         until.is_some_and(|u| now < u)
     }
 
+    /// Whether a visit of the safety sweep tends its stream's routing (reads its shard records): only where the
+    /// shard records live on a Redis whose run id the tick does not watch (a data Redis of its own, see
+    /// [`crate::store::Store::split`]). Otherwise Redis loses records only together with a restart, failover or
+    /// restore of the server or of a Cluster master, which changes the run id the tick checks, and every routing
+    /// is tended for a member TTL after that ([`Coordinator::tends_every_routing`]).
+    pub(crate) fn sweeps_tend_routing(&self) -> bool {
+        self.inner.store.split()
+    }
+
     /// The routing a visit adopts, read: `None` when the stream has none or it is unreadable (a damaged routing
     /// hash must not stop the group's expiry: the group is ticked without adopting).
     async fn routing_to_adopt(&self, stream: &StreamName) -> Result<Option<StreamRouting>, StoreError> {

@@ -239,12 +239,20 @@ impl Store {
         if keys.fields {
             return self.read_group(keys, liveness).await;
         }
+        self.read_aggregate(keys, liveness, true).await
+    }
+
+    /// [`Store::read`] of a hash with one `aggregate`; with `clock` unset, no `TIME` is sent and the loaded
+    /// clock is 0 (for reads that use only the document).
+    async fn read_aggregate(&self, keys: &SectionKeys, liveness: bool, clock: bool) -> Result<Loaded, StoreError> {
         let mut conn = self.conn.clone();
         let mut fields: Vec<&str> = SNAPSHOT_FIELDS.to_vec();
         fields.push(fields::AGGREGATE);
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET").arg(&keys.hash).arg(&fields);
-        pipe.cmd("TIME");
+        if clock {
+            pipe.cmd("TIME");
+        }
         if liveness {
             pipe.cmd("HGETALL").arg(&keys.liveness);
         }
@@ -254,12 +262,13 @@ impl Store {
             other => return Err(StoreError::Protocol(format!("HMGET replied {other:?}"))),
         };
         let at = |i: usize| text(&raw, i);
-        let (secs, micros) = match replies.get(1) {
-            Some(Value::Array(t)) => (text(t, 0)?, text(t, 1)?),
-            other => return Err(StoreError::Protocol(format!("TIME replied {other:?}"))),
+        let (secs, micros) = match (clock, replies.get(1)) {
+            (false, _) => ("0".to_owned(), "0".to_owned()),
+            (true, Some(Value::Array(t))) => (text(t, 0)?, text(t, 1)?),
+            (true, other) => return Err(StoreError::Protocol(format!("TIME replied {other:?}"))),
         };
         let mut live = Vec::new();
-        match replies.get(2) {
+        match replies.get(1 + usize::from(clock)) {
             Some(Value::Array(items)) => live.clone_from(items),
             Some(Value::Map(items)) => {
                 for (k, v) in items {
@@ -299,7 +308,7 @@ impl Store {
     /// [`StoreError::Corrupt`] for a hash that does not parse; Redis errors. A bad document is reported by the
     /// caller's decode.
     pub async fn read_routing(&self, stream: &StreamName) -> Result<Option<(StoreRevision, Vec<u8>)>, StoreError> {
-        let loaded = self.read(&SectionKeys::routing(stream), false).await?;
+        let loaded = self.read_aggregate(&SectionKeys::routing(stream), false, false).await?;
         Ok(match (loaded.revision, loaded.aggregate) {
             (Some(rev), Some(agg)) => Some((rev, agg)),
             _ => None,
