@@ -232,7 +232,9 @@ async fn measure(
     drive::progress(t0, "B: heartbeating window");
     let rev_before = revisions(&mut probe.conn, &targets).await?;
     let (before, sent_before) = (probe.read().await?, proxy.sent());
+    let visits_busy = visits();
     let beating = drive::steady(&members, Duration::from_millis(interval_ms), sizes.window).await;
+    let busy_visits = (visits().0 - visits_busy.0, visits().1 - visits_busy.1);
     let busy = probe.since(&before).await?;
     let busy_sent = proxy.sent().since(&sent_before);
     let writes = revisions(&mut probe.conn, &targets).await? - rev_before;
@@ -386,6 +388,10 @@ async fn measure(
     ));
     note(&format!("idle window, sent: {idle_log}"));
     note(&format!("idle window, executed: {}", idle.breakdown()));
+    note(&format!(
+        "heartbeating window: {busy_s:.1} s; tick visits: {} due, {} of the safety sweep",
+        busy_visits.0, busy_visits.1
+    ));
     note(&format!("heartbeating window, sent: {busy_log}"));
     note(&format!("heartbeating window, executed: {}", busy.breakdown()));
     note(&format!(
