@@ -15,17 +15,28 @@ use std::collections::BTreeMap;
 ///
 /// Returns one target per shard; `None` only when there are no members.
 pub fn assign(shard_count: u32, members: &[&MemberId], current: &[Option<&MemberId>]) -> Vec<Option<MemberId>> {
-    let n = members.len();
+    let index: BTreeMap<&MemberId, usize> = members.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+    let current: Vec<Option<usize>> = current.iter().map(|t| t.and_then(|m| index.get(m).copied())).collect();
+    assign_indices(shard_count, members.len(), &current)
+        .into_iter()
+        .map(|t| t.map(|i| members[i].clone()))
+        .collect()
+}
+
+/// [`assign`] over member indices: `members` members, numbered in id order, and each shard's `current` target as
+/// such a number (`None`, or a number not below `members`, where it has none or its member is gone). What
+/// [`super::target::recompute`] runs, so a group of thousands of members compares numbers, not member ids.
+pub fn assign_indices(shard_count: u32, members: usize, current: &[Option<usize>]) -> Vec<Option<usize>> {
+    let n = members;
     if n == 0 {
         return vec![None; shard_count as usize];
     }
-    let index: BTreeMap<&MemberId, usize> = members.iter().enumerate().map(|(i, m)| (*m, i)).collect();
 
     // Current shards per member (only members still eligible).
     let mut held: Vec<Vec<ShardId>> = vec![Vec::new(); n];
     for (shard, target) in current.iter().enumerate().take(shard_count as usize) {
-        if let Some(i) = target.and_then(|m| index.get(m)) {
-            held[*i].push(ShardId(shard as u32));
+        if let Some(i) = target.filter(|&i| i < n) {
+            held[i].push(ShardId(shard as u32));
         }
     }
 
@@ -39,11 +50,11 @@ pub fn assign(shard_count: u32, members: &[&MemberId], current: &[Option<&Member
         quota[i] += 1;
     }
 
-    let mut result: Vec<Option<MemberId>> = vec![None; shard_count as usize];
+    let mut result: Vec<Option<usize>> = vec![None; shard_count as usize];
     let mut filled = vec![0usize; n];
     for i in 0..n {
         for shard in held[i].iter().take(quota[i]) {
-            result[shard.index()] = Some(members[i].clone());
+            result[shard.index()] = Some(i);
             filled[i] += 1;
         }
     }
@@ -55,7 +66,7 @@ pub fn assign(shard_count: u32, members: &[&MemberId], current: &[Option<&Member
         while filled[member_cursor] >= quota[member_cursor] {
             member_cursor += 1;
         }
-        *slot = Some(members[member_cursor].clone());
+        *slot = Some(member_cursor);
         filled[member_cursor] += 1;
     }
     result

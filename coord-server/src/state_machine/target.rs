@@ -1,7 +1,6 @@
 //! Target assignment: runs the assignor over the eligible members and records the result.
 
 use protocol::names::MemberId;
-use std::collections::BTreeSet;
 
 use super::assignor;
 use super::transition::Tx;
@@ -16,19 +15,38 @@ pub fn recompute(tx: &mut Tx<'_>, membership_changed: bool) {
         .filter(|(_, m)| m.fenced_at_ms.is_none())
         .map(|(id, _)| id)
         .collect();
-    let eligible_set: BTreeSet<&MemberId> = eligible.iter().copied().collect();
-    let current: Vec<Option<&MemberId>> = meta
+    // Each shard's target as its member's number among `eligible` (`GONE` for a member no longer eligible).
+    // Neighbouring shards mostly share a target: one id comparison then, not a search.
+    let mut last: Option<(&MemberId, usize)> = None;
+    let current: Vec<Option<usize>> = meta
         .shards
         .iter()
-        .map(|s| s.target.as_ref().filter(|t| eligible_set.contains(t)))
+        .map(|s| {
+            let t = s.target.as_ref()?;
+            let i = match last {
+                Some((id, i)) if id == t => i,
+                _ => eligible.binary_search(&t).unwrap_or(GONE),
+            };
+            last = Some((t, i));
+            Some(i)
+        })
         .collect();
-    let targets = assignor::assign(meta.shard_count, &eligible, &current);
-    let changed = targets.iter().zip(&meta.shards).any(|(t, s)| *t != s.target);
-    if changed || membership_changed {
+    let targets = assignor::assign_indices(meta.shard_count, eligible.len(), &current);
+    let moved: Vec<(usize, Option<MemberId>)> = targets
+        .iter()
+        .zip(&current)
+        .enumerate()
+        .filter(|(_, (t, c))| t != c)
+        .map(|(shard, (t, _))| (shard, t.map(|i| eligible[i].clone())))
+        .collect();
+    if !moved.is_empty() || membership_changed {
         let next = tx.get_mut();
-        for (shard, target) in next.shards.iter_mut().zip(targets) {
-            shard.target = target;
+        for (shard, target) in moved {
+            next.shards[shard].target = target;
         }
         next.assignment_epoch = next.assignment_epoch.next();
     }
 }
+
+/// The number [`recompute`] gives a target that is no longer eligible: above every member's.
+const GONE: usize = usize::MAX;
