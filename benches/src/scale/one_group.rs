@@ -217,10 +217,10 @@ async fn measure(
     );
     figure(
         p,
-        "heartbeat rate reached (offered: members / interval)",
+        "heartbeat rate reached (offered: members / interval; 95 % of it is the pass, as in B)",
         rate,
         "hb/s",
-        Goal::AtLeast(offered),
+        Goal::AtLeast(offered * 0.95),
     );
     figure(
         p,
@@ -319,7 +319,8 @@ async fn measure(
     figure(p, "liveness hash HLEN", liveness_len as f64, "", Goal::None);
     note(&format!(
         "heartbeats are in-process calls of Coordinator::heartbeat (HTTP excluded), timed by the caller: the \
-         coordinator has no heartbeat duration histogram; window {:.1} s, {} calls, settled before it: {settled}",
+         span redis_stream_coord_heartbeat_duration_seconds measures behind HTTP; window {:.1} s, {} calls, \
+         settled before it: {settled}",
         steady.elapsed.as_secs_f64(),
         steady.calls()
     ));

@@ -1,6 +1,7 @@
 //! Target assignment: runs the assignor over the eligible members and records the result.
 
 use protocol::names::MemberId;
+use std::collections::HashMap;
 
 use super::assignor;
 use super::transition::Tx;
@@ -15,8 +16,9 @@ pub fn recompute(tx: &mut Tx<'_>, membership_changed: bool) {
         .filter(|(_, m)| m.fenced_at_ms.is_none())
         .map(|(id, _)| id)
         .collect();
-    // Each shard's target as its member's number among `eligible` (`GONE` for a member no longer eligible).
-    // Neighbouring shards mostly share a target: one id comparison then, not a search.
+    // Each shard's target as its member's number among `eligible` (`GONE` for a member no longer eligible): one
+    // hash per shard, not a search of ids. Neighbouring shards mostly share a target: one comparison then.
+    let number: HashMap<&MemberId, usize> = eligible.iter().enumerate().map(|(i, m)| (*m, i)).collect();
     let mut last: Option<(&MemberId, usize)> = None;
     let current: Vec<Option<usize>> = meta
         .shards
@@ -25,7 +27,7 @@ pub fn recompute(tx: &mut Tx<'_>, membership_changed: bool) {
             let t = s.target.as_ref()?;
             let i = match last {
                 Some((id, i)) if id == t => i,
-                _ => eligible.binary_search(&t).unwrap_or(GONE),
+                _ => number.get(t).copied().unwrap_or(GONE),
             };
             last = Some((t, i));
             Some(i)
