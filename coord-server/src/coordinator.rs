@@ -15,7 +15,7 @@ use protocol::messages::{
 use protocol::metadata::{GroupMetadata, GroupTimings, StreamRouting, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::{Status, StoreRevision};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tracing::{info, warn, Instrument};
@@ -92,6 +92,9 @@ struct Inner {
     sweep: StdMutex<crate::due::Sweep>,
     /// Until when every tick tends every stream's routing: one member TTL after a Redis restart or failover.
     tend_all_until: StdMutex<Option<tokio::time::Instant>>,
+    /// Whether a tick tended every stream with a group since this process started (see
+    /// `Coordinator::tends_every_routing`).
+    tended_all_once: AtomicBool,
 }
 
 impl Coordinator {
@@ -126,6 +129,7 @@ impl Coordinator {
                 record_sweep: StdMutex::new(Default::default()),
                 sweep: StdMutex::new(Default::default()),
                 tend_all_until: StdMutex::new(None),
+                tended_all_once: AtomicBool::new(false),
             }),
         };
         coordinator.check_eviction_policy().await?;

@@ -42,6 +42,12 @@
 //! one sweep period after its deadline, plus a tick. 60 s is six default member TTLs: a lost index (a rare
 //! event) delays expiry by about a minute, while the sweep's steady cost is one visit per group per minute, not
 //! one per tick (four a second).
+//!
+//! A sweep visit reads its stream's routing (to adopt it) but does not tend it (read its shard records, see
+//! `Coordinator::tend_routing`), except with a data Redis of its own: otherwise Redis loses records only with a
+//! restart, failover or restore, which changes the run id the tick checks, and every routing is tended for a
+//! member TTL after that. So a sweep visit costs four Redis commands (the routing read, `LOAD`, `RELEASE` and the
+//! score's revision check) and a share of the tick's `ZADD`, whatever the stream's shard count.
 
 use protocol::messages::GroupRef;
 use std::time::Duration;

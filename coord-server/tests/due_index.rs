@@ -331,3 +331,63 @@ async fn a_settled_group_with_live_members_is_not_visited_each_tick() {
     );
     coord.shutdown().await;
 }
+
+/// The safety sweep's visits do not tend routings (Redis loses shard records only with a restart or failover,
+/// which the tick sees), but a coordinator that starts cannot know what Redis lost while none ran: its first tick
+/// tends every stream with a group, also one whose group nothing makes due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_lost_while_no_coordinator_ran_is_written_again_by_the_next_ones_first_tick() {
+    let redis = RedisServer::start().await;
+    let hour = Duration::from_secs(3600);
+    let first = CoordinatorHandle::spawn(config(&redis, hour))
+        .await
+        .expect("coordinator starts");
+    Api::new(first.url()).create_group(S, G, 4).await;
+    wait_for(
+        Duration::from_secs(10),
+        "the new group to be visited and scored",
+        || async { (index_counts(&redis).await == (1, 0)).then_some(()) },
+    )
+    .await;
+    first.shutdown().await;
+
+    let stream = protocol::names::StreamName::new(S).expect("stream name");
+    let record = keys::shard_fence(&stream, protocol::ShardId(1));
+    let mut conn = redis.connection().await;
+    let born = |mut conn: redis::aio::MultiplexedConnection| {
+        let record = record.clone();
+        async move {
+            let v: Option<String> = redis::cmd("HGET")
+                .arg(&record)
+                .arg(keys::shard_fence_fields::BORN_VERSION)
+                .query_async(&mut conn)
+                .await
+                .expect("HGET");
+            v
+        }
+    };
+    let before = born(conn.clone()).await.expect("shard 1's record");
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&record)
+        .arg(keys::shard_fence_fields::BORN_VERSION)
+        .query_async(&mut conn)
+        .await
+        .expect("HDEL");
+
+    let second = CoordinatorHandle::spawn(config(&redis, hour))
+        .await
+        .expect("coordinator starts");
+    let again = wait_for(Duration::from_secs(10), "the lost record to be written again", || {
+        let conn = conn.clone();
+        async move { born(conn).await }
+    })
+    .await;
+    assert_eq!(again, before, "written again with the birth the routing gives it");
+    let stats = second.coordinator().stats();
+    assert_eq!(
+        stats.tick_visits_due.load(Ordering::Relaxed),
+        0,
+        "no visit made the group due: the first tick's tending did it"
+    );
+    second.shutdown().await;
+}

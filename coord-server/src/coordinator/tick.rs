@@ -84,14 +84,20 @@ impl Coordinator {
 
     /// Whether this tick tends the routing of every stream, not only of the streams it visits: for one member
     /// TTL after a Redis restart or failover (`restarted`), the moment Redis may have lost part of a routing, so
-    /// that a lost growth is restored within ticks (retried while Redis settles), not within a sweep period.
+    /// that a lost growth is restored within ticks (retried while Redis settles), not within a sweep period; and
+    /// on the first tick of this process, which cannot tell what Redis lost while no coordinator ran (the sweep's
+    /// visits do not tend, see [`Coordinator::sweeps_tend_routing`]).
     pub(crate) fn tends_every_routing(&self, restarted: bool) -> bool {
+        let first = !self
+            .inner
+            .tended_all_once
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
         let now = tokio::time::Instant::now();
         let mut until = self.inner.tend_all_until.lock().expect("tend lock");
         if restarted {
             *until = Some(now + std::time::Duration::from_millis(self.max_ttl_ms()));
         }
-        until.is_some_and(|u| now < u)
+        first || until.is_some_and(|u| now < u)
     }
 
     /// Whether a visit of the safety sweep tends its stream's routing (reads its shard records): only where the
