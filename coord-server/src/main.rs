@@ -363,6 +363,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The binary's allocator (feature `jemalloc`, on by default): see the feature's note in `Cargo.toml`.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let matches = Args::command().get_matches();
