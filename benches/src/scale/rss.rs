@@ -205,14 +205,21 @@ pub async fn run(sizes: &Sizes) -> Result<()> {
         "",
         Goal::AtMost(0.0),
     );
+    // The report names no path of this machine (it is pasted into BENCHMARKS.md); the log's path goes to stderr.
+    eprintln!("C: coord-server {}, its log {}", sizes.binary.display(), log.display());
+    let name = |p: &std::path::Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
     note(&format!(
-        "coord-server {} as its own process, default flags and timings, over HTTP; create {:.1} s, join and \
-         converge {:.1} s ({passes} passes), heartbeats every 2 s for {:.0} s; its log: {}",
-        sizes.binary.display(),
+        "{} as its own process, default flags and timings, over HTTP; create {:.1} s, join and converge {:.1} s \
+         ({passes} passes), heartbeats every 2 s for {:.0} s; its log: {} in the temporary directory",
+        name(&sizes.binary),
         create_elapsed.as_secs_f64(),
         join_elapsed.as_secs_f64(),
         sizes.window.as_secs_f64(),
-        log.display()
+        name(&log)
     ));
     Ok(())
 }
