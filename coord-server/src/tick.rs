@@ -91,34 +91,30 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             return 0;
         }
     };
-    // Each visited stream's routing once per pass, before its groups adopt it: a growth Redis lost from the
-    // routing is restored from the shards' records (and a routing without records gets them). For one member TTL
-    // after a restart or failover, which is when Redis loses part of a routing, every stream with a group rather
-    // than when its groups come due: producers writing to the lost growth's children are refused until then.
-    //
-    // A stream whose groups only the safety sweep visits is tended only where Redis can lose its records without
-    // the run id saying so (`Coordinator::sweeps_tend_routing`): elsewhere records are lost only with a restart or
-    // failover, after which every routing is tended anyway. Its groups' visits read the routing themselves.
-    let mut streams: Vec<StreamName> = Vec::new();
-    let mut tended: BTreeSet<StreamName> = visits
-        .iter()
-        .filter(|(_, reason)| *reason == Reason::Due || coordinator.sweeps_tend_routing())
-        .map(|(g, _)| g.stream.clone())
-        .collect();
+    // A stream is tended (`Coordinator::tend_routing`: a growth Redis lost from the routing is restored from the
+    // shards' records, a lost record written again) right before its groups are visited, which adopt the routing
+    // as tended. Tended are the streams of due visits; those of sweep visits only where Redis can lose records
+    // without the run id saying so (`Coordinator::sweeps_tend_routing`); and, on a coordinator's first tick and for
+    // one member TTL after a restart or failover (when Redis loses part of a routing), every stream with a group,
+    // since producers writing to a lost growth's children are refused until then. A stream not tended is read by
+    // its groups' visits themselves.
+    let mut tended: BTreeSet<StreamName> = BTreeSet::new();
+    let mut by_stream: BTreeMap<StreamName, Vec<(GroupRef, Reason)>> = BTreeMap::new();
     if coordinator.tends_every_routing(restarted) {
         match coordinator.list_groups(false).await {
-            Ok(all) => streams.extend(all.groups.into_iter().map(|g| g.stream)),
-            Err(e) => warn!(error = %e, "cannot list the groups to tend every routing after a Redis restart"),
+            Ok(all) => {
+                for g in all.groups {
+                    tended.insert(g.stream.clone());
+                    by_stream.entry(g.stream).or_default();
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot list the groups to tend every routing"),
         }
-        tended.extend(streams.iter().cloned());
-    }
-    // Each stream is tended right before its groups are visited, which adopt the routing as tended (no second
-    // read, and no older routing than a visit of its own would have read).
-    let mut by_stream: BTreeMap<StreamName, Vec<(GroupRef, Reason)>> = BTreeMap::new();
-    for stream in streams {
-        by_stream.entry(stream).or_default();
     }
     for (g, reason) in visits {
+        if reason == Reason::Due || coordinator.sweeps_tend_routing() {
+            tended.insert(g.stream.clone());
+        }
         by_stream.entry(g.stream.clone()).or_default().push((g, reason));
     }
     let mut scored = Vec::new();
@@ -127,9 +123,10 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
         if cancel.is_cancelled() || coordinator.gate().is_terminating() {
             break;
         }
-        let routing = match tended.contains(&stream) {
-            true => tend(coordinator, &stream).await,
-            false => None,
+        let routing = if tended.contains(&stream) {
+            tend(coordinator, &stream).await
+        } else {
+            None
         };
         for (g, reason) in groups {
             if cancel.is_cancelled() || coordinator.gate().is_terminating() {

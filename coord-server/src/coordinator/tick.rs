@@ -4,6 +4,8 @@
 use protocol::messages::GroupRef;
 use protocol::metadata::StreamRouting;
 use protocol::names::{GroupName, StreamName};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tracing::{warn, Instrument};
 
 use super::{due, Coordinator};
@@ -88,14 +90,11 @@ impl Coordinator {
     /// on the first tick of this process, which cannot tell what Redis lost while no coordinator ran (the sweep's
     /// visits do not tend, see [`Coordinator::sweeps_tend_routing`]).
     pub(crate) fn tends_every_routing(&self, restarted: bool) -> bool {
-        let first = !self
-            .inner
-            .tended_all_once
-            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        let first = !self.inner.tended_all_once.swap(true, Ordering::Relaxed);
         let now = tokio::time::Instant::now();
         let mut until = self.inner.tend_all_until.lock().expect("tend lock");
         if restarted {
-            *until = Some(now + std::time::Duration::from_millis(self.max_ttl_ms()));
+            *until = Some(now + Duration::from_millis(self.max_ttl_ms()));
         }
         first || until.is_some_and(|u| now < u)
     }
