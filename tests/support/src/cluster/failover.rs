@@ -83,6 +83,20 @@ impl RedisCluster {
             }
             if Instant::now() >= bump_at {
                 bump_at = Instant::now() + EPOCH_BUMP_AFTER;
+                // A takeover the live old master won back (its claim carried the greater epoch) leaves the node a
+                // replica again, and bumping epochs alone never makes it master: take over once more. Seen once
+                // in CI: every node, the old master included, still listed the node as its replica after 30 s.
+                let still_replica = views
+                    .iter()
+                    .find(|(i, _)| *i == index)
+                    .is_some_and(|(_, v)| v.iter().any(|e| e.id == id && !e.master));
+                if still_replica {
+                    let _: Result<String, _> = redis::cmd("CLUSTER")
+                        .arg("FAILOVER")
+                        .arg("TAKEOVER")
+                        .query_async(&mut con)
+                        .await;
+                }
                 let other = views.iter().map(|(i, _)| *i).find(|&i| {
                     i != index
                         && views
