@@ -418,7 +418,7 @@ impl Coordinator {
     /// [`Error::MetadataUnavailable`] when the stream has no routing.
     pub async fn describe_routing(&self, stream: &StreamName) -> Result<RoutingDescription, Error> {
         let (rev, r) = self.read_routing(stream).await?;
-        let probed = routing_section::probe(&self.inner.store, stream, r.shard_count).await?;
+        let probed = routing_section::probe(&self.inner.store, stream, r.shard_count, self.growth_ceiling(stream)).await?;
         Ok(routing_description(&r, rev, Some(&probed)))
     }
 
@@ -632,8 +632,17 @@ impl Coordinator {
     where
         F: FnMut(&Loaded, &routing_section::Probed) -> Result<RoutingStep, Error>,
     {
-        let mut section = RoutingSection::new(f).probing(stream);
+        let mut section = RoutingSection::new(f).probing(stream, self.growth_ceiling(stream));
         section::run(self.env(), &SectionKeys::routing(stream), &mut section).await
+    }
+
+    /// The most shards `stream` may be grown or restored to (see [`crate::quota::principals::Principals::growth_ceiling`]).
+    pub(crate) fn growth_ceiling(&self, stream: &StreamName) -> u32 {
+        let config = &self.inner.config;
+        // `Config::validate` built these once already; a table it refused never reaches a coordinator.
+        crate::quota::principals::Principals::new(config).map_or(config.quota.shards_per_group, |p| {
+            p.growth_ceiling(config.credentials(), &config.quota, stream.as_str())
+        })
     }
 
     async fn read_routing(&self, stream: &StreamName) -> Result<(StoreRevision, StreamRouting), Error> {

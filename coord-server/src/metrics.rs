@@ -236,6 +236,11 @@ impl Metrics {
         });
     }
 
+    /// Records a restoration refused for a plan above the stream's growth ceiling.
+    pub(crate) fn routing_restore_refused(&self) {
+        self.record(|| counter!(names::ROUTING_RESTORE_REFUSED).increment(1));
+    }
+
     /// Sets how many shards a stream's records show beyond its routing.
     pub(crate) fn shards_beyond_routing(&self, stream: &StreamName, n: u32) {
         let s = stream.to_string();

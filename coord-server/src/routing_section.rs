@@ -52,6 +52,9 @@ pub(crate) struct Probed {
     pub beyond: Vec<Birth>,
     /// Shard 0's fence (a parent of every growth).
     pub fence: RoutingVersion,
+    /// The shard keys from the stored count up to this one (exclusive) hold entries (see
+    /// [`state_machine::routing::Evidence::entries_end`]).
+    pub entries_end: u32,
 }
 
 impl Probed {
@@ -61,6 +64,7 @@ impl Probed {
             report,
             beyond: self.beyond.clone(),
             fence: self.fence,
+            entries_end: self.entries_end,
             run_id_changed: loaded.run_id_changed(),
             now_ms: loaded.now_ms,
         }
@@ -70,11 +74,17 @@ impl Probed {
 /// Reads the shards' evidence of a routing of `shard_count` shards: shard 0's fence and the records from
 /// `shard_count` on until one is missing; past that one, when shard 0's `fenceCount` says a layout with more
 /// shards sealed it, the last record of each growth up to that count, walking back from it (see
-/// [`state_machine::routing::plan`]).
+/// [`state_machine::routing::plan`]); and the shard keys from `shard_count` on that hold entries, up to one past
+/// `ceiling` (enough to refuse a restoration above it, never a walk a writer of stray keys could make long).
 ///
 /// # Errors
 /// A Redis failure; a record that does not parse.
-pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) -> Result<Probed, Error> {
+pub(crate) async fn probe(
+    store: &Store,
+    stream: &StreamName,
+    shard_count: u32,
+    ceiling: u32,
+) -> Result<Probed, Error> {
     let mut conn = store.data().connection();
     let (fence, sealed_for) = store::reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
     let mut beyond = Vec::new();
@@ -106,7 +116,41 @@ pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32) 
         }
         beyond.extend(past.into_iter().rev());
     }
-    Ok(Probed { beyond, fence })
+    let entries_end = entries_end(&conn, stream, shard_count, ceiling.saturating_add(1).min(MAX_SHARDS)).await?;
+    Ok(Probed {
+        beyond,
+        fence,
+        entries_end,
+    })
+}
+
+/// The end of the run of shard keys from `from` on that hold entries, read up to `limit` (exclusive), in batches
+/// like the records: usually one `XLEN` says there is none.
+async fn entries_end(
+    conn: &redis_link::Connection,
+    stream: &StreamName,
+    from: u32,
+    limit: u32,
+) -> Result<u32, Error> {
+    let mut next = from;
+    let mut batch = 1u32;
+    while next < limit {
+        let end = next.saturating_add(batch).min(limit);
+        let held: Vec<bool> = futures::stream::iter(next..end)
+            .map(|shard| {
+                let mut conn = conn.clone();
+                async move { store::reshard::holds_entries(&mut conn, stream, ShardId(shard)).await }
+            })
+            .buffered(DATA_PLANE_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        if let Some(empty) = held.iter().position(|h| !h) {
+            return Ok(next + empty as u32);
+        }
+        next = end;
+        batch = (batch * 4).min(DATA_PLANE_IN_FLIGHT as u32 * 4);
+    }
+    Ok(next)
 }
 
 /// The records of `shards` (`None`: no record), `DATA_PLANE_IN_FLIGHT` reads at a time.
@@ -149,13 +193,19 @@ pub(crate) fn migration_records(routing: &StreamRouting) -> Vec<Birth> {
         .collect()
 }
 
-/// The restoration a probe and a client's report call for (see [`state_machine::routing::plan`]) and why, and
-/// the records a routing written before shard records existed still needs. `Keep` when neither.
+/// The restoration a probe calls for (see [`state_machine::routing::plan`]; `report`, the client's report that
+/// prompted it if one did, is a hint and never evidence) and why, and the records a routing written before shard
+/// records existed still needs. `Keep` when neither.
+///
+/// # Errors
+/// [`Error::MetadataUnavailable`] for a routing that is missing or unreadable, and for a plan above `ceiling`
+/// shards (nothing is written: see `docs/runbooks/routing-regressed.md`).
 pub(crate) fn restore(
     stats: &Stats,
     loaded: &Loaded,
     probed: &Probed,
     report: Option<Report>,
+    ceiling: u32,
 ) -> Result<(RoutingStep, Vec<Why>), Error> {
     if loaded.revision.is_none() {
         return Err(Error::MetadataUnavailable("the stream has no routing".into()));
@@ -163,6 +213,17 @@ pub(crate) fn restore(
     let current = decode(stats, loaded)?;
     let evidence = probed.evidence(loaded, report);
     let (mut next, mut prep, why) = match state_machine::routing::plan(&current, &evidence) {
+        Some(plan) if plan.next.shard_count > ceiling.max(current.shard_count) => {
+            // Redis holds evidence of more shards than any token may grow this stream to: stray keys or records
+            // (a writer with Redis access, a foreign tool), not a growth a coordinator made. Fail closed and write
+            // nothing; docs/runbooks/routing-regressed.md says what to look at.
+            stats.metrics().routing_restore_refused();
+            return Err(Error::MetadataUnavailable(format!(
+                "stream {}: Redis holds evidence of {} shards ({:?}), above the stream's ceiling of {ceiling}; \
+                 nothing was restored (runbook: docs/runbooks/routing-regressed.md)",
+                current.stream, plan.next.shard_count, plan.why
+            )));
+        }
         Some(Plan {
             next,
             seals,
@@ -220,8 +281,8 @@ pub(crate) fn ensure(
     Ok(RoutingStep::Prepare(r, prep))
 }
 
-/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given: from the
-/// routing as restored first (a growth Redis lost is restored as it was, never recreated over its records), with
+/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given, never past
+/// `ceiling` by a restoration (see [`restore`]): from the routing as restored first (a growth Redis lost is restored as it was, never recreated over its records), with
 /// its parents sealed and its children recorded before it is committed. After a loss of the routing hash (a new
 /// run id) the version skips past every number the lost history may have issued.
 pub(crate) fn grow(
@@ -231,12 +292,13 @@ pub(crate) fn grow(
     stream: &StreamName,
     count: u32,
     if_match: Option<StoreRevision>,
+    ceiling: u32,
 ) -> Result<RoutingStep, Error> {
     let Some(rev) = loaded.revision else {
         return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
     };
     check_if_match(if_match, rev)?;
-    let (base, mut prep) = match restore(stats, loaded, probed, None)?.0 {
+    let (base, mut prep) = match restore(stats, loaded, probed, None, ceiling)?.0 {
         RoutingStep::Keep(r) | RoutingStep::Write(r) => (r, Prep::default()),
         RoutingStep::Prepare(r, prep) => (r, prep),
     };
@@ -310,8 +372,9 @@ fn decode(stats: &Stats, loaded: &Loaded) -> Result<StreamRouting, Error> {
 /// the routing kept or written, and the revision.
 pub(crate) struct RoutingSection<'a, F> {
     f: F,
-    /// Set when the decision needs the shards' evidence (read in `check`, under the mutex).
-    probe: Option<&'a StreamName>,
+    /// Set when the decision needs the shards' evidence (read in `check`, under the mutex), with the stream's
+    /// growth ceiling (see [`probe`]).
+    probe: Option<(&'a StreamName, u32)>,
     probed: Probed,
     prep: Prep,
     next: Option<(StreamRouting, String)>,
@@ -331,9 +394,9 @@ where
         }
     }
 
-    /// Reads the shards' evidence of `stream` ([`probe`]) before every decision.
-    pub fn probing(mut self, stream: &'a StreamName) -> Self {
-        self.probe = Some(stream);
+    /// Reads the shards' evidence of `stream` ([`probe`], up to one past `ceiling` shards) before every decision.
+    pub fn probing(mut self, stream: &'a StreamName, ceiling: u32) -> Self {
+        self.probe = Some((stream, ceiling));
         self
     }
 }
@@ -346,10 +409,10 @@ where
 
     async fn check(&mut self, store: &Store, _keys: &SectionKeys, loaded: &Loaded) -> Result<(), Error> {
         self.probed = Probed::default();
-        if let (Some(stream), Some(json)) = (self.probe, loaded.aggregate.as_deref()) {
+        if let (Some((stream, ceiling)), Some(json)) = (self.probe, loaded.aggregate.as_deref()) {
             // A routing that does not decode is refused by the decision itself.
             if let Ok(current) = store::decode_routing(json) {
-                self.probed = probe(store, stream, current.shard_count).await?;
+                self.probed = probe(store, stream, current.shard_count, ceiling).await?;
             }
         }
         Ok(())

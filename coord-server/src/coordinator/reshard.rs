@@ -47,10 +47,11 @@ impl Coordinator {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
         }
         let (inner, mut absent) = (&self.inner, false);
+        let ceiling = self.growth_ceiling(stream);
         let grown = self
             .probing_routing_section(stream, |loaded, probed| {
                 absent = loaded.revision.is_none();
-                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match)
+                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match, ceiling)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await;
@@ -67,8 +68,9 @@ impl Coordinator {
         Ok(routing_description(&routing, rev, None))
     }
 
-    /// Restores `stream`'s routing from what its shards record and what `report` says (see
-    /// `state_machine::routing`), and gives a routing written before shard records existed its records. Returns
+    /// Restores `stream`'s routing from what Redis holds of it (its shards' records and fences, shard keys
+    /// beyond it that hold entries: see `state_machine::routing`; `report`, the client's report that prompted the
+    /// look if one did, is never believed), within the stream's growth ceiling, and gives a routing written before shard records existed its records. Returns
     /// the routing as stored afterwards.
     ///
     /// # Errors
@@ -92,6 +94,7 @@ impl Coordinator {
         fence_seen: RoutingVersion,
     ) -> Result<StreamRouting, Error> {
         let stats = &self.inner.stats;
+        let ceiling = self.growth_ceiling(stream);
         let mut why = Vec::new();
         let mut before = None;
         let (routing, _) = self
@@ -103,7 +106,7 @@ impl Coordinator {
                     fence: probed.fence.max(fence_seen),
                     ..probed.clone()
                 };
-                let (step, w) = routing_section::restore(stats, loaded, &probed, report)?;
+                let (step, w) = routing_section::restore(stats, loaded, &probed, report, ceiling)?;
                 why = w;
                 Ok(step)
             })

@@ -99,6 +99,10 @@ fn describe_groups() {
         "Stream routings restored after Redis lost part of them, by evidence"
     );
     describe_counter!(
+        names::ROUTING_RESTORE_REFUSED,
+        "Routing restorations refused: Redis holds evidence of more shards than the stream's growth ceiling"
+    );
+    describe_counter!(
         names::QUOTA_REFUSALS,
         "Requests refused with 429 because a token reached a quota, by quota"
     );
@@ -106,6 +110,7 @@ fn describe_groups() {
     for quota in ["groups", "shards", "members", "rate"] {
         metrics::counter!(names::QUOTA_REFUSALS, "quota" => quota).increment(0);
     }
+    metrics::counter!(names::ROUTING_RESTORE_REFUSED).increment(0);
     describe_gauge!(
         names::SHARDS_BEYOND_ROUTING,
         "Shards recorded beyond the stored shard count (unread until restored)"

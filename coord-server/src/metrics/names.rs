@@ -60,9 +60,12 @@ pub const METADATA_REGRESSIONS: &str = "redis_stream_coord_metadata_regressions_
 pub const CLIENT_VERSION_AHEAD: &str = "redis_stream_coord_client_version_ahead_total";
 /// Counter: producer routing fetches that reported a higher routing version than Redis stores.
 pub const ROUTING_VERSION_AHEAD: &str = "redis_stream_coord_routing_version_ahead_total";
-/// Counter, label `why` (`records_beyond`, `fence_above`, `reported`): stream routings restored because Redis
-/// had lost part of them (see `docs/resharding.md`, "When Redis forgets a growth").
+/// Counter, label `why` (`records_beyond`, `fence_above`, `entries_beyond`, `record_lost`): stream routings
+/// restored because Redis had lost part of them (see `docs/resharding.md`, "When Redis forgets a growth").
 pub const ROUTING_RESTORED: &str = "redis_stream_coord_routing_restored_total";
+/// Counter: restorations refused because Redis holds evidence of more shards than the stream's growth ceiling
+/// (nothing is written; `docs/runbooks/routing-regressed.md`).
+pub const ROUTING_RESTORE_REFUSED: &str = "redis_stream_coord_routing_restore_refused_total";
 /// Counter, label `quota` (`groups`, `shards`, `members`, `rate`): requests refused with `429` because a token
 /// reached that quota (see `docs/operations.md`, "Quotas").
 pub const QUOTA_REFUSALS: &str = "redis_stream_coord_quota_refusals_total";
@@ -147,6 +150,7 @@ pub const ALL: &[&str] = &[
     CLIENT_VERSION_AHEAD,
     ROUTING_VERSION_AHEAD,
     ROUTING_RESTORED,
+    ROUTING_RESTORE_REFUSED,
     QUOTA_REFUSALS,
     SHARDS_BEYOND_ROUTING,
     CORRECTIONS_OPENED,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::bucket::Bucket;
 use super::{Quota, QuotaOverrides};
+use crate::auth::{Credentials, Role};
 use crate::config::Config;
 
 /// Name of the single admin token (`--admin-token`), which has no table line to name it.
@@ -139,6 +140,21 @@ impl Principals {
             list.push(Principal::new(name, quota));
         }
         Ok(Principals { list, by_credential })
+    }
+
+    /// The most shards any credential may grow `stream` to: the largest shard quota of the admin grants that
+    /// cover it (add-shards is an admin route), or `default`'s when none does (an open coordinator admits
+    /// add-shards under the default quota). No growth a coordinator made can be above it, so a restoration above it
+    /// is refused (`routing_section::restore`).
+    pub fn growth_ceiling(&self, credentials: Credentials<'_>, default: &Quota, stream: &str) -> u32 {
+        credentials
+            .each()
+            .enumerate()
+            .filter(|(_, (role, scope, _))| *role == Role::Admin && scope.covers(stream))
+            .filter_map(|(i, _)| self.by_credential.get(i).and_then(|&at| self.list.get(at)))
+            .map(|p| p.quota.shards_per_group)
+            .max()
+            .unwrap_or(default.shards_per_group)
     }
 
     /// The principal of the credential at `position` (see [`crate::auth::authorize_as`]).

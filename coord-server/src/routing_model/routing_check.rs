@@ -133,6 +133,7 @@ pub fn parse_budget(spec: &str) -> RoutingBudget {
             "shard_failovers" => b.shard_failovers = n,
             "restores" => b.restores = n,
             "abandons" => b.abandons = n,
+            "forgeries" => b.forgeries = n,
             other => panic!("ROUTING_CHECK_BUDGET: unknown kind {other:?}"),
         }
     }
@@ -350,6 +351,33 @@ mod tests {
         };
         let c = run(&config).expect_err("the injected bug is found");
         assert!(c.violation.contains("groups read them in the other order"), "{c}");
+        assert!(c.trace.iter().any(|l| l.contains("failover")), "{c}");
+    }
+
+    /// A report is never evidence (issue "Redis is the evidence"): with a hostile client that reports a version
+    /// and a shard count nobody issued, before and after a failover, the routing holds every property.
+    #[test]
+    fn routing_check_holds_with_a_client_that_forges_reports() {
+        let config = RoutingConfig {
+            budget: parse_budget("growths=1,writes=2,failovers=1,forgeries=1"),
+            ..RoutingConfig::ci_node()
+        };
+        if let Err(c) = run(&config) {
+            panic!("{c}");
+        }
+    }
+
+    /// The coordinator before "Redis is the evidence" believed a report once per history of the routing hash:
+    /// after a failover (a new run id) one forged fetch grew the stream to the reported count.
+    #[test]
+    fn routing_check_finds_a_coordinator_that_believes_reports() {
+        inject(Bug::BelieveReports);
+        let config = RoutingConfig {
+            budget: parse_budget("growths=1,failovers=1,forgeries=1"),
+            ..RoutingConfig::ci_node()
+        };
+        let c = run(&config).expect_err("the injected bug is found");
+        assert!(c.violation.contains("a client's report was believed"), "{c}");
         assert!(c.trace.iter().any(|l| l.contains("failover")), "{c}");
     }
 

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::sync::LazyLock;
 
 use protocol::messages::RoutingQuery;
-use protocol::metadata::StreamRouting;
+use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::names::StreamName;
 use protocol::reshard::{Birth, EntryId};
 use protocol::routing::shard_for_key;
@@ -99,6 +99,9 @@ pub struct RoutingBudget {
     pub restores: u8,
     /// Routing sections that stop between their writes (the coordinator dies, or Redis fails a write).
     pub abandons: u8,
+    /// Routing fetches of a hostile client reporting a version and a shard count nobody issued
+    /// ([`Action::Forge`]).
+    pub forgeries: u8,
 }
 
 impl RoutingBudget {
@@ -110,6 +113,7 @@ impl RoutingBudget {
         shard_failovers: 0,
         restores: 0,
         abandons: 0,
+        forgeries: 0,
     };
 }
 
@@ -122,6 +126,8 @@ pub enum OpKind {
     Tick,
     /// A producer's routing fetch, restoring from its report before the answer.
     Fetch(u8, RoutingQuery),
+    /// A hostile client's routing fetch (`Action::Forge`).
+    Forged,
 }
 
 /// A routing section between its writes: the seals were taken when it started; the records and the commit
@@ -154,8 +160,8 @@ pub struct RoutingWorld {
     pub budget: RoutingBudget,
     /// Ghost: every routing ever committed, in any history: version -> shard count.
     pub ever: BTreeMap<u64, u32>,
-    /// Ghost: restorations from a report in this history of the routing hash.
-    pub reported_restores: u8,
+    /// Ghost: the most shards any add-shards decided (committed or not: its records and seals are Redis's evidence).
+    pub grown_to: u32,
     /// Ghost: writes accepted so far (the next write's `seq`).
     pub writes: u32,
     /// Redis time moves this much at a failover or a restore (the configuration's `clock_gap`).
@@ -176,6 +182,10 @@ pub enum Action {
     /// Producer `p` fetches the routing, reporting the highest it saw; when that is above the stored routing, a
     /// restoration starts (seals taken) and the producer waits for its commit.
     Refresh(u8),
+    /// A hostile (or damaged) client fetches the routing reporting what no coordinator issued: a version above the
+    /// stored one and as many shards as the modelled Redis has room for (a forged producer token, or a version
+    /// store of another stream). A report is never evidence: this must change nothing.
+    Forge,
     /// Producer `p` publishes key `k` with its cached routing (a refused write changes nothing: the producer
     /// refreshes and routes again, which are actions of their own).
     Publish(u8, u8),
@@ -285,7 +295,7 @@ impl RoutingWorld {
             op: None,
             budget: config.budget,
             ever: BTreeMap::from([(v, n)]),
-            reported_restores: 0,
+            grown_to: n,
             writes: 0,
             clock_gap: config.clock_gap,
             initial_shards: config.shards,
@@ -320,6 +330,9 @@ impl RoutingWorld {
                     out.push(Action::Publish(i as u8, k));
                 }
             }
+        }
+        if self.op.is_none() && self.budget.forgeries > 0 {
+            out.push(Action::Forge);
         }
         match &self.op {
             None => {
@@ -388,16 +401,21 @@ impl RoutingWorld {
     pub fn step(&mut self, action: Action) -> Result<String, Violation> {
         let line = match action {
             Action::Refresh(p) => self.refresh(p)?,
+            Action::Forge => {
+                self.budget.forgeries -= 1;
+                self.forge()?
+            }
             Action::Publish(p, k) => self.publish(p, k),
             Action::Grow(n) => {
                 self.budget.growths -= 1;
                 let loaded = self.loaded();
                 let probed = self.probe();
-                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None)
+                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None, MAX_SHARDS)
                     .map_err(|e| format!("add-shards refused: {e}"))?;
                 let RoutingStep::Prepare(next, prep) = step else {
                     return Err("add-shards decided to write nothing".into());
                 };
+                self.grown_to = self.grown_to.max(next.shard_count);
                 let sealed = self.start(OpKind::Grow(n), next, prep.seals, prep.records, Vec::new());
                 format!("add-shards +{n}: {sealed}")
             }
@@ -485,8 +503,6 @@ impl RoutingWorld {
                             self.ever.remove(&v);
                         }
                     }
-                    // A new history of the routing hash, though Redis's run id stays.
-                    self.reported_restores = 0;
                     "into the running Redis (same run id)"
                 } else {
                     self.routing_lost();
@@ -508,7 +524,6 @@ impl RoutingWorld {
         self.routing_run += 1;
         self.now += self.clock_gap;
         self.replicas.routing = None;
-        self.reported_restores = 0;
     }
 
     /// `routing_section`'s `Loaded` for the routing hash as it is now.
@@ -543,9 +558,14 @@ impl RoutingWorld {
             }
             beyond.extend(past.into_iter().rev());
         }
+        // `routing_section::entries_end`: the run of shard keys from the stored count on that hold entries.
+        let entries_end = n + (n..total)
+            .take_while(|&s| !self.redis.shards[s as usize].entries.is_empty())
+            .count() as u32;
         Probed {
             beyond,
             fence: RoutingVersion(self.redis.shards[0].fence),
+            entries_end,
         }
     }
 
@@ -674,7 +694,7 @@ impl RoutingWorld {
     ) -> Result<Option<(StreamRouting, Vec<SealTodo>, Vec<Birth>, Vec<Why>)>, Violation> {
         let mut probed = self.probe();
         probed.fence = probed.fence.max(fence_seen);
-        let (step, why) = routing_section::restore(&STATS, &self.loaded(), &probed, report)
+        let (step, why) = routing_section::restore(&STATS, &self.loaded(), &probed, report, MAX_SHARDS)
             .map_err(|e| format!("restore refused: {e}"))?;
         Ok(match step {
             RoutingStep::Keep(_) => None,
@@ -719,14 +739,17 @@ impl RoutingWorld {
                 ));
             }
         }
-        if op.why.contains(&Why::Reported) {
-            self.reported_restores += 1;
-            if self.reported_restores > 1 {
-                return Err(format!(
-                    "a report restored the routing {} times in one history of the routing hash",
-                    self.reported_restores
-                ));
-            }
+        // Property 7: a restoration grows a stream only to a layout some add-shards decided (in any history, committed
+        // or not): what Redis can hold evidence of. A count beyond every one came from a client's word.
+        let most = self.ever.values().copied().max().unwrap_or(0).max(self.grown_to);
+        if !matches!(op.kind, OpKind::Grow(_)) && n > most && n > hash.routing.shard_count {
+            return Err(format!(
+                "a restoration ({:?}, {:?}) grew the stream to {} shards, more than any add-shards ever decided \
+                 ({most}): a client's report was believed",
+                op.kind,
+                op.why,
+                n
+            ));
         }
         self.ever.insert(v, n);
         let hash = &mut self.redis.routing;

@@ -7,12 +7,17 @@
 //! and the seals, see `protocol::keys::shard_fence_fields`), and while clients remember the routing they saw. The
 //! rules, like the metadata correction round's, only ever move the routing *up*, never rebuild it from less:
 //!
-//! * **Redis's own evidence is always believed**: shard records at and beyond the stored shard count (a growth the
-//!   routing lost; [`plan`] restores it as recorded: same parents, children and seals), and a fence above the
+//! * **Redis's own evidence is the only evidence**: shard records at and beyond the stored shard count (a growth
+//!   the routing lost; [`plan`] restores it as recorded: same parents, children and seals), a fence above the
 //!   stored version (a growth that had sealed its parents: producers are refused there until the routing is at
-//!   least that version).
-//! * **A client's report** (the highest version and shard count it saw) restores at most once per Redis history of
-//!   the routing hash (`reportsSettled`), and only within what a lost history can have produced.
+//!   least that version), and shard stream keys beyond the stored count that hold entries (what producers wrote by
+//!   a layout the routing lost: restored as a growth, so no group leaves them unread).
+//! * **A client's report is a hint, never evidence**: a higher version or shard count in a routing fetch, a
+//!   heartbeat or a version store makes the coordinator probe Redis ([`Evidence`]), and only what the probe finds
+//!   can grow, seal or retire anything. A hostile or damaged report therefore changes nothing, before or after a
+//!   Redis restart; the producer that sent it is answered `SYNC_METADATA` with the stored routing.
+//! * **A ceiling bounds every restoration**: the shell refuses a plan whose shard count is above the stream's
+//!   ceiling (the largest shard quota of a token that may grow the stream), failing closed with nothing written.
 //! * **Numbers are retired**: after any evidence of a loss, including a new Redis run id on the routing hash, the
 //!   next version is `max(stored + 1, everything reported or recorded + 1, Redis now in ms)`, so a version (and the
 //!   hash's revision) never names two layouts after a loss the coordinator saw.
@@ -30,7 +35,6 @@ use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::reshard::{Birth, Growth, MAX_RECORDED_GROWTHS};
 use protocol::{MetadataVersion, RoutingVersion, ShardId, Status};
 
-use super::bounds::LOST_HISTORY_SLACK;
 
 /// The answer to a producer's routing fetch `query` when Redis stores `stored` (after any restoration the query
 /// caused). `SYNC_METADATA` when the producer still reports more than is stored: the report was not believed
@@ -63,10 +67,15 @@ pub struct Report {
 /// What the shell found besides the stored routing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Evidence {
-    /// A client's report, if this decision serves one.
+    /// The client's report that prompted the probe, if one did. Never believed: kept so the routing model check
+    /// can inject the old bug of believing it ([`super::model::Bug::BelieveReports`]) and find what it breaks.
     pub report: Option<Report>,
     /// Records of the shards from the stored shard count on, consecutive, in shard order.
     pub beyond: Vec<Birth>,
+    /// The shard stream keys from the stored shard count up to this one (exclusive) hold entries: written by
+    /// producers of a layout the routing lost (a plain producer checks no record). At or below the stored count:
+    /// none.
+    pub entries_end: u32,
     /// The fence of shard 0, a parent of every growth: the highest version that sealed parents.
     pub fence: RoutingVersion,
     /// The routing hash was last written under another Redis run id (a restart or failover of its node).
@@ -82,7 +91,10 @@ pub enum Why {
     RecordsBeyond,
     /// A fence is above the stored version.
     FenceAbove,
-    /// A client reported a higher version or shard count.
+    /// Shard stream keys beyond the stored count hold entries.
+    EntriesBeyond,
+    /// A client reported a higher version or shard count, and it was believed: never, except under the routing
+    /// model check's injected bug ([`super::model::Bug::BelieveReports`]).
     Reported,
     /// A shard the routing lists had lost its record (a Cluster failover of the record's master): written again
     /// from the routing.
@@ -95,6 +107,7 @@ impl Why {
         match self {
             Why::RecordsBeyond => "records_beyond",
             Why::FenceAbove => "fence_above",
+            Why::EntriesBeyond => "entries_beyond",
             Why::Reported => "reported",
             Why::RecordLost => "record_lost",
         }
@@ -129,17 +142,8 @@ pub struct Plan {
     pub why: Vec<Why>,
 }
 
-/// The highest version a report can carry from a lost history of a routing storing `stored` at `now_ms`: a day
-/// of slack above the larger (versions are retired to Redis time after a loss), never beyond JSON's exact range.
-pub fn report_ceiling(stored: RoutingVersion, now_ms: u64) -> RoutingVersion {
-    let base = stored.0.max(now_ms);
-    RoutingVersion(
-        base.saturating_add(LOST_HISTORY_SLACK)
-            .min(MetadataVersion::MAX_SAFE.0 / 2),
-    )
-}
-
-/// The version after `stored` when a loss may have issued numbers above it: above `floor` and Redis time too.
+/// The version after `stored` when a loss may have issued numbers above it: above `floor` (the fences and records
+/// Redis kept) and Redis time too, so no number a lost history issued comes back with another meaning.
 pub fn retired(stored: RoutingVersion, floor: RoutingVersion, now_ms: u64) -> RoutingVersion {
     // The routing model check's injected bug (tests only): it must find a version naming two layouts.
     #[cfg(test)]
@@ -241,26 +245,31 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     if fence_above {
         why.push(Why::FenceAbove);
     }
-    let believed = |r: &Report| {
-        (!stored.reports_settled || evidence.run_id_changed)
-            && r.version <= report_ceiling(stored.routing_version, evidence.now_ms)
-            && r.shard_count <= MAX_SHARDS
-            && (r.version > stored.routing_version || r.shard_count > n)
-    };
-    let report = evidence.report.filter(believed);
-    if report.is_some() {
-        why.push(Why::Reported);
+    // Keys beyond what the records restore that hold entries: a growth only the data knows of (its records lost,
+    // or never checked by the plain producers that wrote there). Its children are new, sealed now.
+    let data_only = (evidence.entries_end > end).then_some((end, evidence.entries_end));
+    if data_only.is_some() {
+        why.push(Why::EntriesBeyond);
     }
+    // The routing model check's injected bug (tests only): believe a report as the coordinator once did, which the
+    // check must find as a growth no Redis evidence supports.
+    #[cfg(test)]
+    let data_only = match evidence.report.filter(|r| {
+        super::model::injected(super::model::Bug::BelieveReports)
+            && (evidence.run_id_changed || !stored.reports_settled)
+            && r.shard_count <= MAX_SHARDS
+            && r.shard_count > data_only.map_or(end, |d| d.1)
+    }) {
+        Some(r) => {
+            why.push(Why::Reported);
+            Some((end, r.shard_count))
+        }
+        None => data_only,
+    };
     if why.is_empty() {
         return None;
     }
-    let reported = report.unwrap_or_default();
-    // A growth only a report knows of (Redis lost its records too): its children are new, sealed now.
-    let reported_only = (reported.shard_count > end).then_some((end, reported.shard_count));
-    let floor = [reported.version, evidence.fence, last_born]
-        .into_iter()
-        .max()
-        .unwrap_or_default();
+    let floor = [evidence.fence, last_born].into_iter().max().unwrap_or_default();
     let first = retired(stored.routing_version, floor, evidence.now_ms);
     let mut next = stored.clone();
     let mut seals = Vec::new();
@@ -270,7 +279,7 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
         .iter()
         .map(|&(lost, parents, count)| (Some(lost), parents, count))
         .chain(after_gap)
-        .chain(reported_only.map(|(parents, count)| (None, parents, count)));
+        .chain(data_only.map(|(parents, count)| (None, parents, count)));
     for (i, (lost, parents, count)) in restored.enumerate() {
         if i > 0 {
             version = version.next();
@@ -322,11 +331,6 @@ pub fn plan(stored: &StreamRouting, evidence: &Evidence) -> Option<Plan> {
     let excess = next.growths.len().saturating_sub(MAX_RECORDED_GROWTHS);
     next.growths.drain(..excess);
     next.shard_records = stored.shard_records;
-    next.reports_settled = if evidence.run_id_changed {
-        report.is_some()
-    } else {
-        stored.reports_settled || report.is_some()
-    };
     Some(Plan {
         next,
         seals,
@@ -406,10 +410,7 @@ mod tests {
         // Records and fences at or below the stored version are the routing's own.
         let e = Evidence {
             fence: RoutingVersion(3),
-            report: Some(Report {
-                version: RoutingVersion(3),
-                shard_count: 4,
-            }),
+            entries_end: 4,
             ..evidence()
         };
         assert_eq!(plan(&stored(3), &e), None);
@@ -622,56 +623,63 @@ mod tests {
     }
 
     #[test]
-    fn a_report_restores_a_growth_once_per_history_and_within_bounds() {
+    fn a_report_alone_restores_nothing_before_or_after_a_run_id_change() {
+        // The forged report of the issue: a producer token asks for 65,536 shards after a clean restart.
+        for run_id_changed in [false, true] {
+            for report in [
+                Report {
+                    version: RoutingVersion(4),
+                    shard_count: 8,
+                },
+                Report {
+                    version: RoutingVersion(2),
+                    shard_count: MAX_SHARDS,
+                },
+                Report {
+                    version: RoutingVersion(u64::MAX),
+                    shard_count: u32::MAX,
+                },
+            ] {
+                let e = Evidence {
+                    report: Some(report),
+                    run_id_changed,
+                    ..evidence()
+                };
+                assert_eq!(plan(&stored(3), &e), None, "{report:?}, run id changed: {run_id_changed}");
+            }
+        }
+    }
+
+    #[test]
+    fn shard_keys_beyond_the_routing_that_hold_entries_restore_a_growth() {
         let e = Evidence {
-            report: Some(Report {
-                version: RoutingVersion(4),
-                shard_count: 8,
-            }),
+            entries_end: 6,
+            run_id_changed: true,
             ..evidence()
         };
         let p = plan(&stored(3), &e).unwrap();
-        assert_eq!(p.why, vec![Why::Reported]);
-        assert_eq!(p.next.shard_count, 8);
-        assert_eq!(p.records.len(), 4, "children only a report knows of get new records");
+        assert_eq!(p.why, vec![Why::EntriesBeyond]);
+        assert_eq!(p.next.shard_count, 6);
+        assert_eq!(p.next.routing_version, RoutingVersion(NOW), "retired past what the lost history issued");
+        assert_eq!(p.records.len(), 2, "the children get new records");
         assert!(p.seals.iter().all(|s| s.reuse.is_none()));
-        assert!(p.next.reports_settled);
-        // Settled: a second report restores nothing until the routing hash is lost again.
-        let mut settled = p.next.clone();
-        settled.growths.clear();
-        let e2 = Evidence {
-            report: Some(Report {
-                version: RoutingVersion(NOW + 5),
-                shard_count: 16,
-            }),
+        assert_eq!(p.seals.iter().filter(|s| s.shard.0 < 4).count(), 4, "the parents are sealed");
+        // Records restore first; entries beyond them add what the records do not name.
+        let e = Evidence {
+            beyond: births(4, 5, 4, 4),
+            entries_end: 7,
             ..evidence()
         };
-        assert_eq!(plan(&settled, &e2), None);
-        assert!(plan(
-            &settled,
-            &Evidence {
-                run_id_changed: true,
-                ..e2
-            }
-        )
-        .is_some());
-        // Implausible: beyond a day past Redis time, or more shards than a stream may have.
-        for bad in [
-            Report {
-                version: RoutingVersion(NOW + LOST_HISTORY_SLACK + 1),
-                shard_count: 4,
-            },
-            Report {
-                version: RoutingVersion(4),
-                shard_count: MAX_SHARDS + 1,
-            },
-        ] {
-            let e = Evidence {
-                report: Some(bad),
-                ..evidence()
-            };
-            assert_eq!(plan(&stored(3), &e), None, "{bad:?}");
-        }
+        let p = plan(&stored(3), &e).unwrap();
+        assert_eq!(p.why, vec![Why::RecordsBeyond, Why::EntriesBeyond]);
+        assert_eq!(p.next.shard_count, 7);
+        assert_eq!(p.next.growths.len(), 2);
+        // Entries only within the routing: nothing to restore.
+        let e = Evidence {
+            entries_end: 4,
+            ..evidence()
+        };
+        assert_eq!(plan(&stored(3), &e), None);
     }
 
     #[test]

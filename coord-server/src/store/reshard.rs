@@ -266,6 +266,27 @@ pub async fn birth(
     parse_birth(shard, &reply)
 }
 
+/// Whether `shard`'s stream key holds entries (`XLEN > 0`). A key of another type holds none: it is no evidence of
+/// writes, and one damaged key must not stop the probe of the others.
+///
+/// # Errors
+/// A Redis failure other than a wrong type.
+pub async fn holds_entries(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    stream: &StreamName,
+    shard: ShardId,
+) -> Result<bool, StoreError> {
+    let reply: redis::RedisResult<u64> = redis::cmd("XLEN")
+        .arg(keys::shard_stream(stream, shard))
+        .query_async(conn)
+        .await;
+    match reply {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e.code() == Some("WRONGTYPE") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// One shard's record as the tick's sweep reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SweptRecord {

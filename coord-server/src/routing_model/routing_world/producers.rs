@@ -36,6 +36,27 @@ impl RoutingWorld {
         Ok(format!("{asks}: {adopted}"))
     }
 
+    /// `Coordinator::routing` for a hostile client's report (see [`Action::Forge`]): the report prompts a probe,
+    /// and only what the probe finds may start a restoration.
+    pub(super) fn forge(&mut self) -> Result<String, Violation> {
+        let stored = self.stored();
+        let report = Report {
+            version: RoutingVersion(stored.routing_version.0 + 5),
+            shard_count: self.redis.shards.len() as u32,
+        };
+        let asks = format!(
+            "a hostile client fetches (reports v{} / {} shards)",
+            report.version, report.shard_count
+        );
+        match self.restore(Some(report))? {
+            Some((next, seals, records, why)) => {
+                let line = self.start(OpKind::Forged, next, seals, records, why);
+                Ok(format!("{asks}: restores {line}"))
+            }
+            None => Ok(format!("{asks}: nothing restored")),
+        }
+    }
+
     /// The producer applies the answer to `query` (`RoutingCache::apply`).
     pub(super) fn adopt(&mut self, p: u8, stored: &StreamRouting, query: &RoutingQuery) -> String {
         let a = answer(stored, query);

@@ -44,6 +44,9 @@ pub enum Bug {
     /// A routing version retired after a loss is only one above the stored one: `routing::retired` trusts the
     /// lower stored value over the fence, the report and Redis time.
     RetireFromStored,
+    /// A client's report of a higher routing version or shard count restores a growth to the reported count, as
+    /// the coordinator did before "Redis is the evidence": a forged report grows the stream.
+    BelieveReports,
 }
 
 thread_local! {
