@@ -207,7 +207,8 @@ impl Coordinator {
 
     /// A consumer saw a routing above the one its group adopted: the group may only be behind (its next tick
     /// adopts), or Redis lost part of the routing. Checked in the background against the stored routing, one
-    /// check per stream at a time, and restored if the report is above it (see `state_machine::routing`).
+    /// check per stream at a time: a report above it prompts a probe of Redis, and only what Redis holds restores
+    /// anything (see `state_machine::routing`).
     fn check_routing_report(&self, stream: &StreamName, version: protocol::RoutingVersion, shard_count: u32) {
         {
             let mut checks = self.inner.routing_checks.lock().expect("routing checks lock");
@@ -230,6 +231,7 @@ impl Coordinator {
             if let Err(e) = result {
                 warn!(stream = %stream, error = %e, "checking a consumer's routing report failed");
             }
+            this.inner.stats.routing_report_checks.fetch_add(1, Ordering::Relaxed);
             this.inner
                 .routing_checks
                 .lock()

@@ -30,6 +30,8 @@ pub struct Stats {
     pub metadata_regressions: AtomicU64,
     /// Producers reported a routing version above the stored one.
     pub routing_regressions: AtomicU64,
+    /// Consumers' routing reports checked against Redis in the background (finished, with or without an error).
+    pub routing_report_checks: AtomicU64,
     /// Compare-and-set conflicts (another writer won; the section reloaded).
     pub revision_conflicts: AtomicU64,
     /// Critical sections that ran a batch of heartbeats.
