@@ -81,12 +81,24 @@ pub(crate) struct Sweep {
     groups: Vec<GroupRef>,
     next: usize,
     started: Option<Instant>,
+    /// When the due index was last found of the wrong type and a repair tried: a repair Redis refuses (an ACL
+    /// without `TYPE` or `DEL`) is not retried on every tick.
+    due_repair: crate::clock::LastRun,
 }
 
 impl Sweep {
     /// Whether a new round should begin: the last one is through and its period is over (or none ran yet).
     pub fn round_due(&self, period: Duration) -> bool {
         self.next >= self.groups.len() && self.started.is_none_or(|s| s.elapsed() >= period)
+    }
+
+    /// Whether a repair of the due index may be tried now (at most one per `period`); records the try.
+    pub fn repair_due(&mut self, period: Duration) -> bool {
+        let due = self.due_repair.due(period);
+        if due {
+            self.due_repair.mark();
+        }
+        due
     }
 
     /// Begins a round over `groups`.
