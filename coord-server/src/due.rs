@@ -43,6 +43,12 @@
 //! event) delays expiry by about a minute, while the sweep's steady cost is one visit per group per minute, not
 //! one per tick (four a second).
 //!
+//! The sweep never depends on the due index: a tick that cannot read it (of the wrong type, a failed read) still
+//! runs its slice, and the sweep's list comes from the groups index or, when that is of the wrong type, from a
+//! `SCAN` of the metadata keys. So the bound holds whatever state the index is in; the coordinator also rebuilds
+//! an index of the wrong type (see `Coordinator::sweep_groups` and `Coordinator::repair_due_index`, and
+//! `docs/failure-handling.md`, "Damaged coordinator keys").
+//!
 //! A sweep visit reads its stream's routing (to adopt it) but does not tend it (read its shard records, see
 //! `Coordinator::tend_routing`), except with a data Redis of its own: otherwise Redis loses records only with a
 //! restart, failover or restore, which changes the run id the tick checks, and every routing is tended for a
