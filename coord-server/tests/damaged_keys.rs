@@ -359,3 +359,50 @@ async fn a_routing_with_a_garbage_document_stops_no_expiry_nor_the_other_streams
 async fn a_deleted_routing_stops_no_expiry_nor_the_other_streams_adoption() {
     routing_damage_stops_nothing_else(RoutingDamage::Deleted, "lost").await;
 }
+
+// ---- the repair itself ----
+
+/// The replacement checks the type in its own script: an index of the right type (another replica repaired it, or
+/// it was never damaged) is left as it is, a missing one is not created, and one of the wrong type is replaced
+/// whole, also beyond one batch of members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_is_replaced_only_when_of_the_wrong_type_and_then_whole() {
+    let redis = RedisServer::start().await;
+    let coord = CoordinatorHandle::spawn(config(&redis))
+        .await
+        .expect("coordinator starts");
+    let store = coord.coordinator().store();
+    let members: Vec<String> = (0..2_500).map(|i| format!("s{}:g{i}", i % 7)).collect();
+
+    let _: i64 = run(
+        &redis,
+        redis::cmd("ZADD").arg(keys::due_index()).arg(42).arg("orders:billing"),
+    )
+    .await;
+    assert!(!store.replace_due_index_of_wrong_type(&members).await.expect("replace"));
+    let kept: Vec<String> = run(&redis, redis::cmd("ZRANGE").arg(keys::due_index()).arg(0).arg(-1)).await;
+    assert_eq!(kept, ["orders:billing"], "a sorted set is kept as it is");
+    del(&redis, &keys::groups_index()).await;
+    assert!(!store
+        .replace_groups_index_of_wrong_type(&members)
+        .await
+        .expect("replace"));
+    assert_eq!(
+        key_type(&redis, &keys::groups_index()).await,
+        "none",
+        "a missing index is left to the sweep"
+    );
+
+    make_string(&redis, &keys::due_index()).await;
+    assert!(store.replace_due_index_of_wrong_type(&members).await.expect("replace"));
+    let n: u64 = run(&redis, redis::cmd("ZCOUNT").arg(keys::due_index()).arg(0).arg(0)).await;
+    assert_eq!(n, members.len() as u64, "every group, due at once");
+    let _: () = run(&redis, redis::cmd("HSET").arg(keys::groups_index()).arg("f").arg("v")).await;
+    assert!(store
+        .replace_groups_index_of_wrong_type(&members)
+        .await
+        .expect("replace"));
+    let n: u64 = run(&redis, redis::cmd("SCARD").arg(keys::groups_index())).await;
+    assert_eq!(n, members.len() as u64);
+    coord.shutdown().await;
+}
