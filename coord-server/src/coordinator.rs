@@ -39,6 +39,7 @@ use crate::store::{self, LivenessScope, Loaded, SectionKeys, Store};
 
 pub use crate::group_slots::SLOT_RETENTION;
 
+pub(crate) mod damaged_keys;
 mod due;
 mod quota;
 mod reshard;
@@ -439,32 +440,13 @@ impl Coordinator {
         })
     }
 
-    /// The groups the tick loop's safety sweep visits (see [`crate::due`]; the due index decides the others): the
-    /// groups index, rebuilt by `SCAN` at most every [`INDEX_REBUILD_PERIOD`] (a lost or incomplete index must not
-    /// stop expiry), plus every group a load of this process found within [`SLOT_RETENTION`]. Groups that requests
-    /// merely named are not visited: the tick's cost follows the groups that exist, not the names clients send.
+    /// The groups the tick loop's safety sweep visits (see [`crate::due`]; the due index decides the others):
+    /// [`Coordinator::sweep_groups`], which survives a damaged groups index.
     ///
     /// # Errors
     /// Redis errors.
     pub async fn groups_to_tick(&self) -> Result<Vec<GroupRef>, Error> {
-        let rebuild = {
-            let mut last = self.inner.index_rebuilt_at.lock().expect("index lock");
-            let due = last.due(INDEX_REBUILD_PERIOD);
-            if due {
-                last.mark();
-            }
-            due
-        };
-        // The index is read every round, also when it is rebuilt: what the index holds and `SCAN` does not see
-        // yet costs nothing to include.
-        let mut groups = self.list_groups(false).await?.groups;
-        if rebuild {
-            groups.extend(self.list_groups(true).await?.groups);
-        }
-        groups.extend(self.inner.slots.retained());
-        groups.sort();
-        groups.dedup();
-        Ok(groups)
+        self.sweep_groups().await
     }
 
     /// Checks Redis's run id; a change (a restart that may have lost liveness) starts a global grace period.

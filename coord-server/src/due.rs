@@ -43,6 +43,12 @@
 //! event) delays expiry by about a minute, while the sweep's steady cost is one visit per group per minute, not
 //! one per tick (four a second).
 //!
+//! The sweep never depends on the due index: a tick that cannot read it (of the wrong type, a failed read) still
+//! runs its slice, and the sweep's list comes from the groups index or, when that is of the wrong type, from a
+//! `SCAN` of the metadata keys. So the bound holds whatever state the index is in; the coordinator also rebuilds
+//! an index of the wrong type (see `Coordinator::sweep_groups` and `Coordinator::repair_due_index`, and
+//! `docs/failure-handling.md`, "Damaged coordinator keys").
+//!
 //! A sweep visit reads its stream's routing (to adopt it) but does not tend it (read its shard records, see
 //! `Coordinator::tend_routing`), except with a data Redis of its own: otherwise Redis loses records only with a
 //! restart, failover or restore, which changes the run id the tick checks, and every routing is tended for a
@@ -81,12 +87,24 @@ pub(crate) struct Sweep {
     groups: Vec<GroupRef>,
     next: usize,
     started: Option<Instant>,
+    /// When the due index was last found of the wrong type and a repair tried: a repair Redis refuses (an ACL
+    /// without `TYPE` or `DEL`) is not retried on every tick.
+    due_repair: crate::clock::LastRun,
 }
 
 impl Sweep {
     /// Whether a new round should begin: the last one is through and its period is over (or none ran yet).
     pub fn round_due(&self, period: Duration) -> bool {
         self.next >= self.groups.len() && self.started.is_none_or(|s| s.elapsed() >= period)
+    }
+
+    /// Whether a repair of the due index may be tried now (at most one per `period`); records the try.
+    pub fn repair_due(&mut self, period: Duration) -> bool {
+        let due = self.due_repair.due(period);
+        if due {
+            self.due_repair.mark();
+        }
+        due
     }
 
     /// Begins a round over `groups`.

@@ -61,6 +61,12 @@ pub const LAG_MIN_REFRESH: Duration = Duration::from_secs(1);
 pub const LAG_SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Shards of one stream beyond this many are left out of the lag family (cardinality guard).
 pub const LAG_MAX_SHARDS_PER_STREAM: u32 = lag::MAX_SHARDS_PER_STREAM;
+/// The `key` label values of [`names::DAMAGED_KEYS`].
+pub const DAMAGED_KEY_LABELS: &[&str] = &["due_index", "groups_index", "routing"];
+/// The `damage` label values of [`names::DAMAGED_KEYS`].
+pub const DAMAGE_LABELS: &[&str] = &["wrong_type", "garbage", "lost"];
+/// The `key` label values of [`names::DAMAGED_KEY_REPAIRS`]: the keys the coordinator can rebuild.
+pub const REPAIRABLE_KEY_LABELS: &[&str] = &["due_index", "groups_index"];
 /// Buckets of [`names::RESHARD_CHILDREN_WAIT`], in seconds: a drain takes from one tick to as long as consumers
 /// lag.
 const RESHARD_WAIT_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
@@ -190,6 +196,14 @@ impl Metrics {
                 counter!(names::METADATA_SCHEMA_ERRORS, "kind" => kind).increment(0);
             }
             counter!(names::COMPATIBILITY_FAILURES, "phase" => "runtime").increment(0);
+            for key in DAMAGED_KEY_LABELS {
+                for damage in DAMAGE_LABELS {
+                    counter!(names::DAMAGED_KEYS, "key" => *key, "damage" => *damage).increment(0);
+                }
+            }
+            for key in REPAIRABLE_KEY_LABELS {
+                counter!(names::DAMAGED_KEY_REPAIRS, "key" => *key).increment(0);
+            }
             counter!(names::ADMIN_REVISION_CONFLICTS).increment(0);
             counter!(names::LAG_SCRAPE_ERRORS).increment(0);
             counter!(names::USAGE_SCRAPE_ERRORS).increment(0);
@@ -245,6 +259,17 @@ impl Metrics {
     pub(crate) fn shards_beyond_routing(&self, stream: &StreamName, n: u32) {
         let s = stream.to_string();
         self.record(|| gauge!(names::SHARDS_BEYOND_ROUTING, "stream" => s).set(f64::from(n)));
+    }
+
+    /// Records `n` findings of `damage` (one of [`DAMAGE_LABELS`]) in a coordinator key (one of
+    /// [`DAMAGED_KEY_LABELS`]).
+    pub(crate) fn damaged_key(&self, key: &'static str, damage: &'static str, n: u64) {
+        self.record(|| counter!(names::DAMAGED_KEYS, "key" => key, "damage" => damage).increment(n));
+    }
+
+    /// Records the repair of a damaged index (one of [`REPAIRABLE_KEY_LABELS`]).
+    pub(crate) fn damaged_key_repaired(&self, key: &'static str) {
+        self.record(|| counter!(names::DAMAGED_KEY_REPAIRS, "key" => key).increment(1));
     }
 
     /// Records a refused admin `If-Match`.

@@ -17,6 +17,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::coordinator::damaged_keys::{warn_limited, Damage, DamagedKey};
 use crate::coordinator::Coordinator;
 use crate::due::Reason;
 
@@ -83,14 +84,8 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             warn!(error = %e, "maxmemory-policy check failed");
         }
     }
-    let visits = match coordinator.groups_to_visit().await {
-        Ok(visits) => visits,
-        Err(e) => {
-            coordinator.stats().metrics().error(&e);
-            warn!(error = %e, "cannot read the due index; skipping this tick");
-            return 0;
-        }
-    };
+    // Never empty for want of the due index: the safety sweep's slice comes from the groups index (or a SCAN).
+    let visits = coordinator.groups_to_visit().await;
     // A stream is tended (`Coordinator::tend_routing`: a growth Redis lost from the routing is restored from the
     // shards' records, a lost record written again) right before its groups are visited, which adopt the routing
     // as tended. Tended are the streams of due visits; those of sweep visits only where Redis can lose records
@@ -108,7 +103,7 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
                     by_stream.entry(g.stream).or_default();
                 }
             }
-            Err(e) => warn!(error = %e, "cannot list the groups to tend every routing"),
+            Err(e) => warn_limited("read/tend_all", "cannot list the groups to tend every routing", &e),
         }
     }
     for (g, reason) in visits {
@@ -152,7 +147,14 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
         }
     }
     // One ZADD for every visit of this tick (a visit that failed keeps its score: due, so retried next tick).
-    coordinator.record_due(&scored, &gone).await;
+    let lacked = coordinator.record_due(&scored, &gone).await;
+    coordinator.report_damage(
+        DamagedKey::DueIndex,
+        Damage::Lost,
+        lacked,
+        None,
+        &"groups the due index lacked were scored again",
+    );
     scored.len()
 }
 
@@ -167,7 +169,8 @@ async fn tend(coordinator: &Coordinator, stream: &StreamName) -> Option<StreamRo
                 Status::MetadataUnavailable | Status::NotFound | Status::CoordinatorTerminating => {
                     debug!(stream = %stream, error = %e, "routing not tended")
                 }
-                _ => warn!(stream = %stream, error = %e, "routing check failed"),
+                // A damaged routing fails here on every tick: its visits count it (`routing_to_adopt`).
+                _ => warn_limited(&format!("tend/{stream}"), "routing check failed", &e),
             }
             None
         }

@@ -1,6 +1,13 @@
 //! The coordinator's side of the due index (see [`crate::due`]): which groups a tick visits, and writing their
 //! scores after visits, commits, routing changes and creation.
 
+use super::damaged_keys::{is_wrong_type, warn_limited, Damage, DamagedKey};
+use super::Coordinator;
+use crate::due::Reason;
+use crate::error::Error;
+use crate::state_machine::due::visit_due_ms;
+use crate::state_machine::{Clock, Liveness, Transition};
+use crate::store::{self, DueScore};
 use futures::future::join_all;
 use protocol::keys;
 use protocol::messages::GroupRef;
@@ -8,14 +15,6 @@ use protocol::metadata::{GroupMetadata, StreamRouting};
 use protocol::names::{GroupName, StreamName};
 use protocol::StoreRevision;
 use std::sync::atomic::Ordering;
-use tracing::warn;
-
-use super::Coordinator;
-use crate::due::Reason;
-use crate::error::Error;
-use crate::state_machine::due::visit_due_ms;
-use crate::state_machine::{Clock, Liveness, Transition};
-use crate::store::{self, DueScore};
 
 /// What a visit or commit leaves for the due index: the group's next due time (`None`: none) and the revision
 /// it was computed from.
@@ -74,11 +73,31 @@ impl Coordinator {
     /// The groups this tick visits: those the due index says are due by Redis time (at most
     /// [`crate::Config::due_batch`]), then the safety sweep's slice of the others.
     ///
-    /// # Errors
-    /// Redis errors reading the due index; the sweep's list failing to load is logged and skipped.
-    pub async fn groups_to_visit(&self) -> Result<Vec<(GroupRef, Reason)>, Error> {
+    /// The sweep does not depend on the due index: an index Redis cannot read (of the wrong type, or a failed
+    /// read) gives no due groups this tick, never no tick. An index of the wrong type is counted and replaced
+    /// ([`Coordinator::repair_due_index`]); members that name no group are counted and removed (they would stay
+    /// due for ever and take a place in every batch). A sweep list that fails to load is logged and retried next
+    /// tick.
+    pub async fn groups_to_visit(&self) -> Vec<(GroupRef, Reason)> {
         let config = &self.inner.config;
-        let (_, due) = self.inner.store.due_groups(config.due_batch).await?;
+        let due = match self.inner.store.due_groups(config.due_batch).await {
+            Ok((_, due)) => due,
+            Err(e) if is_wrong_type(&e) => {
+                self.report_damage(DamagedKey::DueIndex, Damage::WrongType, 1, None, &e);
+                self.repair_due_index().await;
+                Vec::new()
+            }
+            Err(e) => {
+                let e = Error::from(e);
+                self.inner.stats.metrics().error(&e);
+                warn_limited(
+                    "read/due_index",
+                    "cannot read the due index; only the safety sweep visits",
+                    &e,
+                );
+                Vec::new()
+            }
+        };
         let mut visits: Vec<(GroupRef, Reason)> = Vec::with_capacity(due.len());
         let mut unreadable = Vec::new();
         for member in due {
@@ -88,17 +107,35 @@ impl Coordinator {
             }
         }
         if !unreadable.is_empty() {
-            // Not a group name: it would stay due for ever and take a place in every batch.
-            self.inner.store.clear_due(&unreadable).await?;
+            // Safe to remove: a member that names no group is visited by nothing, and the due index holds no
+            // other fact (a group's score is written again by its next visit).
+            self.report_damage(
+                DamagedKey::DueIndex,
+                Damage::Garbage,
+                unreadable.len() as u64,
+                None,
+                &"members that name no group are removed",
+            );
+            if let Err(e) = self.inner.store.clear_due(&unreadable).await {
+                warn_limited(
+                    "write/due_index",
+                    "cannot write the due index; the safety sweep repairs it",
+                    &e,
+                );
+            }
         }
         let period = config.due_sweep_period;
         let new_round = self.inner.sweep.lock().expect("sweep lock").round_due(period);
         if new_round {
-            match self.groups_to_tick().await {
+            match self.sweep_groups().await {
                 Ok(groups) => self.inner.sweep.lock().expect("sweep lock").start(groups),
                 Err(e) => {
                     self.inner.stats.metrics().error(&e);
-                    warn!(error = %e, "cannot list groups for the safety sweep; retried next tick");
+                    warn_limited(
+                        "read/sweep",
+                        "cannot list groups for the safety sweep; retried next tick",
+                        &e,
+                    );
                 }
             }
         }
@@ -108,7 +145,7 @@ impl Coordinator {
                 visits.push((g, Reason::Sweep));
             }
         }
-        Ok(visits)
+        visits
     }
 
     /// Counts a visit for the metrics.
@@ -124,18 +161,30 @@ impl Coordinator {
     /// committed since its score was computed is made due at once (see [`crate::due`] on crossing writers).
     /// Removes `gone` groups (metadata missing or unreadable: the sweep visits them again). Failures are logged:
     /// a score not written leaves the old one, which was due already or is corrected by the sweep.
-    pub(crate) async fn record_due(&self, scored: &[(GroupRef, Scored)], gone: &[GroupRef]) {
-        if let Err(e) = self.try_record_due(scored, gone).await {
-            self.inner.stats.metrics().error(&e);
-            warn!(error = %e, groups = scored.len(), "cannot write the due index; the safety sweep repairs it");
+    ///
+    /// Returns how many of the `scored` groups the index lacked: every group is in the index from its creation
+    /// on (at once due, then scored by each visit, `+inf` for no deadline), so a visit that adds one found an
+    /// entry the index had lost (deleted, evicted, lost with a failover); 0 when the write failed.
+    pub(crate) async fn record_due(&self, scored: &[(GroupRef, Scored)], gone: &[GroupRef]) -> u64 {
+        match self.try_record_due(scored, gone).await {
+            Ok(lacked) => lacked,
+            Err(e) => {
+                self.inner.stats.metrics().error(&e);
+                warn_limited(
+                    "write/due_index",
+                    "cannot write the due index; the safety sweep repairs it",
+                    &e,
+                );
+                0
+            }
         }
     }
 
-    async fn try_record_due(&self, scored: &[(GroupRef, Scored)], gone: &[GroupRef]) -> Result<(), Error> {
+    async fn try_record_due(&self, scored: &[(GroupRef, Scored)], gone: &[GroupRef]) -> Result<u64, Error> {
         let store = &self.inner.store;
         let member = |g: &GroupRef| keys::groups_index_member(&g.stream, &g.group);
         let scores: Vec<DueScore> = scored.iter().map(|(g, s)| (member(g), s.due)).collect();
-        store.set_due(&scores).await?;
+        let lacked = store.set_due(&scores).await?;
         let revisions = join_all(scored.iter().map(|(g, _)| store.revision(&g.stream, &g.group))).await;
         let mut moved = Vec::new();
         for ((g, s), rev) in scored.iter().zip(revisions) {
@@ -146,14 +195,19 @@ impl Coordinator {
         store.set_due(&moved).await?;
         let gone: Vec<String> = gone.iter().map(member).collect();
         store.clear_due(&gone).await?;
-        Ok(())
+        Ok(lacked)
     }
 
     /// Makes a group due at once (created, recreated).
     pub(crate) async fn make_due(&self, stream: &StreamName, group: &GroupName) {
         let scores = [(keys::groups_index_member(stream, group), Some(0))];
         if let Err(e) = self.inner.store.set_due(&scores).await {
-            warn!(stream = %stream, group = %group, error = %e, "cannot write the due index; the safety sweep repairs it");
+            let detail = format!("{stream}/{group}: {e}");
+            warn_limited(
+                "write/due_index",
+                "cannot write the due index; the safety sweep repairs it",
+                &detail,
+            );
         }
     }
 
@@ -171,7 +225,12 @@ impl Coordinator {
         }
         .await;
         if let Err(e) = result {
-            warn!(stream = %stream, error = %e, "cannot write the due index; the safety sweep repairs it");
+            let detail = format!("{stream}: {e}");
+            warn_limited(
+                "write/due_index",
+                "cannot write the due index; the safety sweep repairs it",
+                &detail,
+            );
         }
     }
 }

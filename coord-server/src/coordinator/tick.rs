@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tracing::{warn, Instrument};
 
+use super::damaged_keys::{is_wrong_type, Damage, DamagedKey};
 use super::{due, Coordinator};
 use crate::error::{Error, StoreError};
 use crate::spans;
@@ -108,23 +109,29 @@ impl Coordinator {
         self.inner.store.split()
     }
 
-    /// The routing a visit adopts, read: `None` when the stream has none or it is unreadable (a damaged routing
-    /// hash must not stop the group's expiry: the group is ticked without adopting).
+    /// The routing a visit adopts, read: `None` when the stream has none or it is unreadable. A damaged routing
+    /// hash (of the wrong type, a document that does not parse, missing under this group) must not stop the
+    /// group's expiry or fencing: the group is ticked without adopting, and the damage is counted and logged.
+    /// Nothing repairs it: the routing is the only record of the stream's shard count and growths, so no repair
+    /// can be proven to lose nothing (the runbook has the operator's steps).
     async fn routing_to_adopt(&self, stream: &StreamName) -> Result<Option<StreamRouting>, StoreError> {
-        Ok(match self.inner.store.read_routing(stream).await {
+        let (damage, detail) = match self.inner.store.read_routing(stream).await {
             Ok(Some((_, json))) => match store::decode_routing(&json) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
-                    None
-                }
+                Ok(r) => return Ok(Some(r)),
+                Err(e) => (Damage::Garbage, e),
             },
-            Ok(None) => None,
-            Err(StoreError::Corrupt(e)) => {
-                warn!(stream = %stream, error = %e, "routing unreadable; not adopting");
-                None
-            }
+            Ok(None) => (Damage::Lost, "no routing hash (or no document in it)".to_owned()),
+            Err(StoreError::Corrupt(e)) => (Damage::Garbage, e),
+            Err(e) if is_wrong_type(&e) => (Damage::WrongType, e.to_string()),
             Err(e) => return Err(e),
-        })
+        };
+        self.report_damage(
+            DamagedKey::Routing,
+            damage,
+            1,
+            Some(stream),
+            &format_args!("not adopting: {detail}"),
+        );
+        Ok(None)
     }
 }

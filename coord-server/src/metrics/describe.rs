@@ -133,6 +133,14 @@ fn describe_groups() {
         names::TICK_VISITS,
         "Groups the tick loop visited, by reason (due, sweep)"
     );
+    describe_counter!(
+        names::DAMAGED_KEYS,
+        "Damage found in a coordinator key (due index, groups index, routing), by kind"
+    );
+    describe_counter!(
+        names::DAMAGED_KEY_REPAIRS,
+        "Indexes of the wrong type replaced by rebuilt ones"
+    );
 }
 
 /// The lag family and its scrape.

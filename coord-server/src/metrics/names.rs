@@ -92,6 +92,14 @@ pub const GROUP_EVENTS: &str = "redis_stream_coord_group_events_total";
 pub const REDIS_RESTARTS: &str = "redis_stream_coord_redis_restarts_total";
 /// Counter by `reason` (`due`, `sweep`): groups the tick loop visited (ran a tick section on).
 pub const TICK_VISITS: &str = "redis_stream_coord_tick_visits_total";
+/// Counter, labels `key` (`due_index`, `groups_index`, `routing`) and `damage` (`wrong_type`, `garbage`, `lost`):
+/// damage the coordinator found in one of its keys and worked around (see `docs/failure-handling.md`, "Damaged
+/// coordinator keys"). `garbage` counts members of an index that name no group, or routing documents that do not
+/// parse; `lost` counts groups an index lacked, or routings missing under a group.
+pub const DAMAGED_KEYS: &str = "redis_stream_coord_damaged_keys_total";
+/// Counter, label `key` (`due_index`, `groups_index`): indexes of the wrong type the coordinator replaced by
+/// rebuilt ones.
+pub const DAMAGED_KEY_REPAIRS: &str = "redis_stream_coord_damaged_key_repairs_total";
 /// Gauge per (stream, group, shard): entries of the shard stream not yet delivered to the Redis consumer
 /// group (`XINFO GROUPS` `lag`; absent when Redis cannot tell, or before Redis 7).
 pub const SHARD_LAG: &str = "redis_stream_coord_shard_lag";
@@ -162,6 +170,8 @@ pub const ALL: &[&str] = &[
     GROUP_EVENTS,
     REDIS_RESTARTS,
     TICK_VISITS,
+    DAMAGED_KEYS,
+    DAMAGED_KEY_REPAIRS,
     SHARD_LAG,
     SHARD_PENDING,
     SHARD_LENGTH,

@@ -41,13 +41,14 @@ impl Store {
     }
 
     /// Records the scores of several groups in one `ZADD` (plain, not `LT`: a deadline moves later after a
-    /// visit). Does nothing for an empty list.
+    /// visit). Does nothing for an empty list. Returns how many of the groups the index lacked (`ZADD`'s count of
+    /// new members).
     ///
     /// # Errors
     /// Redis errors.
-    pub async fn set_due(&self, scores: &[DueScore]) -> Result<(), StoreError> {
+    pub async fn set_due(&self, scores: &[DueScore]) -> Result<u64, StoreError> {
         if scores.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let mut cmd = redis::cmd("ZADD");
         cmd.arg(keys::due_index());
@@ -59,8 +60,7 @@ impl Store {
             cmd.arg(member);
         }
         let mut conn = self.conn.clone();
-        let _: i64 = cmd.query_async(&mut conn).await?;
-        Ok(())
+        Ok(cmd.query_async(&mut conn).await?)
     }
 
     /// The revision of a group's metadata hash (`None`: no hash, or a revision this build cannot read; the
