@@ -75,7 +75,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// Deadline of one routing request to one coordinator URL (default 2 s).
+    /// Deadline of one routing request to one coordinator URL (default 2 s), and how long
+    /// [`Producer::ready`](crate::Producer::ready) and the first publish retry a retryable refresh failure.
     pub fn coordinator_timeout(mut self, timeout: Duration) -> Self {
         self.config.coordinator_timeout = timeout;
         self

@@ -147,7 +147,8 @@ pub struct ProducerConfig {
     /// Bearer token for the coordinator, if it requires one.
     pub coordinator_token: Option<String>,
     /// Deadline of one routing request to one coordinator URL. Default 2 s. Keep it well below the routing lease:
-    /// a publish that must refresh first waits up to this long.
+    /// a publish that must refresh first waits up to this long. It also bounds how long
+    /// [`Producer::ready`](crate::Producer::ready) and the first publish retry retryable refresh failures.
     pub coordinator_timeout: Duration,
     /// Where the shard streams live: one Redis URL (`redis://host:port/db`), or a Redis Cluster as `cluster:`
     /// followed by the comma-separated URLs of some of its nodes (`cluster:redis://a:6379,redis://b:6379`; the

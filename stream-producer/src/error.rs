@@ -45,6 +45,16 @@ impl RefreshError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, RefreshError::Coordinator(e) if e.status() == Some(Status::NotFound))
     }
+
+    /// Whether another attempt may succeed: the coordinator was unreachable or answered a retryable status
+    /// (`STORE_UNAVAILABLE`, `METADATA_UNAVAILABLE`, `COORDINATOR_TERMINATING`, `RATE_LIMITED`; see
+    /// [`CoordError::is_retryable`]). An unexpected status or an unreadable version store is final.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RefreshError::Coordinator(e) => e.is_retryable(),
+            RefreshError::UnexpectedStatus(_) | RefreshError::VersionStore(_) => false,
+        }
+    }
 }
 
 /// Whether a record reached its shard stream.
