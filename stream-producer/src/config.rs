@@ -180,7 +180,9 @@ pub struct ProducerConfig {
     /// cannot fence.
     pub fencing: bool,
     /// Whether records refused by a fence are re-routed with the refreshed routing and sent again by the producer
-    /// itself (see [`ProducerBuilder::reroute_fenced`](crate::ProducerBuilder::reroute_fenced)). Default off.
+    /// itself (see [`ProducerBuilder::reroute_fenced`](crate::ProducerBuilder::reroute_fenced)). Default on (off
+    /// until issue 42: a refused record was never written, so sending it again cannot duplicate it); off when
+    /// `fencing` is off and this was not set, since nothing can then be refused.
     pub reroute_fenced: bool,
     /// The idempotent producer, when on. Default off.
     pub idempotence: Option<IdempotenceConfig>,
@@ -227,7 +229,7 @@ impl ProducerConfig {
             refresh_retry_min: Duration::from_millis(50),
             refresh_retry_max: Duration::from_secs(1),
             fencing: true,
-            reroute_fenced: false,
+            reroute_fenced: true,
             idempotence: None,
             durability: Durability::Primary,
         }
