@@ -39,6 +39,9 @@ pub struct ProducerBuilder {
     stream: String,
     config: ProducerConfig,
     version_store: Option<client_core::SharedVersionStore>,
+    /// Whether `reroute_fenced` was called: the default (on) gives way to `fencing(false)`, an explicit `true`
+    /// does not (`build` refuses it).
+    reroute_set: bool,
 }
 
 impl ProducerBuilder {
@@ -50,6 +53,7 @@ impl ProducerBuilder {
             stream,
             config: ProducerConfig::new(placeholder),
             version_store: None,
+            reroute_set: false,
         }
     }
 
@@ -75,7 +79,8 @@ impl ProducerBuilder {
         self
     }
 
-    /// Deadline of one routing request to one coordinator URL (default 2 s).
+    /// Deadline of one routing request to one coordinator URL (default 2 s), and how long
+    /// [`Producer::ready`](crate::Producer::ready) and the first publish retry a retryable refresh failure.
     pub fn coordinator_timeout(mut self, timeout: Duration) -> Self {
         self.config.coordinator_timeout = timeout;
         self
@@ -186,9 +191,10 @@ impl ProducerBuilder {
         self
     }
 
-    /// Re-route and retry records refused by a shard fence (default off: they fail with
-    /// [`PublishError::Fenced`](crate::PublishError::Fenced), not written, and the producer refreshes its routing
-    /// at once).
+    /// Re-route and retry records refused by a shard fence (default on; it was off until issue 42). A fence
+    /// refuses a batch as a whole before anything of it is written, so sending the records again cannot duplicate
+    /// them; without it a producer drops the records a growth (`coordctl add-shards`) refused unless its caller
+    /// sends them again.
     ///
     /// On: the producer refreshes its routing, chooses the refused records' shards again and sends them again
     /// (up to 3 times) before the publish call returns. A growth seals its parents before the coordinator serves
@@ -199,8 +205,15 @@ impl ProducerBuilder {
     /// `send`s, all of them in one `send_batch`, or the batching mode with `max_in_flight_batches(1)`. With several
     /// calls in flight, a later call that routes with the new routing can be written before an earlier refused call
     /// is sent again.
+    ///
+    /// Off: refused records fail with [`PublishError::Fenced`](crate::PublishError::Fenced), not written, and
+    /// the producer refreshes its routing at once, so the caller's next send goes to the new shard. Off is also
+    /// what [`fencing(false)`](Self::fencing) implies when this is not called (nothing is refused without a
+    /// fence); calling `reroute_fenced(true)` with fencing off is refused by `build`
+    /// ([`ConfigError::ScriptRequired`]).
     pub fn reroute_fenced(mut self, on: bool) -> Self {
         self.config.reroute_fenced = on;
+        self.reroute_set = true;
         self
     }
 
@@ -314,12 +327,22 @@ impl ProducerBuilder {
     /// # Errors
     /// [`ConfigError`] naming the first rule broken.
     pub fn build(mut self) -> Result<Producer, ConfigError> {
+        self.settle_defaults();
         self.config.stream = StreamName::new(self.stream)?;
         self.config.validate()?;
         let store = self
             .version_store
             .unwrap_or_else(client_core::SharedVersionStore::process_default);
         Producer::new(self.config, store)
+    }
+}
+
+impl ProducerBuilder {
+    /// Resolves the defaults that depend on other settings, so the built config reads as what runs.
+    fn settle_defaults(&mut self) {
+        if !self.config.fencing && !self.reroute_set {
+            self.config.reroute_fenced = false;
+        }
     }
 }
 
@@ -333,7 +356,8 @@ mod tests {
             .redis("redis://127.0.0.1:6379")
     }
 
-    fn check(b: ProducerBuilder) -> Result<(), ConfigError> {
+    fn check(mut b: ProducerBuilder) -> Result<(), ConfigError> {
+        b.settle_defaults();
         let mut config = b.config;
         config.stream = StreamName::new(b.stream)?;
         config.validate()
@@ -430,6 +454,15 @@ mod tests {
             check(ok().redis_response_timeout(Duration::ZERO)),
             Err(ConfigError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn reroute_fenced_is_on_by_default_and_off_without_the_fence() {
+        let reroute = |b: ProducerBuilder| b.build().unwrap().config().reroute_fenced;
+        assert!(reroute(ok()), "on by default");
+        assert!(!reroute(ok().reroute_fenced(false)));
+        assert!(!reroute(ok().fencing(false)), "nothing to re-route without the fence");
+        assert!(reroute(ok().reroute_fenced(false).reroute_fenced(true)));
     }
 
     #[test]

@@ -147,7 +147,8 @@ pub struct ProducerConfig {
     /// Bearer token for the coordinator, if it requires one.
     pub coordinator_token: Option<String>,
     /// Deadline of one routing request to one coordinator URL. Default 2 s. Keep it well below the routing lease:
-    /// a publish that must refresh first waits up to this long.
+    /// a publish that must refresh first waits up to this long. It also bounds how long
+    /// [`Producer::ready`](crate::Producer::ready) and the first publish retry retryable refresh failures.
     pub coordinator_timeout: Duration,
     /// Where the shard streams live: one Redis URL (`redis://host:port/db`), or a Redis Cluster as `cluster:`
     /// followed by the comma-separated URLs of some of its nodes (`cluster:redis://a:6379,redis://b:6379`; the
@@ -179,7 +180,9 @@ pub struct ProducerConfig {
     /// cannot fence.
     pub fencing: bool,
     /// Whether records refused by a fence are re-routed with the refreshed routing and sent again by the producer
-    /// itself (see [`ProducerBuilder::reroute_fenced`](crate::ProducerBuilder::reroute_fenced)). Default off.
+    /// itself (see [`ProducerBuilder::reroute_fenced`](crate::ProducerBuilder::reroute_fenced)). Default on (off
+    /// until issue 42: a refused record was never written, so sending it again cannot duplicate it); off when
+    /// `fencing` is off and this was not set, since nothing can then be refused.
     pub reroute_fenced: bool,
     /// The idempotent producer, when on. Default off.
     pub idempotence: Option<IdempotenceConfig>,
@@ -226,7 +229,7 @@ impl ProducerConfig {
             refresh_retry_min: Duration::from_millis(50),
             refresh_retry_max: Duration::from_secs(1),
             fencing: true,
-            reroute_fenced: false,
+            reroute_fenced: true,
             idempotence: None,
             durability: Durability::Primary,
         }

@@ -45,6 +45,16 @@ impl RefreshError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, RefreshError::Coordinator(e) if e.status() == Some(Status::NotFound))
     }
+
+    /// Whether another attempt may succeed: the coordinator was unreachable or answered a retryable status
+    /// (`STORE_UNAVAILABLE`, `METADATA_UNAVAILABLE`, `COORDINATOR_TERMINATING`, `RATE_LIMITED`; see
+    /// [`CoordError::is_retryable`]). An unexpected status or an unreadable version store is final.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RefreshError::Coordinator(e) => e.is_retryable(),
+            RefreshError::UnexpectedStatus(_) | RefreshError::VersionStore(_) => false,
+        }
+    }
 }
 
 /// Whether a record reached its shard stream.
@@ -156,8 +166,10 @@ pub enum PublishError {
     },
     /// The shard is fenced for the producer's routing version: the stream was resharded (its keys may move) and
     /// the producer has not seen the new routing yet. Nothing was written; the producer refreshes its routing at
-    /// once, so sending the record again routes it with the new routing (the producer does so itself with
-    /// [`reroute_fenced`](crate::ProducerBuilder::reroute_fenced)).
+    /// once, so sending the record again routes it with the new routing. The producer does so itself unless
+    /// [`reroute_fenced`](crate::ProducerBuilder::reroute_fenced) is off; with it on, this reaches the caller
+    /// only when the coordinator did not serve the fenced version within `coordinator_timeout`, or after 3
+    /// re-routes.
     #[error("shard {shard} is fenced at routing version {fence}; the producer holds {routing_version}")]
     Fenced {
         /// The shard.

@@ -64,7 +64,8 @@
 //! * [`WriteState::NotWritten`]: sending it again cannot duplicate it. Among these, [`PublishError::Fenced`] is
 //!   the one seen right after the stream grew (`coordctl add-shards`): the producer routed with the old shard
 //!   count, the shard's fence refused the batch, and the producer has already fetched the new routing, so sending
-//!   again places the record right ([`ProducerBuilder::reroute_fenced`] does it inside the call).
+//!   again places the record right. By default ([`ProducerBuilder::reroute_fenced`]) the producer does it inside
+//!   the call, so a caller sees `Fenced` only when the coordinator did not serve the new routing in time.
 //!   [`PublishError::RoutingExpired`] means no coordinator answered for longer than the routing lease.
 //! * [`WriteState::Unknown`]: the request left and its answer was lost ([`PublishError::ConnectionLost`]);
 //!   sending again may duplicate it, unless the producer is idempotent ([`ProducerBuilder::idempotence`]).

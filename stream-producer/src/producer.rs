@@ -125,6 +125,7 @@ impl Producer {
             Arc::new(client),
             store,
             cache,
+            config.coordinator_timeout,
             stats.clone(),
         ));
         let publisher = Publisher::new(WritePath::new(&config, stats.clone())?, stats.clone());
@@ -193,8 +194,13 @@ impl Producer {
     /// surfaces a wrong coordinator or Redis before the first record. Optional: the first publish does the same
     /// on its own.
     ///
+    /// A retryable coordinator answer (unreachable, `503 STORE_UNAVAILABLE` while the coordinator's Redis
+    /// restarts, `COORDINATOR_TERMINATING`, `RATE_LIMITED`) is retried on the refresh backoff for up to
+    /// `coordinator_timeout` from the call; a final one (`401`, `404 NOT_FOUND`, `400`) fails at once.
+    ///
     /// # Errors
-    /// [`PublishError::NoRouting`] / [`PublishError::RoutingExpired`] when no routing can be fetched,
+    /// [`PublishError::NoRouting`] / [`PublishError::RoutingExpired`] when no routing can be fetched (its
+    /// `last_error` is the last refresh failure),
     /// [`PublishError::Connect`] when Redis cannot be reached, [`PublishError::RedisUnsupported`] when it is too
     /// old or lacks a command the producer sends (checked on the first connection).
     ///
@@ -202,7 +208,7 @@ impl Producer {
     /// Cancel safe.
     pub async fn ready(&self) -> Result<RoutingInfo, PublishError> {
         self.start_tasks();
-        let routing = self.shared.refresher.routing_for_publish().await?;
+        let routing = self.shared.refresher.routing_for_ready().await?;
         self.shared
             .publisher
             .connect_all()

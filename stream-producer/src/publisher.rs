@@ -17,7 +17,8 @@
 //! prefix of it ([`PublishError::ConnectionLost`], unknown). An error reply to one `XADD` fails that record only
 //! ([`PublishError::Rejected`], not written). A fenced batch fails with [`PublishError::Fenced`] (not written). A
 //! durable producer ends every write request with `WAIT`; records it does not confirm are
-//! [`PublishError::NotReplicated`], unknown. Every outcome is counted here, once per record.
+//! [`PublishError::NotReplicated`], unknown. Each record's final outcome is counted once ([`Publisher::count`]),
+//! by the caller after any re-route: a record a fence refused and that was then written counts as written only.
 //!
 //! # Redis check
 //! The first connection to a server (or cluster node) is checked before it is used
@@ -133,9 +134,7 @@ impl Publisher {
                 presented,
                 xadd,
             };
-            let results = self.path.write(&batch).await;
-            self.count(&results);
-            results
+            self.path.write(&batch).await
         });
         let results = futures::future::join_all(writes).await;
         let mut out: Vec<Option<Result<Published, PublishError>>> = vec![None; records.len()];
@@ -149,8 +148,8 @@ impl Publisher {
             .collect()
     }
 
-    /// Counts the outcomes of one shard's records.
-    fn count(&self, results: &[Result<Published, PublishError>]) {
+    /// Counts the final outcomes of records (in the stats and the metrics).
+    pub(crate) fn count(&self, results: &[Result<Published, PublishError>]) {
         let (mut written, mut not_written, mut unknown) = (0u64, 0u64, 0u64);
         let mut not_replicated = 0u64;
         for r in results {

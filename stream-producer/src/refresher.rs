@@ -23,10 +23,19 @@
 //! client of the process) observed a newer routing version of the stream: another producer's refresh, or a
 //! consumer's heartbeat answer (it carries the routing version). They meet in the store's [`ObservedVersion`]
 //! of the stream, read with one atomic load per publish.
+//!
+//! # Waiting for the first routing
+//! A producer that starts while its coordinator's Redis restarts, or while a coordinator instance terminates,
+//! gets a retryable answer (`503 STORE_UNAVAILABLE`, `COORDINATOR_TERMINATING`, a refused connection): failing
+//! [`crate::Producer::ready`] on it would make every start during a blip fail. So `ready`, and a publish that
+//! finds no routing ever fetched, retry a retryable failure ([`RefreshError::is_retryable`]) on the cache's
+//! backoff (Retry-After included) for up to `coordinator_timeout` from the call, holding the single-flight lock
+//! so publishes queued behind still leave in order. A final answer (`401`, `404 NOT_FOUND`, `400`) fails at
+//! once. Once a routing was held, an expired lease still fails a publish closed at once: only `ready` waits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use client_core::{
     CoordTransport, ObservedVersion, PersistObserver, SharedVersionStore, VersionPersister, VersionStoreError,
@@ -100,6 +109,8 @@ pub(crate) struct Refresher {
     last_error: Mutex<Option<Arc<RefreshError>>>,
     /// Wakes the background loop when a hint makes a refresh due earlier than it planned.
     wake: Notify,
+    /// How long `ready` and the first routing wait out retryable failures (the producer's `coordinator_timeout`).
+    first_wait: Duration,
     stats: Arc<Stats>,
 }
 
@@ -134,6 +145,7 @@ impl Refresher {
         client: Arc<dyn CoordTransport>,
         store: SharedVersionStore,
         cache: RoutingCache,
+        first_wait: Duration,
         stats: Arc<Stats>,
     ) -> Self {
         let observed = store.observed(stream.as_str());
@@ -150,6 +162,7 @@ impl Refresher {
             waiting: AtomicU64::new(0),
             last_error: Mutex::new(None),
             wake: Notify::new(),
+            first_wait,
             stats,
         }
     }
@@ -178,7 +191,8 @@ impl Refresher {
         }
     }
 
-    /// The routing a publish may use now, refreshing first (single flight) when the cache says so.
+    /// The routing a publish may use now, refreshing first (single flight) when the cache says so. Before the
+    /// first routing it waits out retryable failures (see "Waiting for the first routing" in the module docs).
     ///
     /// # Errors
     /// [`PublishError::RoutingExpired`] / [`PublishError::NoRouting`]: fail closed, nothing may be written.
@@ -186,9 +200,29 @@ impl Refresher {
     /// # Cancel safety
     /// Cancel safe: a dropped call drops its refresh (if it was the one running); the next caller starts over.
     pub(crate) async fn routing_for_publish(&self) -> Result<RoutingInfo, PublishError> {
+        let first = matches!(self.cache().route(now()), Err(Unavailable::NeverFetched));
+        self.routing(first.then(|| now() + self.first_wait)).await
+    }
+
+    /// The routing `ready` returns: as [`Self::routing_for_publish`], and it waits out retryable failures
+    /// whether or not a routing was held before.
+    ///
+    /// # Errors
+    /// As [`Self::routing_for_publish`], once `coordinator_timeout` has passed or a failure is final.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Self::routing_for_publish`].
+    pub(crate) async fn routing_for_ready(&self) -> Result<RoutingInfo, PublishError> {
+        self.routing(Some(now() + self.first_wait)).await
+    }
+
+    /// The routing usable now; with `retry_until`, retryable refresh failures are retried until then.
+    async fn routing(&self, retry_until: Option<Instant>) -> Result<RoutingInfo, PublishError> {
         self.check_process_version();
         let decision = match self.cache().for_publish(now()) {
             PublishRoute::Use(_) if self.waiting.load(Ordering::Acquire) > 0 => PublishRoute::RefreshFirst,
+            // Within the backoff of a failure: a caller that waits, waits for its end.
+            PublishRoute::Refuse(_) if retry_until.is_some() => PublishRoute::RefreshFirst,
             other => other,
         };
         let refused = match decision {
@@ -196,8 +230,11 @@ impl Refresher {
             PublishRoute::Refuse(why) => why,
             PublishRoute::RefreshFirst => {
                 let _waiting = Waiting::enter(&self.waiting);
-                self.refresh_if(|c, now| matches!(c.for_publish(now), PublishRoute::RefreshFirst))
-                    .await;
+                self.refresh_if(
+                    |c, now| matches!(c.for_publish(now), PublishRoute::RefreshFirst),
+                    retry_until,
+                )
+                .await;
                 match self.cache().route(now()) {
                     Ok(info) => return Ok(self.used(info)),
                     Err(why) => why,
@@ -246,34 +283,80 @@ impl Refresher {
         }
     }
 
-    /// Runs one refresh if `needed` still says so once this caller holds the single-flight lock.
+    /// Runs one refresh if `needed` still says so once this caller holds the single-flight lock. With
+    /// `retry_until`, while there is no usable routing and the last failure is retryable, it waits for the end of
+    /// the backoff and refreshes again, as long as that next attempt starts before `retry_until`; an attempt
+    /// still in flight then is dropped.
     ///
     /// # Cancel safety
     /// Cancel safe: the cache is only changed after the answer arrived, in one synchronous step.
-    async fn refresh_if(&self, needed: impl Fn(&RoutingCache, Instant) -> bool) {
+    async fn refresh_if(&self, needed: impl Fn(&RoutingCache, Instant) -> bool, retry_until: Option<Instant>) {
         let mut flight = self.flight.lock().await;
-        if !needed(&self.cache(), now()) {
-            return;
-        }
-        if let Err(e) = self.refresh_locked(&mut flight).await {
-            tracing::debug!(stream = %self.stream, error = %e, "routing refresh failed");
-            self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
-            self.stats.metrics.refresh_failed();
-            // RATE_LIMITED: no request before the coordinator's Retry-After, whatever the retry policy allows.
-            let retry_after = match &e {
-                RefreshError::Coordinator(c) => c.retry_after().unwrap_or_default(),
-                _ => std::time::Duration::ZERO,
+        let mut retrying = false;
+        loop {
+            if !needed(&self.cache(), now()) {
+                let Some(next) = retry_until.and_then(|until| self.next_retry(until)) else {
+                    return;
+                };
+                tokio::time::sleep_until(next.into()).await;
+                retrying = true;
+                continue;
+            }
+            let result = match retry_until {
+                // The first attempt is bounded by the HTTP client's own timeout; a retry by what is left.
+                Some(until) if retrying => {
+                    match tokio::time::timeout_at(until.into(), self.refresh_locked(&mut flight)).await {
+                        Ok(result) => result,
+                        Err(_) => return,
+                    }
+                }
+                _ => self.refresh_locked(&mut flight).await,
             };
-            self.cache().refresh_refused(now(), retry_after);
-            *self
-                .last_error
-                .lock()
-                .expect("the last-error lock is never held across a panic") = Some(Arc::new(e));
+            if let Err(e) = result {
+                self.refresh_failed(e);
+            }
+            // After every attempt, failed or not: during an outage the background retries keep the age growing
+            // and the lease going down in the gauges even when nothing is published.
+            let gauges = self.cache().gauges_at(now());
+            self.stats.metrics.cache(gauges);
+            if retry_until.is_none() {
+                return;
+            }
         }
-        // After every attempt, failed or not: during an outage the background retries keep the age growing and
-        // the lease going down in the gauges even when nothing is published.
-        let gauges = self.cache().gauges_at(now());
-        self.stats.metrics.cache(gauges);
+    }
+
+    /// When a waiting caller should refresh again: the end of the backoff, if there is no usable routing, the
+    /// last failure is retryable and that end comes before `until`.
+    fn next_retry(&self, until: Instant) -> Option<Instant> {
+        let now = now();
+        let cache = self.cache();
+        if cache.route(now).is_ok() {
+            return None;
+        }
+        let retryable = self
+            .last_error
+            .lock()
+            .expect("the last-error lock is never held across a panic")
+            .as_deref()
+            .is_some_and(RefreshError::is_retryable);
+        let next = cache.next_attempt_at(now);
+        (retryable && next < until).then_some(next)
+    }
+
+    fn refresh_failed(&self, e: RefreshError) {
+        tracing::debug!(stream = %self.stream, error = %e, "routing refresh failed");
+        self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
+        self.stats.metrics.refresh_failed();
+        // RATE_LIMITED: no request before the coordinator's Retry-After, whatever the retry policy allows.
+        let retry_after = match &e {
+            RefreshError::Coordinator(c) => c.retry_after().unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        self.cache().refresh_refused(now(), retry_after);
+        *self
+            .last_error
+            .lock()
+            .expect("the last-error lock is never held across a panic") = Some(Arc::new(e));
     }
 
     async fn refresh_locked(&self, flight: &mut Flight) -> Result<(), RefreshError> {
@@ -393,7 +476,7 @@ impl Refresher {
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = self.refresh_if(|c, now| c.refresh_due(now)) => {}
+                _ = self.refresh_if(|c, now| c.refresh_due(now), None) => {}
             }
         }
     }
@@ -409,13 +492,15 @@ mod tests {
     use client_core::MemoryVersionStore;
     use protocol::messages::RoutingResponse;
     use protocol::Status;
-    use std::time::Duration;
 
     const MS: Duration = Duration::from_millis(1);
     const RETRY: RetryPolicy = RetryPolicy {
         min: Duration::from_millis(50),
         max: Duration::from_millis(400),
     };
+
+    /// How long the first routing waits out retryable failures in these tests.
+    const FIRST_WAIT: Duration = Duration::from_millis(2000);
 
     fn answer(version: u64, lease_ms: u64, refresh_ms: u64) -> RoutingResponse {
         RoutingResponse {
@@ -436,6 +521,7 @@ mod tests {
             Arc::new(fake.clone()),
             SharedVersionStore::new(MemoryVersionStore::default()),
             RoutingCache::new(RETRY),
+            FIRST_WAIT,
             Arc::new(Stats::new(&stream)),
         ))
     }
@@ -567,5 +653,88 @@ mod tests {
         task.await.unwrap();
         assert_eq!(query_times(&fake, t0), vec![Duration::ZERO, 100 * MS]);
         assert_eq!(r.current().map(|i| i.version), Some(RoutingVersion(2)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_routing_waits_out_retryable_failures_on_the_backoff() {
+        let fake = FakeCoord::new();
+        let mut n = 0;
+        fake.on_routing(move |_| {
+            n += 1;
+            match n {
+                1 => Reply::unreachable(),
+                2 => Reply::refuse(Status::StoreUnavailable),
+                _ => Reply::answer(answer(1, 60_000, 30_000)),
+            }
+        });
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let info = r.routing_for_publish().await.expect("waited out");
+        assert_eq!(info.version, RoutingVersion(1));
+        assert_eq!(query_times(&fake, t0), [0, 50, 150].map(|ms| ms * MS));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_routing_stops_waiting_when_the_next_attempt_falls_past_the_timeout() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::refuse(Status::StoreUnavailable));
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let err = r.routing_for_publish().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PublishError::NoRouting {
+                    last_error: Some(_),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // 50, 100, 200, 400, 400, ... ms apart; the attempt after 1 950 ms would start at 2 350 ms, past 2 s.
+        assert_eq!(
+            query_times(&fake, t0),
+            [0, 50, 150, 350, 750, 1150, 1550, 1950].map(|ms| ms * MS)
+        );
+        assert_eq!(t0.elapsed(), 1950 * MS);
+        assert_eq!(
+            r.stats.routing_refusals.load(Ordering::Relaxed),
+            1,
+            "one refusal, not one per try"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_final_answer_is_not_retried() {
+        let fake = FakeCoord::new();
+        fake.on_routing(|_| Reply::refuse(Status::NotFound));
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        let err = r.routing_for_ready().await.unwrap_err();
+        assert!(!err.is_retryable(), "{err}");
+        assert_eq!(query_times(&fake, t0), [Duration::ZERO]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_a_routing_expired_a_publish_fails_closed_at_once_but_ready_waits() {
+        let fake = FakeCoord::new();
+        let mut n = 0;
+        fake.on_routing(move |_| {
+            n += 1;
+            match n {
+                1 => Reply::answer(answer(1, 1000, 600)),
+                2 | 3 => Reply::unreachable(),
+                _ => Reply::answer(answer(1, 1000, 600)),
+            }
+        });
+        let r = refresher(&fake);
+        let t0 = tokio::time::Instant::now();
+        r.routing_for_publish().await.unwrap();
+        tokio::time::sleep(1000 * MS).await;
+        let err = r.routing_for_publish().await.unwrap_err();
+        assert!(matches!(err, PublishError::RoutingExpired { .. }), "{err}");
+        assert_eq!(t0.elapsed(), 1000 * MS, "no wait");
+        r.routing_for_ready().await.expect("ready waits out the outage");
+        assert_eq!(query_times(&fake, t0), [0, 1000, 1050, 1150].map(|ms| ms * MS));
     }
 }

@@ -51,6 +51,8 @@ impl RoutedPublisher {
             Ok(routing) => {
                 let mut results = self.publisher.publish(records, routing).await;
                 self.after_fence(records, &mut results).await;
+                // Counted once the re-routes settled them: a refused record sent again is not also not written.
+                self.publisher.count(&results);
                 results
             }
             Err(e) => {

@@ -280,6 +280,11 @@ impl RoutingCache {
         self.backoff_end().is_none_or(|end| now >= end)
     }
 
+    /// The first instant, seen from `now`, at which a refresh attempt may start (`now` when no backoff holds).
+    pub fn next_attempt_at(&self, now: Instant) -> Instant {
+        self.backoff_end().map_or(now, |end| end.max(now))
+    }
+
     /// The routing to publish with at `now`, ignoring hints (used after a refresh attempt).
     pub fn route(&self, now: Instant) -> Result<RoutingInfo, Unavailable> {
         match self.entry {

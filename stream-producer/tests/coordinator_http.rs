@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use common::{total_len, DEADLINE, STREAM};
 use protocol::RoutingVersion;
+use protocol::Status;
 use serde_json::json;
-use stream_producer::{Producer, PublishError, WriteState};
+use stream_producer::{Producer, ProducerBuilder, PublishError, WriteState};
 use test_support::{wait_until, RedisServer};
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -43,12 +44,18 @@ async fn routing_requests(server: &MockServer) -> usize {
         .count()
 }
 
-fn producer(coordinators: &[String], redis: &RedisServer) -> Producer {
+fn builder(coordinators: &[String], redis: &RedisServer) -> ProducerBuilder {
     common::isolated(Producer::builder(STREAM))
         .coordinators(coordinators.iter().cloned())
         .redis(redis.url())
-        .build()
-        .unwrap()
+}
+
+fn producer(coordinators: &[String], redis: &RedisServer) -> Producer {
+    builder(coordinators, redis).build().unwrap()
+}
+
+fn refusal(http: u16, status: &str) -> ResponseTemplate {
+    ResponseTemplate::new(http).set_body_json(json!({ "status": status, "message": "scripted refusal" }))
 }
 
 #[tokio::test]
@@ -312,7 +319,11 @@ async fn a_rate_limited_refresh_is_not_retried_before_the_retry_after() {
         .with_priority(2)
         .mount(&coord)
         .await;
-    let producer = producer(&[coord.uri()], &redis);
+    // A Retry-After past the coordinator timeout: `ready` does not wait it out.
+    let producer = builder(&[coord.uri()], &redis)
+        .coordinator_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let started = std::time::Instant::now();
     let err = producer.ready().await.expect_err("the first refresh is refused");
     assert!(matches!(err, PublishError::NoRouting { .. }), "{err}");
@@ -328,4 +339,116 @@ async fn a_rate_limited_refresh_is_not_retried_before_the_retry_after() {
     );
     assert_eq!(routing_requests(&coord).await, 2, "no request inside the Retry-After");
     producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn ready_waits_out_retryable_answers_until_the_routing_comes() {
+    let redis = RedisServer::start().await;
+    let coord = MockServer::start().await;
+    // What a coordinator answers while its Redis restarts, then while one instance shuts down.
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(refusal(503, "STORE_UNAVAILABLE"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&coord)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(refusal(503, "COORDINATOR_TERMINATING"))
+        .up_to_n_times(1)
+        .with_priority(2)
+        .mount(&coord)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(ok(2, 3, 60_000))
+        .with_priority(3)
+        .mount(&coord)
+        .await;
+    let producer = producer(&[coord.uri()], &redis);
+    let routing = producer.ready().await.expect("the retryable answers are waited out");
+    assert_eq!((routing.version, routing.shard_count), (RoutingVersion(2), 3));
+    assert_eq!(routing_requests(&coord).await, 3, "two refusals, then the routing");
+    assert_eq!(producer.stats().refresh_failures, 2);
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn ready_gives_up_after_the_coordinator_timeout_naming_the_last_cause() {
+    let redis = RedisServer::start().await;
+    let coord = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(ROUTING_PATH))
+        .respond_with(refusal(503, "STORE_UNAVAILABLE"))
+        .mount(&coord)
+        .await;
+    let timeout = Duration::from_millis(1_000);
+    let producer = builder(&[coord.uri()], &redis)
+        .coordinator_timeout(timeout)
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = producer
+        .ready()
+        .await
+        .expect_err("the coordinator never answers a routing");
+    let elapsed = started.elapsed();
+    let PublishError::NoRouting {
+        last_error: Some(last), ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    let stream_producer::RefreshError::Coordinator(cause) = last.as_ref() else {
+        panic!("{last:?}");
+    };
+    assert_eq!(cause.status(), Some(Status::StoreUnavailable), "{cause}");
+    assert!(err.is_retryable(), "{err}");
+    // Backoff 50, 100, 200, 400 ms: attempts at 0, 50, 150, 350 and 750 ms; the next (1 550 ms) is past 1 s.
+    assert!(routing_requests(&coord).await >= 5, "retried within the timeout");
+    assert!(
+        elapsed < timeout + Duration::from_secs(2),
+        "bounded by the timeout: {elapsed:?}"
+    );
+    producer.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn ready_fails_at_once_on_a_final_answer() {
+    let redis = RedisServer::start().await;
+    for (http, status, expected) in [
+        (401, "UNAUTHORIZED", Status::Unauthorized),
+        (404, "NOT_FOUND", Status::NotFound),
+        (400, "INVALID_REQUEST", Status::InvalidRequest),
+    ] {
+        let coord = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path(ROUTING_PATH))
+            .respond_with(refusal(http, status))
+            .mount(&coord)
+            .await;
+        let timeout = Duration::from_secs(5);
+        let producer = builder(&[coord.uri()], &redis)
+            .coordinator_timeout(timeout)
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let err = producer.ready().await.expect_err("a final answer");
+        let elapsed = started.elapsed();
+        let PublishError::NoRouting {
+            last_error: Some(last), ..
+        } = &err
+        else {
+            panic!("{status}: {err:?}");
+        };
+        assert!(!last.is_retryable(), "{status}: {last}");
+        let stream_producer::RefreshError::Coordinator(cause) = last.as_ref() else {
+            panic!("{status}: {last:?}");
+        };
+        assert_eq!(cause.status(), Some(expected));
+        // A retrying `ready` would only give up once the 5 s are nearly spent.
+        assert!(elapsed < timeout / 2, "{status}: failed after {elapsed:?}");
+        producer.close().await.unwrap();
+    }
 }

@@ -230,7 +230,8 @@ async fn what_a_durable_producer_did_not_write_stays_not_written() {
     }
     fence(&env.redis, SHARDS, 1_000).await;
     for path in [Path::Transaction, Path::Script] {
-        let producer = durable(&env, path, 1).build().unwrap();
+        // The refusal reaches the caller without the re-route (on by default).
+        let producer = durable(&env, path, 1).reroute_fenced(false).build().unwrap();
         let e = producer.send("k", &[("n", "1")]).await.unwrap_err();
         assert!(e.is_fenced(), "{path:?}: {e:?}");
         assert_eq!(e.write_state(), WriteState::NotWritten);

@@ -37,7 +37,8 @@ async fn reshard(env: &Env, old_version: u64) -> u64 {
 #[tokio::test]
 async fn a_stale_producer_is_refused_writes_nothing_and_refreshes_at_once() {
     let env = Env::start(4, LEASE).await;
-    let producer = env.producer().build().unwrap();
+    // Without the re-route (on by default), the refusal reaches the caller.
+    let producer = env.producer().reroute_fenced(false).build().unwrap();
     let before = producer.ready().await.unwrap();
     assert_eq!(before.shard_count, 4);
     let sealed = reshard(&env, before.version.0).await;
@@ -123,6 +124,33 @@ async fn reroute_fenced_sends_the_refused_records_again_with_the_new_routing_in_
         assert!(xlen(&env.redis, shard).await >= (keys / 8) as u64);
     }
     producer.close().await.unwrap();
+}
+
+/// Issue 42: what the example producer does (the batching mode, default settings) across `add-shards`. The
+/// records the fence refused were never written, so the producer sends them again itself: none is dropped.
+#[tokio::test]
+async fn by_default_the_records_a_growth_refused_are_sent_again_and_none_is_dropped() {
+    let env = Env::start(4, LEASE).await;
+    let producer = env.producer().build().unwrap();
+    assert!(producer.config().reroute_fenced, "on by default");
+    let before = producer.ready().await.unwrap();
+    let sealed = reshard(&env, before.version.0).await;
+    let mut deliveries = Vec::new();
+    for record in keyed(0, 100) {
+        deliveries.push(producer.enqueue(record).await.unwrap());
+    }
+    for (k, d) in deliveries.into_iter().enumerate() {
+        let p = d.await.unwrap_or_else(|e| panic!("key-{k}: {e:?}"));
+        assert!(p.routing_version.0 >= sealed, "key-{k}: {p:?}");
+        assert_eq!(p.shard, shard_for_key(format!("key-{k}").as_bytes(), 8), "key-{k}");
+    }
+    let stats = producer.close().await.unwrap();
+    assert_eq!(
+        (stats.records_written, stats.records_not_written),
+        (100, 0),
+        "{stats:?}"
+    );
+    assert_eq!(total_len(&env.redis, 8).await, 100, "nothing lost, nothing twice");
 }
 
 /// A growth seals its parents before the coordinator serves the routing that lists its children, and a routing
@@ -223,7 +251,15 @@ async fn fence_changed_between_check_and_writes(
 ) -> (Result<Vec<Published>, BatchError>, u64) {
     let target = format!("127.0.0.1:{}", env.redis.port()).parse().unwrap();
     let proxy = FaultProxy::start(target).await;
-    let producer = std::sync::Arc::new(env.producer().connections(2).redis(proxy.url()).build().unwrap());
+    // The refusals themselves are the subject: no re-route (on by default).
+    let producer = std::sync::Arc::new(
+        env.producer()
+            .connections(2)
+            .reroute_fenced(false)
+            .redis(proxy.url())
+            .build()
+            .unwrap(),
+    );
     let before = producer.ready().await.unwrap();
     proxy.set_mode(Mode::HoldReplies);
     let batch = {
@@ -443,7 +479,8 @@ async fn a_producer_that_learned_a_lost_growth_writes_only_once_the_growth_is_re
             .query_async(&mut env.redis.connection().await)
             .await
             .unwrap();
-        let mut builder = env.producer();
+        // The child's refusal is the subject: no re-route (on by default).
+        let mut builder = env.producer().reroute_fenced(false);
         if idempotent {
             builder = builder.idempotence(true).producer_id("p1");
         }

@@ -1,6 +1,10 @@
 //! A producer that publishes records at a target rate through the SDK's batching mode and prints the achieved
 //! rate periodically. SIGINT or SIGTERM closes it gracefully (everything accepted is published first).
 //!
+//! `coordctl add-shards` while it runs drops nothing: the records a shard fence refused were never written, and the
+//! producer re-routes and sends them again itself (`ProducerBuilder::reroute_fenced`, on by default). Its "not
+//! written" count is of records that finally failed, not of those refusals.
+//!
 //! ```text
 //! cargo run -p examples --bin producer -- --stream orders --rate 5000 --keys 10000 --payload-bytes 200 \
 //!     --redis-url redis://127.0.0.1:6379 --coordinator-url http://127.0.0.1:7400

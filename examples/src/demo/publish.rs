@@ -1,5 +1,6 @@
 //! The producers' side of the run: rate-limited batches of keyed records, every outcome into the ledger and
-//! every acknowledged one into the history.
+//! every acknowledged one into the history. A batch a shard fence refused (a reshard while the demo runs) is sent
+//! again by the producer itself (`reroute_fenced`, on by default), so its records reach the ledger as written.
 
 use super::settings::{Settings, MAX_BATCH, PRODUCERS, TICKS_PER_SECOND};
 use crate::ledger::{Ledger, PublishState};
