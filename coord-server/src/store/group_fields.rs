@@ -23,7 +23,7 @@
 //! shard; one field for all would rewrite the table on every move. A block is about 1 KB at 16 owned shards, so
 //! a change that moves one shard writes about 1 KB of shard table.
 
-use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, MemberRecord, ShardRecord};
+use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, MemberRecord, ShardRecord, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::reshard::GroupReshard;
 use protocol::{AssignmentEpoch, Incarnation, MetadataVersion, RoutingVersion, StoreRevision};
@@ -66,6 +66,19 @@ pub fn field_digest(name: &str, stored: &[u8]) -> u64 {
     h.update(stored);
     let bytes = h.digest().bytes();
     u64::from_be_bytes(bytes[..8].try_into().expect("a SHA-1 has 20 bytes"))
+}
+
+/// The digest of the shard blocks' stored lengths as the load script computes it: the first 16 hex digits of
+/// the SHA-1 of the lengths of `s:0`, `s:1`, ... in decimal, comma-separated.
+pub fn block_lengths_digest(lens: &[usize]) -> String {
+    let mut h = sha1_smol::Sha1::new();
+    for (k, l) in lens.iter().enumerate() {
+        if k > 0 {
+            h.update(b",");
+        }
+        h.update(l.to_string().as_bytes());
+    }
+    h.digest().to_string()[..16].to_owned()
 }
 
 /// A digest as the scripts write it (16 lowercase hex digits).
@@ -253,17 +266,30 @@ impl StoredFields {
         self.marks.values().fold(0, |acc, (_, d, _)| acc ^ d)
     }
 
-    /// What a load that is not a tick compares in O(members) before skipping the fields
-    /// (`len:<data and log fields>:<length of group>:<length of each member's field>,...`): a field deleted or
-    /// added, or the group's or a loaded member's field replaced by one of another length, makes it read
-    /// everything instead. An edit that keeps every length shows at the next tick ([`StoredFields::xor`]).
+    /// What a load that is not a tick compares before skipping the fields
+    /// (`len:<data and log fields>:<length of group>:<blocks>:<block lengths>:<length of each member's field>,...`):
+    /// a field deleted or added, or the group's, a loaded member's or any shard block's field replaced by one of
+    /// another length, makes it read everything instead (and the full load then fails closed on what it cannot
+    /// parse). An edit that keeps every length shows at the next tick's digest ([`StoredFields::xor`]).
+    ///
+    /// Every decision reads the whole shard table (a heartbeat reconciles against every shard's owner and
+    /// target), so every `s:` block is a field the load uses; `<block lengths>` is [`block_lengths_digest`] of
+    /// their lengths in block order. Why that and not the lengths themselves, or their sum: the lengths would
+    /// put 4,096 numbers (some 20 KB) on every heartbeat of a group of 65,536 shards, and a sum misses two edits
+    /// that cancel out; the digest is 16 hex digits whatever the shard count and misses no length change, and
+    /// the script's side (one `HSTRLEN` per block, O(1) each) costs Redis O(blocks) = O(shards / 16).
     pub fn shape(&self, members: &[&MemberId]) -> String {
         let len = |name: &str| self.marks.get(name).map_or(0, |(_, _, l)| *l);
         let lens: Vec<String> = members.iter().map(|m| len(&member_field(m)).to_string()).collect();
+        // The blocks a resolved load holds are `s:0 .. s:<count - 1>` (a load checks it); a gap reads as length
+        // 0, which no stored block has, so it cannot match.
+        let blocks = self.marks.keys().filter(|n| n.starts_with("s:")).count();
+        let block_lens: Vec<usize> = (0..blocks).map(|k| len(&block_field(k))).collect();
         format!(
-            "len:{}:{}:{}",
+            "len:{}:{}:{blocks}:{}:{}",
             self.marks.len() + self.logs.len(),
             len(HEAD),
+            block_lengths_digest(&block_lens),
             lens.join(",")
         )
     }
@@ -310,10 +336,21 @@ pub enum GroupRead {
     Hit,
     /// Every field of the hash (header, data and log fields alike).
     Full(Vec<(String, Vec<u8>)>),
-    /// The log entries after the cached revision and the fields they name (`None`: the field is gone).
-    Delta(Vec<(String, Option<Vec<u8>>)>),
+    /// The log entries after the cached revision and the fields they name, and the stored hash's shape.
+    Delta(DeltaRead),
     /// The whole document of the layout before fields (`schemaVersion` 1).
     Aggregate(Vec<u8>),
+}
+
+/// What a delta load sent.
+#[derive(Debug)]
+pub struct DeltaRead {
+    /// The log entries after the cached revision and the fields they name (`None`: the field is gone).
+    pub fields: Vec<(String, Option<Vec<u8>>)>,
+    /// The stored hash's count of data and log fields, length of `group` and shard blocks' lengths, in the form
+    /// of [`StoredFields::shape`] without members: the marks after the changes must show the same, or a field
+    /// the delta did not send (served from the cache) changed outside a commit.
+    pub shape: String,
 }
 
 /// A load made whole: the metadata and its fields' marks.
@@ -396,7 +433,12 @@ fn parse_field(name: &str, stored: &[u8], revision: u64) -> Result<(u64, Piece),
         )
     } else if let Some(k) = name.strip_prefix("s:") {
         let k = decimal(k).ok_or_else(|| bad("is unknown".into()))?;
-        let k = usize::try_from(k).map_err(|_| bad("is unknown".into()))?;
+        // No table holds a block past the last one of `MAX_SHARDS`: a name beyond it is not ours (and would
+        // make a delta grow the table to it).
+        let k = usize::try_from(k)
+            .ok()
+            .filter(|k| *k < (MAX_SHARDS as usize).div_ceil(SHARDS_PER_BLOCK))
+            .ok_or_else(|| bad("is unknown".into()))?;
         Piece::Block(
             k,
             serde_json::from_slice(json).map_err(|e| bad(format!("is unreadable: {e}")))?,
@@ -495,11 +537,19 @@ pub fn resolve(
             Ok((meta, StoredFields::default()))
         }
         GroupRead::Full(pairs) => full(pairs, revision),
-        GroupRead::Delta(pairs) => {
+        GroupRead::Delta(read) => {
             let Some((meta, marks)) = cached else {
                 return Err("a delta load without a cached group".into());
             };
-            delta(pairs, revision, meta, marks)
+            let resolved = delta(&read.fields, revision, meta, marks)?;
+            if resolved.1.shape(&[]) != read.shape {
+                return Err(
+                    "a field changed outside a commit: the stored fields' count or lengths are not the \
+                     ones the changes leave"
+                        .into(),
+                );
+            }
+            Ok(resolved)
         }
     }
 }
