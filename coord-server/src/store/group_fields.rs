@@ -68,17 +68,12 @@ pub fn field_digest(name: &str, stored: &[u8]) -> u64 {
     u64::from_be_bytes(bytes[..8].try_into().expect("a SHA-1 has 20 bytes"))
 }
 
-/// The digest of the shard blocks' stored lengths as the load script computes it: the first 16 hex digits of
-/// the SHA-1 of the lengths of `s:0`, `s:1`, ... in decimal, comma-separated.
-pub fn block_lengths_digest(lens: &[usize]) -> String {
-    let mut h = sha1_smol::Sha1::new();
-    for (k, l) in lens.iter().enumerate() {
-        if k > 0 {
-            h.update(b",");
-        }
-        h.update(l.to_string().as_bytes());
-    }
-    h.digest().to_string()[..16].to_owned()
+/// The checksum of the shard blocks' stored lengths (in block order) as the load script computes it:
+/// `h = (h * 1000003 + length) mod (2^31 - 1)` from 0. A single length change always changes it (the modulus is a
+/// prime above any length difference); changes of several blocks at once cancel out with odds of about 2^-31,
+/// and the minute's digest of every field catches those.
+pub fn block_lengths_checksum(lens: &[usize]) -> u64 {
+    lens.iter().fold(0, |h, l| (h * 1_000_003 + *l as u64) % 2_147_483_647)
 }
 
 /// A digest as the scripts write it (16 lowercase hex digits).
@@ -273,11 +268,11 @@ impl StoredFields {
     /// parse). An edit that keeps every length shows at the next tick's digest ([`StoredFields::xor`]).
     ///
     /// Every decision reads the whole shard table (a heartbeat reconciles against every shard's owner and
-    /// target), so every `s:` block is a field the load uses; `<block lengths>` is [`block_lengths_digest`] of
-    /// their lengths in block order. Why that and not the lengths themselves, or their sum: the lengths would
-    /// put 4,096 numbers (some 20 KB) on every heartbeat of a group of 65,536 shards, and a sum misses two edits
-    /// that cancel out; the digest is 16 hex digits whatever the shard count and misses no length change, and
-    /// the script's side (one `HSTRLEN` per block, O(1) each) costs Redis O(blocks) = O(shards / 16).
+    /// target, a join reassigns them all), so every `s:` block is a field the load uses; `<block lengths>` is
+    /// [`block_lengths_checksum`] of their lengths in block order. Why that and not the lengths themselves, or
+    /// their sum: the lengths would put 4,096 numbers (some 20 KB) on every heartbeat of a group of 65,536
+    /// shards, and a sum misses two edits that cancel out; the checksum is at most 10 digits whatever the shard
+    /// count. The script's side is one `HSTRLEN` per block: O(shards / 16) Redis calls, each O(1), per load.
     pub fn shape(&self, members: &[&MemberId]) -> String {
         let len = |name: &str| self.marks.get(name).map_or(0, |(_, _, l)| *l);
         let lens: Vec<String> = members.iter().map(|m| len(&member_field(m)).to_string()).collect();
@@ -289,7 +284,7 @@ impl StoredFields {
             "len:{}:{}:{blocks}:{}:{}",
             self.marks.len() + self.logs.len(),
             len(HEAD),
-            block_lengths_digest(&block_lens),
+            block_lengths_checksum(&block_lens),
             lens.join(",")
         )
     }

@@ -83,7 +83,7 @@ impl Hash {
             self.fields.len(),
             len(HEAD).unwrap_or(0),
             lens.len(),
-            block_lengths_digest(&lens)
+            block_lengths_checksum(&lens)
         )
     }
 
@@ -332,10 +332,13 @@ fn a_shard_block_edited_outside_a_commit_is_refused_by_a_delta_that_does_not_sen
 
 #[test]
 fn the_shape_names_every_shard_block_length_in_order() {
-    // What the load script compares: SHA-1 of the decimal lengths, comma-separated, as `table.concat` builds it.
-    let sha = |s: &str| sha1_smol::Sha1::from(s).digest().to_string()[..16].to_owned();
-    assert_eq!(block_lengths_digest(&[1021, 7, 350]), sha("1021,7,350"));
-    assert_eq!(block_lengths_digest(&[]), sha(""));
+    // What the load script computes, in Lua's doubles: ((0 * B + 1021) * B + 7) * B + 350 mod (2^31 - 1).
+    let (b, p) = (1_000_003u128, 2_147_483_647u128);
+    let want = ((1021 * b + 7) % p * b + 350) % p;
+    assert_eq!(u128::from(block_lengths_checksum(&[1021, 7, 350])), want);
+    assert_eq!(block_lengths_checksum(&[]), 0);
+    // The largest intermediate value stays exact in a double: below 2^53.
+    assert!((p - 1) * b + (1 << 29) < 1 << 53);
     let h = Harness::new(40);
     let hash = created(&h);
     let (_, marks) = resolve(&hash.full(), hash.rev(), None).unwrap();
@@ -350,4 +353,17 @@ fn the_shape_names_every_shard_block_length_in_order() {
         "{shape}"
     );
     assert!(shape.contains(":3:"), "three blocks: {shape}");
+}
+
+#[test]
+fn a_block_beyond_the_largest_table_is_refused_not_allocated() {
+    // A delta would have grown the shard table to the block's position (16 x 10^11 records) before any check.
+    let h = Harness::new(8);
+    let mut hash = created(&h);
+    let held = resolve(&hash.full(), hash.rev(), None).unwrap();
+    hash.commit(&[("s:100000000000".into(), Some("[]".into()))]);
+    let e = resolve(&hash.delta(1), hash.rev(), Some((&held.0, &held.1))).unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
+    let e = resolve(&hash.full(), hash.rev(), None).unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
 }

@@ -197,17 +197,33 @@ local function xor_of(key)
   return bit.tohex(hi, 8) .. bit.tohex(lo, 8)
 end
 -- The check of a load that skips the fields (see `StoredFields::shape`): the count of fields, then the length of
--- `group`, of every shard block and of the batch's members, each by `HSTRLEN` (O(1), no bytes copied). The block
--- lengths are compared as one digest, so the check's argument stays 16 hex digits at 65,536 shards while any
--- length change of any block shows. A check that does not parse never matches (read everything).
+-- `group`, of the batch's members and of every shard block, each by `HSTRLEN` (O(1), no bytes copied). The block
+-- lengths travel as one checksum, so the argument stays short at 65,536 shards. What a block costs is the
+-- `HSTRLEN` call alone: its name is built by concatenation and the checksum by arithmetic, since formatting a
+-- number (`string.format`, `table.concat` of numbers) costs as much as the call. A check that does not parse
+-- never matches (read everything).
+local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 local function data_count(key, f)
   local present = 0
   for i = 1, 6 do if f[i] then present = present + 1 end end
   return redis.call('HLEN', key) - present
 end
-local function lengths_digest(lens) return string.sub(redis.sha1hex(table.concat(lens, ',')), 1, 16) end
+-- The blocks `s:0 .. s:<count - 1>` (without a count: up to the first missing one), and the checksum of their
+-- lengths h = (h * 1000003 + length) mod (2^31 - 1), exact in Lua's doubles (below 2^52) with `math.fmod`.
+local function block_lengths(key, count)
+  local num, h, k = {}, 0, 0
+  while not count or k < count do
+    local n = k < 10 and DIGITS[k + 1] or num[math.floor(k / 10)] .. DIGITS[k % 10 + 1]
+    num[k] = n
+    local l = redis.call('HSTRLEN', key, 's:' .. n)
+    if not count and l == 0 then break end
+    h = math.fmod(h * 1000003 + l, 2147483647)
+    k = k + 1
+  end
+  return k, h
+end
 local function same_shape(key, f, check, members)
-  local n, head, blocks, sum, rest = string.match(check, '^len:(%d+):(%d+):(%d+):(%x+):(.*)$')
+  local n, head, blocks, sum, rest = string.match(check, '^len:(%d+):(%d+):(%d+):(%d+):(.*)$')
   if not n then return false end
   if data_count(key, f) ~= tonumber(n) then return false end
   if redis.call('HSTRLEN', key, 'group') ~= tonumber(head) then return false end
@@ -216,23 +232,15 @@ local function same_shape(key, f, check, members)
     i = i + 1
     if not members[i] or redis.call('HSTRLEN', key, 'm:' .. members[i]) ~= tonumber(l) then return false end
   end
-  local lens = {}
-  for k = 0, tonumber(blocks) - 1 do lens[k + 1] = redis.call('HSTRLEN', key, 's:' .. string.format('%d', k)) end
-  return lengths_digest(lens) == sum
+  local _, h = block_lengths(key, tonumber(blocks))
+  return h == tonumber(sum)
 end
 -- The same facts of the stored hash, for the caller to compare once it has applied a delta (it alone knows the
--- lengths the changes leave): the blocks are counted up to the first missing one. Members are left out: the
--- ones the delta changed were sent, and the batch's are compared on the next load at this revision.
+-- lengths the changes leave). Members are left out: the ones the delta changed were sent, and the batch's are
+-- compared on the next load at this revision.
 local function stored_shape(key, f)
-  local lens, k = {}, 0
-  while true do
-    local l = redis.call('HSTRLEN', key, 's:' .. string.format('%d', k))
-    if l == 0 then break end
-    k = k + 1
-    lens[k] = l
-  end
-  return string.format('len:%d:%d:%d:%s:', data_count(key, f), redis.call('HSTRLEN', key, 'group'), k,
-    lengths_digest(lens))
+  local k, h = block_lengths(key, nil)
+  return string.format('len:%d:%d:%d:%d:', data_count(key, f), redis.call('HSTRLEN', key, 'group'), k, h)
 end
 local function hmget(key, names)
   local out = {}
