@@ -277,9 +277,16 @@ impl StoredFields {
         let len = |name: &str| self.marks.get(name).map_or(0, |(_, _, l)| *l);
         let lens: Vec<String> = members.iter().map(|m| len(&member_field(m)).to_string()).collect();
         // The blocks a resolved load holds are `s:0 .. s:<count - 1>` (a load checks it); a gap reads as length
-        // 0, which no stored block has, so it cannot match.
+        // 0, which no stored block has, so it cannot match. One pass over the marks, no name formatted: this
+        // runs before every load.
         let blocks = self.marks.keys().filter(|n| n.starts_with("s:")).count();
-        let block_lens: Vec<usize> = (0..blocks).map(|k| len(&block_field(k))).collect();
+        let mut block_lens = vec![0; blocks];
+        for (name, (_, _, l)) in &self.marks {
+            let k = name.strip_prefix("s:").and_then(|k| k.parse::<usize>().ok());
+            if let Some(slot) = k.and_then(|k| block_lens.get_mut(k)) {
+                *slot = *l;
+            }
+        }
         format!(
             "len:{}:{}:{blocks}:{}:{}",
             self.marks.len() + self.logs.len(),
