@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use coord_server::store::{FieldWrite, LivenessScope, SectionKeys, Store, Write};
+use coord_server::store::{group_fields, FieldWrite, LivenessScope, SectionKeys, Store, Write};
 use coord_server::Error;
 use protocol::keys;
 use protocol::messages::{AddShardsRequest, HeartbeatResponse};
@@ -414,4 +414,213 @@ async fn a_corrupt_routing_hash_fails_closed_for_reads_and_writes() {
             .unwrap_or_else(|e| panic!("{field}={value}: the group still ticks: {e}"));
         f.coord.shutdown().await;
     }
+}
+
+/// Two coordinators on one Redis, both holding the group (40 shards: blocks `s:0`, `s:1` and `s:2`, the last
+/// one of 8 shards) in their caches at the stored revision, and member `a` owning and reading every shard.
+struct TwoWarm {
+    _redis: test_support::RedisServer,
+    coords: [coord_server::server::CoordinatorHandle; 2],
+    apis: [Api; 2],
+    conn: MultiplexedConnection,
+    a: HeartbeatResponse,
+}
+
+async fn stored_revision(conn: &mut MultiplexedConnection) -> String {
+    redis::cmd("HGET")
+        .arg(metadata_key(S, G))
+        .arg("revision")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn two_warm_coordinators() -> TwoWarm {
+    let redis = test_support::RedisServer::start().await;
+    let mut coords = Vec::new();
+    for _ in 0..2 {
+        let coord = coord_server::server::CoordinatorHandle::spawn(config(&redis.url()))
+            .await
+            .expect("coordinator starts");
+        coords.push(coord);
+    }
+    let coords: [_; 2] = coords.try_into().unwrap_or_else(|_| unreachable!());
+    let apis = [Api::new(coords[0].url()), Api::new(coords[1].url())];
+    let mut conn = redis.connection().await;
+    apis[0].create_group(S, G, 40).await;
+    let joined = apis[0].hb(S, G, &join("a")).await;
+    let mut a = apis[0].hb(S, G, &follow_up(&joined, &joined.assigned)).await;
+    // Until one heartbeat through each coordinator leaves the revision where it was: each loaded the stored
+    // revision and nobody committed since.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = stored_revision(&mut conn).await;
+        for api in &apis {
+            a = api.hb(S, G, &follow_up(&a, &a.assigned)).await;
+        }
+        if a.status == Status::Ok && a.assigned.len() == 40 && stored_revision(&mut conn).await == before {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the group never settled: {a:?}");
+    }
+    TwoWarm {
+        _redis: redis,
+        coords,
+        apis,
+        conn,
+        a,
+    }
+}
+
+impl TwoWarm {
+    async fn field(&mut self, name: &str) -> String {
+        redis::cmd("HGET")
+            .arg(metadata_key(S, G))
+            .arg(name)
+            .query_async(&mut self.conn)
+            .await
+            .unwrap()
+    }
+
+    /// The next heartbeat of `a` through each coordinator, and a describe through each, answer 503
+    /// `METADATA_UNAVAILABLE`, and nothing in Redis changes.
+    async fn both_refuse(&mut self) {
+        let before = stored(&mut self.conn).await;
+        for (i, api) in self.apis.iter().enumerate() {
+            let (http, body) = api
+                .heartbeat(S, G, &follow_up(&self.a, &self.a.assigned))
+                .await
+                .expect_err("the next heartbeat is refused");
+            assert_eq!(
+                (http, body.status),
+                (StatusCode::SERVICE_UNAVAILABLE, Status::MetadataUnavailable),
+                "coordinator {i}: {body:?}"
+            );
+            error_json(
+                api.get(DESCRIBE).await,
+                StatusCode::SERVICE_UNAVAILABLE,
+                Status::MetadataUnavailable,
+            )
+            .await;
+        }
+        assert_eq!(stored(&mut self.conn).await, before, "nothing was written");
+    }
+
+    /// After the repair, `a`'s heartbeats through each coordinator are served again, with what it owned.
+    async fn both_serve(&mut self) {
+        for api in &self.apis {
+            let r = api.hb(S, G, &follow_up(&self.a, &self.a.assigned)).await;
+            assert_eq!((r.status, &r.assigned), (Status::Ok, &self.a.assigned), "{r:?}");
+        }
+    }
+
+    async fn shutdown(self) {
+        for coord in self.coords {
+            coord.shutdown().await;
+        }
+    }
+}
+
+/// A stored field with its stamp kept and its JSON made unreadable and one byte longer (`x` appended) or shorter
+/// (the closing `]` dropped).
+fn damaged(original: &str, grow: bool) -> String {
+    if grow {
+        format!("{original}x")
+    } else {
+        original[..original.len() - 1].to_owned()
+    }
+}
+
+/// docs/failure-handling.md, "a field changed at the same revision": a shard block edited outside a commit (its
+/// stamp kept, its JSON unreadable, its length changed) is refused by the very next load of each coordinator
+/// that has the group cached, never overwritten, and served again once repaired.
+async fn an_edited_block_fails_closed_on_the_next_heartbeat_of_each_coordinator(block: &str) {
+    let mut w = two_warm_coordinators().await;
+    let original = w.field(block).await;
+    let (stamp, _) = original.split_once(':').expect("a stamped field");
+    let edit = damaged(&original, false);
+    assert!(edit.starts_with(&format!("{stamp}:")), "the stamp is kept");
+    hset(&mut w.conn, &metadata_key(S, G), block, &edit).await;
+    w.both_refuse().await;
+    assert_eq!(w.field(block).await, edit, "the damaged field is not overwritten");
+    hset(&mut w.conn, &metadata_key(S, G), block, &original).await;
+    w.both_serve().await;
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_edited_first_shard_block_under_two_warm_caches_fails_closed_on_the_next_heartbeat() {
+    an_edited_block_fails_closed_on_the_next_heartbeat_of_each_coordinator("s:0").await;
+}
+
+#[tokio::test]
+async fn an_edited_middle_shard_block_under_two_warm_caches_fails_closed_on_the_next_heartbeat() {
+    an_edited_block_fails_closed_on_the_next_heartbeat_of_each_coordinator("s:1").await;
+}
+
+#[tokio::test]
+async fn an_edited_last_shard_block_under_two_warm_caches_fails_closed_on_the_next_heartbeat() {
+    an_edited_block_fails_closed_on_the_next_heartbeat_of_each_coordinator("s:2").await;
+}
+
+#[tokio::test]
+async fn two_block_edits_that_keep_the_sum_of_the_lengths_fail_closed_on_the_next_heartbeat() {
+    // One block a byte longer, another a byte shorter: the count of fields and the total length are the same.
+    let mut w = two_warm_coordinators().await;
+    let (first, last) = (w.field("s:0").await, w.field("s:2").await);
+    hset(&mut w.conn, &metadata_key(S, G), "s:0", &damaged(&first, true)).await;
+    hset(&mut w.conn, &metadata_key(S, G), "s:2", &damaged(&last, false)).await;
+    w.both_refuse().await;
+    hset(&mut w.conn, &metadata_key(S, G), "s:0", &first).await;
+    hset(&mut w.conn, &metadata_key(S, G), "s:2", &last).await;
+    w.both_serve().await;
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_edited_shard_block_a_delta_does_not_send_fails_closed_on_that_load() {
+    // Under the mutex, as another coordinator's section would: `s:1` is damaged, then a commit rewrites `group`
+    // alone (the same document, newly stamped). Each coordinator's next load is the change since its cached
+    // revision, which names `group` only: `s:1` would come from its cache.
+    let mut w = two_warm_coordinators().await;
+    let store = Store::new(w._redis.connection_manager().await);
+    let keys = SectionKeys::group(&S.parse().unwrap(), &G.parse().unwrap());
+    let token = store.token();
+    let loaded = wait_for(Duration::from_secs(5), "the mutex", || {
+        let (store, keys, token) = (&store, &keys, &token);
+        async move {
+            store
+                .try_load(keys, token, Duration::from_secs(5), None, LivenessScope::None)
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    let block = w.field("s:1").await;
+    hset(&mut w.conn, &metadata_key(S, G), "s:1", &damaged(&block, false)).await;
+    let head = w.field("group").await;
+    let (_, json) = head.split_once(':').expect("a stamped field");
+    let digest = group_fields::digest_hex(group_fields::field_digest("group", head.as_bytes()));
+    let fields = FieldWrite {
+        changes: vec![("group".into(), Some(json.to_owned()), digest)],
+        converts: String::new(),
+    };
+    let write = Write {
+        fields: Some(&fields),
+        now_ms: loaded.now_ms,
+        run_id: &loaded.run_id,
+        ..Write::default()
+    };
+    let committed = store
+        .commit(&keys, &token, loaded.revision, loaded.liveness_revision, &write)
+        .await
+        .expect("committed");
+    assert!(
+        matches!(committed, coord_server::store::Committed::Ok(_)),
+        "{committed:?}"
+    );
+    w.both_refuse().await;
+    hset(&mut w.conn, &metadata_key(S, G), "s:1", &block).await;
+    w.both_serve().await;
+    w.shutdown().await;
 }

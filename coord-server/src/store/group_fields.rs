@@ -23,7 +23,7 @@
 //! shard; one field for all would rewrite the table on every move. A block is about 1 KB at 16 owned shards, so
 //! a change that moves one shard writes about 1 KB of shard table.
 
-use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, MemberRecord, ShardRecord};
+use protocol::metadata::{CorrectionRound, GroupMetadata, GroupTimings, MemberRecord, ShardRecord, MAX_SHARDS};
 use protocol::names::{GroupName, MemberId, StreamName};
 use protocol::reshard::GroupReshard;
 use protocol::{AssignmentEpoch, Incarnation, MetadataVersion, RoutingVersion, StoreRevision};
@@ -66,6 +66,14 @@ pub fn field_digest(name: &str, stored: &[u8]) -> u64 {
     h.update(stored);
     let bytes = h.digest().bytes();
     u64::from_be_bytes(bytes[..8].try_into().expect("a SHA-1 has 20 bytes"))
+}
+
+/// The checksum of the shard blocks' stored lengths (in block order) as the load script computes it:
+/// `h = (h * 1000003 + length) mod (2^31 - 1)` from 0. A single length change always changes it (the modulus is a
+/// prime above any length difference); changes of several blocks at once cancel out with odds of about 2^-31,
+/// and the minute's digest of every field catches those.
+pub fn block_lengths_checksum(lens: &[usize]) -> u64 {
+    lens.iter().fold(0, |h, l| (h * 1_000_003 + *l as u64) % 2_147_483_647)
 }
 
 /// A digest as the scripts write it (16 lowercase hex digits).
@@ -253,17 +261,37 @@ impl StoredFields {
         self.marks.values().fold(0, |acc, (_, d, _)| acc ^ d)
     }
 
-    /// What a load that is not a tick compares in O(members) before skipping the fields
-    /// (`len:<data and log fields>:<length of group>:<length of each member's field>,...`): a field deleted or
-    /// added, or the group's or a loaded member's field replaced by one of another length, makes it read
-    /// everything instead. An edit that keeps every length shows at the next tick ([`StoredFields::xor`]).
+    /// What a load that is not a tick compares before skipping the fields
+    /// (`len:<data and log fields>:<length of group>:<blocks>:<block lengths>:<length of each member's field>,...`):
+    /// a field deleted or added, or the group's, a loaded member's or any shard block's field replaced by one of
+    /// another length, makes it read everything instead (and the full load then fails closed on what it cannot
+    /// parse). An edit that keeps every length shows at the next tick's digest ([`StoredFields::xor`]).
+    ///
+    /// Every decision reads the whole shard table (a heartbeat reconciles against every shard's owner and
+    /// target, a join reassigns them all), so every `s:` block is a field the load uses; `<block lengths>` is
+    /// [`block_lengths_checksum`] of their lengths in block order. Why that and not the lengths themselves, or
+    /// their sum: the lengths would put 4,096 numbers (some 20 KB) on every heartbeat of a group of 65,536
+    /// shards, and a sum misses two edits that cancel out; the checksum is at most 10 digits whatever the shard
+    /// count. The script's side is one `HSTRLEN` per block: O(shards / 16) Redis calls, each O(1), per load.
     pub fn shape(&self, members: &[&MemberId]) -> String {
         let len = |name: &str| self.marks.get(name).map_or(0, |(_, _, l)| *l);
         let lens: Vec<String> = members.iter().map(|m| len(&member_field(m)).to_string()).collect();
+        // The blocks a resolved load holds are `s:0 .. s:<count - 1>` (a load checks it); a gap reads as length
+        // 0, which no stored block has, so it cannot match. One pass over the marks, no name formatted: this
+        // runs before every load.
+        let blocks = self.marks.keys().filter(|n| n.starts_with("s:")).count();
+        let mut block_lens = vec![0; blocks];
+        for (name, (_, _, l)) in &self.marks {
+            let k = name.strip_prefix("s:").and_then(|k| k.parse::<usize>().ok());
+            if let Some(slot) = k.and_then(|k| block_lens.get_mut(k)) {
+                *slot = *l;
+            }
+        }
         format!(
-            "len:{}:{}:{}",
+            "len:{}:{}:{blocks}:{}:{}",
             self.marks.len() + self.logs.len(),
             len(HEAD),
+            block_lengths_checksum(&block_lens),
             lens.join(",")
         )
     }
@@ -310,10 +338,21 @@ pub enum GroupRead {
     Hit,
     /// Every field of the hash (header, data and log fields alike).
     Full(Vec<(String, Vec<u8>)>),
-    /// The log entries after the cached revision and the fields they name (`None`: the field is gone).
-    Delta(Vec<(String, Option<Vec<u8>>)>),
+    /// The log entries after the cached revision and the fields they name, and the stored hash's shape.
+    Delta(DeltaRead),
     /// The whole document of the layout before fields (`schemaVersion` 1).
     Aggregate(Vec<u8>),
+}
+
+/// What a delta load sent.
+#[derive(Debug)]
+pub struct DeltaRead {
+    /// The log entries after the cached revision and the fields they name (`None`: the field is gone).
+    pub fields: Vec<(String, Option<Vec<u8>>)>,
+    /// The stored hash's count of data and log fields, length of `group` and shard blocks' lengths, in the form
+    /// of [`StoredFields::shape`] without members: the marks after the changes must show the same, or a field
+    /// the delta did not send (served from the cache) changed outside a commit.
+    pub shape: String,
 }
 
 /// A load made whole: the metadata and its fields' marks.
@@ -396,7 +435,12 @@ fn parse_field(name: &str, stored: &[u8], revision: u64) -> Result<(u64, Piece),
         )
     } else if let Some(k) = name.strip_prefix("s:") {
         let k = decimal(k).ok_or_else(|| bad("is unknown".into()))?;
-        let k = usize::try_from(k).map_err(|_| bad("is unknown".into()))?;
+        // No table holds a block past the last one of `MAX_SHARDS`: a name beyond it is not ours (and would
+        // make a delta grow the table to it).
+        let k = usize::try_from(k)
+            .ok()
+            .filter(|k| *k < (MAX_SHARDS as usize).div_ceil(SHARDS_PER_BLOCK))
+            .ok_or_else(|| bad("is unknown".into()))?;
         Piece::Block(
             k,
             serde_json::from_slice(json).map_err(|e| bad(format!("is unreadable: {e}")))?,
@@ -495,11 +539,19 @@ pub fn resolve(
             Ok((meta, StoredFields::default()))
         }
         GroupRead::Full(pairs) => full(pairs, revision),
-        GroupRead::Delta(pairs) => {
+        GroupRead::Delta(read) => {
             let Some((meta, marks)) = cached else {
                 return Err("a delta load without a cached group".into());
             };
-            delta(pairs, revision, meta, marks)
+            let resolved = delta(&read.fields, revision, meta, marks)?;
+            if resolved.1.shape(&[]) != read.shape {
+                return Err(
+                    "a field changed outside a commit: the stored fields' count or lengths are not the \
+                     ones the changes leave"
+                        .into(),
+                );
+            }
+            Ok(resolved)
         }
     }
 }

@@ -67,7 +67,24 @@ impl Hash {
             let v = self.fields.get(&n).cloned();
             out.push((n, v));
         }
-        GroupRead::Delta(out)
+        GroupRead::Delta(DeltaRead {
+            fields: out,
+            shape: self.shape(),
+        })
+    }
+
+    /// What `GROUP_LOAD` reports of the stored hash with a delta: the count of data and log fields (the model
+    /// holds no header), the length of `group`, and the blocks' lengths up to the first missing block.
+    fn shape(&self) -> String {
+        let len = |name: &str| self.fields.get(name).map(Vec::len);
+        let lens: Vec<usize> = (0..).map_while(|k| len(&block_field(k))).collect();
+        format!(
+            "len:{}:{}:{}:{}:",
+            self.fields.len(),
+            len(HEAD).unwrap_or(0),
+            lens.len(),
+            block_lengths_checksum(&lens)
+        )
     }
 
     fn rev(&self) -> StoreRevision {
@@ -116,6 +133,10 @@ fn check_history(shards: u32, ops: &[u8]) {
         hash.commit(&changes);
         let (meta, marks) = resolve(&hash.full(), hash.rev(), None).unwrap();
         assert_eq!(meta, h.meta, "full load");
+        assert!(
+            marks.shape(&[]).starts_with(&hash.shape()),
+            "what a load at this revision compares is what the hash holds"
+        );
         for (cached, cached_marks) in held.iter().rev().take(LOG_KEEP as usize) {
             let (m, mk) = resolve(
                 &hash.delta(cached_marks.revision),
@@ -259,11 +280,11 @@ fn a_delta_that_does_not_cover_the_revisions_is_refused() {
     let before = m.meta.clone();
     m.join("b");
     hash.commit(&changed_fields(&before, &m.meta));
-    let GroupRead::Delta(mut pairs) = hash.delta(1) else {
+    let GroupRead::Delta(mut read) = hash.delta(1) else {
         unreachable!()
     };
-    pairs.retain(|(n, _)| n != &log_field(2));
-    let e = resolve(&GroupRead::Delta(pairs), hash.rev(), Some((&held.0, &held.1))).unwrap_err();
+    read.fields.retain(|(n, _)| n != &log_field(2));
+    let e = resolve(&GroupRead::Delta(read), hash.rev(), Some((&held.0, &held.1))).unwrap_err();
     assert!(e.contains("incomplete"), "{e}");
 }
 
@@ -279,4 +300,70 @@ fn digests_match_what_the_scripts_compute() {
     let d = field_digest("group", b"1:{}");
     let full = sha1_smol::Sha1::from(b"group\n1:{}".as_slice()).digest().to_string();
     assert_eq!(digest_hex(d), full[..16]);
+}
+
+#[test]
+fn a_shard_block_edited_outside_a_commit_is_refused_by_a_delta_that_does_not_send_it() {
+    let h = Harness::new(40);
+    let mut hash = created(&h);
+    let held = resolve(&hash.full(), hash.rev(), None).unwrap();
+    // A commit that rewrites `group` alone (the same document, newly stamped): the delta sends no block.
+    let head = all_fields(&h.meta).remove(0);
+    hash.commit(&[(head.0, Some(head.1))]);
+    let GroupRead::Delta(read) = hash.delta(1) else {
+        unreachable!()
+    };
+    assert!(resolve(&GroupRead::Delta(read), hash.rev(), Some((&held.0, &held.1))).is_ok());
+    // Every block in turn, one byte shorter (stamp kept).
+    for k in 0..3 {
+        let mut bad = hash.clone();
+        let name = block_field(k);
+        let mut value = bad.fields[&name].clone();
+        value.pop();
+        bad.fields.insert(name.clone(), value);
+        let GroupRead::Delta(read) = bad.delta(1) else {
+            unreachable!()
+        };
+        assert!(read.fields.iter().all(|(n, _)| n != &name), "{name} is not sent");
+        let e = resolve(&GroupRead::Delta(read), bad.rev(), Some((&held.0, &held.1))).unwrap_err();
+        assert!(e.contains("outside a commit"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn the_shape_names_every_shard_block_length_in_order() {
+    // What the load script computes, in Lua's doubles: ((0 * B + 1021) * B + 7) * B + 350 mod (2^31 - 1).
+    let (b, p) = (1_000_003u128, 2_147_483_647u128);
+    let want = ((1021 * b + 7) % p * b + 350) % p;
+    assert_eq!(u128::from(block_lengths_checksum(&[1021, 7, 350])), want);
+    assert_eq!(block_lengths_checksum(&[]), 0);
+    // The largest intermediate value stays exact in a double: below 2^53.
+    assert!((p - 1) * b + (1 << 29) < 1 << 53);
+    let h = Harness::new(40);
+    let hash = created(&h);
+    let (_, marks) = resolve(&hash.full(), hash.rev(), None).unwrap();
+    let shape = marks.shape(&[]);
+    let mut swapped = marks.clone();
+    let (a, b) = (swapped.marks[&block_field(0)], swapped.marks[&block_field(2)]);
+    swapped.marks.insert(block_field(0), (a.0, a.1, a.2 + 1));
+    swapped.marks.insert(block_field(2), (b.0, b.1, b.2 - 1));
+    assert_ne!(swapped.shape(&[]), shape, "two length changes that keep the sum");
+    assert!(
+        shape.starts_with(&format!("len:{}:", marks.marks.len() + marks.logs.len())),
+        "{shape}"
+    );
+    assert!(shape.contains(":3:"), "three blocks: {shape}");
+}
+
+#[test]
+fn a_block_beyond_the_largest_table_is_refused_not_allocated() {
+    // A delta would have grown the shard table to the block's position (16 x 10^11 records) before any check.
+    let h = Harness::new(8);
+    let mut hash = created(&h);
+    let held = resolve(&hash.full(), hash.rev(), None).unwrap();
+    hash.commit(&[("s:100000000000".into(), Some("[]".into()))]);
+    let e = resolve(&hash.delta(1), hash.rev(), Some((&held.0, &held.1))).unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
+    let e = resolve(&hash.full(), hash.rev(), None).unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
 }

@@ -7,7 +7,7 @@ use protocol::StoreRevision;
 use redis::Value;
 
 use super::decode::{check_versions, committed, corrupt, int, text, value_text, Fields};
-use super::group_fields::{GroupRead, AGGREGATE_SCHEMA};
+use super::group_fields::{DeltaRead, GroupRead, AGGREGATE_SCHEMA};
 use super::section::{Ask, Attempt};
 use super::section_data::{Cached, Committed, LivenessScope, Loaded, SectionKeys, Write};
 use super::Store;
@@ -203,7 +203,10 @@ fn parse_group_loaded(reply: &[Value], keys: &SectionKeys) -> Result<Loaded, Sto
                 let name = value_text(&pair[0])?;
                 out.push((name, bytes(pair.get(1))?));
             }
-            Some(GroupRead::Delta(out))
+            Some(GroupRead::Delta(DeltaRead {
+                fields: out,
+                shape: text(reply, 13)?,
+            }))
         }
         other => return Err(StoreError::Protocol(format!("GROUP_LOAD answered kind {other:?}"))),
     };

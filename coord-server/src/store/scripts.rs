@@ -196,20 +196,51 @@ local function xor_of(key)
   end
   return bit.tohex(hi, 8) .. bit.tohex(lo, 8)
 end
--- The O(members) check of a load that skips the fields (see `StoredFields::shape`).
-local function same_shape(key, f, check, members)
-  local n, head, rest = string.match(check, '^len:(%d+):(%d+):(.*)$')
-  if not n then return true end
+-- The check of a load that skips the fields (see `StoredFields::shape`): the count of fields, then the length of
+-- `group`, of the batch's members and of every shard block, each by `HSTRLEN` (O(1), no bytes copied). The block
+-- lengths travel as one checksum, so the argument stays short at 65,536 shards. What a block costs is the
+-- `HSTRLEN` call alone: its name is built by concatenation and the checksum by arithmetic, since formatting a
+-- number (`string.format`, `table.concat` of numbers) costs as much as the call. A check that does not parse
+-- never matches (read everything).
+local DIGITS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+local function data_count(key, f)
   local present = 0
   for i = 1, 6 do if f[i] then present = present + 1 end end
-  if redis.call('HLEN', key) - present ~= tonumber(n) then return false end
+  return redis.call('HLEN', key) - present
+end
+-- The blocks `s:0 .. s:<count - 1>` (without a count: up to the first missing one), and the checksum of their
+-- lengths h = (h * 1000003 + length) mod (2^31 - 1), exact in Lua's doubles (below 2^52) with `math.fmod`.
+local function block_lengths(key, count)
+  local num, h, k = {}, 0, 0
+  while not count or k < count do
+    local n = k < 10 and DIGITS[k + 1] or num[math.floor(k / 10)] .. DIGITS[k % 10 + 1]
+    num[k] = n
+    local l = redis.call('HSTRLEN', key, 's:' .. n)
+    if not count and l == 0 then break end
+    h = math.fmod(h * 1000003 + l, 2147483647)
+    k = k + 1
+  end
+  return k, h
+end
+local function same_shape(key, f, check, members)
+  local n, head, blocks, sum, rest = string.match(check, '^len:(%d+):(%d+):(%d+):(%d+):(.*)$')
+  if not n then return false end
+  if data_count(key, f) ~= tonumber(n) then return false end
   if redis.call('HSTRLEN', key, 'group') ~= tonumber(head) then return false end
   local i = 0
   for l in string.gmatch(rest, '%d+') do
     i = i + 1
     if not members[i] or redis.call('HSTRLEN', key, 'm:' .. members[i]) ~= tonumber(l) then return false end
   end
-  return true
+  local _, h = block_lengths(key, tonumber(blocks))
+  return h == tonumber(sum)
+end
+-- The same facts of the stored hash, for the caller to compare once it has applied a delta (it alone knows the
+-- lengths the changes leave). Members are left out: the ones the delta changed were sent, and the batch's are
+-- compared on the next load at this revision.
+local function stored_shape(key, f)
+  local k, h = block_lengths(key, nil)
+  return string.format('len:%d:%d:%d:%d:', data_count(key, f), redis.call('HSTRLEN', key, 'group'), k, h)
 end
 local function hmget(key, names)
   local out = {}
@@ -224,10 +255,12 @@ end
 "#;
 
 /// `LOAD` of a group hash in fields: validates the header, then takes the mutex and reads as `LOAD` does, and
-/// of the data: nothing while the caller's cached revision is current (on ticks, checked by the XOR of every
-/// field's digest: any edit outside a commit shows); the log entries after it and the fields they name while
-/// they are all kept; everything (`HGETALL`) otherwise; the `aggregate` of a hash still in the layout before
-/// fields (`schemaVersion` 1), which the section converts.
+/// of the data: nothing while the caller's cached revision is current (checked by the count of fields and the
+/// lengths of the group's, the batch's members' and every shard block's field; on ticks once a minute by the XOR
+/// of every field's digest instead, so any edit outside a commit shows); the log entries after it and the fields
+/// they name while they are all kept, with the count and lengths of the stored fields for the caller to compare
+/// once it has applied them; everything (`HGETALL`) otherwise; the `aggregate` of a hash still in the layout
+/// before fields (`schemaVersion` 1), which the section converts.
 ///
 /// ARGV: token, ttl ms, cached revision, check (`xor:<16 hex>` on ticks, else `len:...`, see
 /// `StoredFields::shape`), schema, legacy schema, layout, liveness scope, members...
@@ -253,7 +286,7 @@ if holder and holder ~= '' and holder ~= ARGV[1] then return {0, holder} end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 local t = redis.call('TIME')
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-local kind, data = '', {}
+local kind, data, shape = '', {}, ''
 if f[1] then
   if f[3] == ARGV[6] then
     kind = 'aggregate'
@@ -284,13 +317,14 @@ if f[1] then
       if kind == 'delta' then
         local vals = hmget(KEYS[1], wanted)
         for i = 1, #wanted do data[#data + 1] = wanted[i]; data[#data + 1] = vals[i] end
+        shape = stored_shape(KEYS[1], f)
       end
     end
   end
   if kind == 'full' then data = redis.call('HGETALL', KEYS[1]) end
 end
 return {1, t[1], t[2], f[1] or '', f[2] or '0', f[3] or '', f[4] or '', kind, data, live, f[5] or '', run,
-  redis.call('EXISTS', KEYS[2])}
+  redis.call('EXISTS', KEYS[2]), shape}
 "#;
 
 /// `COMMIT` of a group hash in fields: validates everything it reads or overwrites (header, revisions, run id,
