@@ -110,6 +110,7 @@ impl Config {
                     "give_backs" => b.give_backs = n,
                     "replacements" => b.replacements = n,
                     "creeps" => b.creeps = n,
+                    "index_damages" => b.index_damages = n,
                     other => panic!("MODEL_CHECK_BUDGET: unknown fault kind {other:?}"),
                 }
             }
@@ -126,6 +127,7 @@ impl Config {
                 give_backs: f,
                 replacements: f,
                 creeps: f,
+                index_damages: f.min(1),
             };
         }
         c

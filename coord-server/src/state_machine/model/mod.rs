@@ -47,6 +47,9 @@ pub enum Bug {
     /// A client's report of a higher routing version or shard count restores a growth to the reported count, as
     /// the coordinator did before "Redis is the evidence": a forged report grows the stream.
     BelieveReports,
+    /// The tick gives up before the safety sweep when it cannot read the due index, as it did before issue 39: a
+    /// damaged index stops every expiry.
+    TickStopsOnDamagedIndex,
 }
 
 thread_local! {
@@ -283,6 +286,29 @@ mod tests {
         let c = run(&config).expect_err("the injected bug is found");
         assert!(c.violation.contains("liveness"), "{c}");
         assert!(c.trace.iter().any(|l| l.contains("crashes")), "{c}");
+    }
+
+    /// Issue 39: a due index of the wrong type made the tick skip itself, sweep included; a crashed member kept its
+    /// shards for good.
+    #[test]
+    fn model_check_finds_a_tick_that_stops_on_a_damaged_due_index() {
+        inject(Bug::TickStopsOnDamagedIndex);
+        let mut config = Config::ci();
+        config.depth = 2;
+        config.budget.index_damages = 1;
+        let c = run(&config).expect_err("the injected bug is found");
+        assert!(c.violation.contains("liveness"), "{c}");
+        assert!(c.trace.iter().any(|l| l.contains("due index is damaged")), "{c}");
+    }
+
+    /// The tick's visits do not depend on the due index: with it damaged, every property holds.
+    #[test]
+    fn model_check_holds_with_a_damaged_due_index() {
+        let mut config = Config::ci();
+        config.budget.index_damages = 1;
+        if let Err(c) = run(&config) {
+            panic!("{c}");
+        }
     }
 
     #[test]

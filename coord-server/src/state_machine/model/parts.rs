@@ -95,6 +95,9 @@ pub struct Budget {
     pub replacements: u8,
     /// A process's version store is damaged: it reports versions no coordinator issued from then on.
     pub creeps: u8,
+    /// The due index (`redis-stream:coord:due`) is damaged (a key of the wrong type, garbage members): no tick
+    /// can read it from then on.
+    pub index_damages: u8,
 }
 
 impl Budget {
@@ -108,6 +111,7 @@ impl Budget {
         give_backs: 0,
         replacements: 0,
         creeps: 0,
+        index_damages: 0,
     };
 }
 
@@ -147,6 +151,8 @@ pub enum Action {
     Crash(u8),
     /// The coordinator's periodic tick.
     Tick,
+    /// The due index is damaged for good (wrong type, garbage): the tick's visits must not depend on it.
+    DamageDueIndex,
     /// Time moves one interval; client leases and member TTLs may run out.
     Advance,
     /// The coordinator restarts: its memory is lost.

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use super::super::{apply, create_group, Clock, Input, Liveness, Outcome, Transition};
 use super::config::Config;
+use super::{injected, Bug};
 use super::parts::{
     describe_answer, describe_request, ids, instance, member, Action, Answer, Budget, Client, InFlight, Redis,
     ShellMemory, Violation, INTERVAL, LEASE, REBALANCE, START_MS, TTL,
@@ -37,6 +38,8 @@ pub struct World {
     pub readers: BTreeMap<ShardId, ((u8, u32), FencingToken)>,
     /// Correction rounds opened so far (the fair suffix may open at most one: see [`World::settle`]).
     pub rounds_opened: u32,
+    /// The due index is damaged: a tick cannot read it (see [`Action::DamageDueIndex`]).
+    pub due_index_damaged: bool,
 }
 
 impl World {
@@ -91,6 +94,7 @@ impl World {
             budget: config.budget,
             readers: BTreeMap::new(),
             rounds_opened: 0,
+            due_index_damaged: false,
         };
         // Warm up with fault-free rounds until the assignment is settled.
         for _ in 0..12 {
@@ -153,6 +157,9 @@ impl World {
         }
         out.push(Action::Tick);
         out.push(Action::Advance);
+        if self.budget.index_damages > 0 && !self.due_index_damaged {
+            out.push(Action::DamageDueIndex);
+        }
         if self.budget.coord_crashes > 0 {
             out.push(Action::CoordinatorCrash);
         }
@@ -315,7 +322,17 @@ impl World {
                 self.budget.crashes -= 1;
                 format!("slot {m} crashes")
             }
+            Action::Tick if self.due_index_damaged && injected(Bug::TickStopsOnDamagedIndex) => {
+                "tick: cannot read the due index; skipping this tick".to_owned()
+            }
+            Action::DamageDueIndex => {
+                self.budget.index_damages -= 1;
+                self.due_index_damaged = true;
+                "the due index is damaged (a key of the wrong type)".to_owned()
+            }
             Action::Tick => {
+                // `tick.rs`: the safety sweep visits every group whatever the due index says, so a damaged index
+                // delays a visit by at most one sweep period; the model's tick is that visit.
                 let (t, clock) = self.run(|meta, live, clock| apply(meta, live, Input::Tick { routing: None }, clock));
                 self.commit(&t, clock, None)?;
                 format!("tick: {:?}", t.events)
