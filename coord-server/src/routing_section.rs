@@ -16,6 +16,7 @@ use protocol::reshard::{Birth, MAX_RECORDED_GROWTHS};
 use protocol::{RoutingVersion, ShardId, StoreRevision};
 
 use crate::error::Error;
+use crate::quota::TokenQuota;
 use crate::section::{unavailable, Section, Verdict};
 use crate::state_machine;
 use crate::state_machine::routing::{Evidence, Plan, Report, SealTodo, Why};
@@ -223,7 +224,8 @@ pub(crate) fn ensure(
 /// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given: from the
 /// routing as restored first (a growth Redis lost is restored as it was, never recreated over its records), with
 /// its parents sealed and its children recorded before it is committed. After a loss of the routing hash (a new
-/// run id) the version skips past every number the lost history may have issued.
+/// run id) the version skips past every number the lost history may have issued. A growth past `quota`'s shard
+/// limit is refused here, under the routing mutex, so the count checked is the count grown.
 pub(crate) fn grow(
     stats: &Stats,
     loaded: &Loaded,
@@ -231,6 +233,7 @@ pub(crate) fn grow(
     stream: &StreamName,
     count: u32,
     if_match: Option<StoreRevision>,
+    quota: Option<&TokenQuota>,
 ) -> Result<RoutingStep, Error> {
     let Some(rev) = loaded.revision else {
         return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
@@ -244,6 +247,9 @@ pub(crate) fn grow(
         return Err(Error::InvalidRequest(format!(
             "a stream has at most {MAX_SHARDS} shards"
         )));
+    }
+    if let Some(q) = quota {
+        q.check_growth(stats, stream, base.shard_count, count)?;
     }
     let mut next = state_machine::add_shards(&base, count);
     if loaded.run_id_changed() && base.routing_version == decode(stats, loaded)?.routing_version {

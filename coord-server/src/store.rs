@@ -54,7 +54,8 @@
 //!   streams and fences; one store serves both when no metadata Redis is configured.
 //! * [`nodes`]: what every master of a cluster answers; [`lag`]: the lag scrape; [`usage`]: shard length and
 //!   memory; [`traces`]: "never created" or
-//!   "lost"; [`reshard`]: the seal, record and drain scripts of resharding.
+//!   "lost"; [`reshard`]: the seal, record and drain scripts of resharding; `quota_mutex`: a token's group-create
+//!   mutex.
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -88,6 +89,7 @@ mod group_io;
 mod index;
 pub mod lag;
 pub mod nodes;
+mod quota_mutex;
 pub mod reshard;
 mod scripts;
 mod section;

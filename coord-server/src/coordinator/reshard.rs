@@ -15,6 +15,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{routing_description, Coordinator};
 use crate::error::Error;
 use crate::missing_metadata;
+use crate::quota::TokenQuota;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
@@ -42,6 +43,22 @@ impl Coordinator {
         count: u32,
         if_match: Option<StoreRevision>,
     ) -> Result<RoutingDescription, Error> {
+        self.add_shards_within(stream, count, if_match, None).await
+    }
+
+    /// As [`Coordinator::add_shards`], refused with `QUOTA_EXCEEDED` (nothing written) when the stream would have
+    /// more shards than `quota` allows per group (`None`: no quota). The limit is checked in the routing
+    /// section's decision, on the count it grows, so concurrent growths on any replicas stop at it.
+    ///
+    /// # Errors
+    /// As [`Coordinator::add_shards`], and `QUOTA_EXCEEDED`.
+    pub async fn add_shards_within(
+        &self,
+        stream: &StreamName,
+        count: u32,
+        if_match: Option<StoreRevision>,
+        quota: Option<&TokenQuota>,
+    ) -> Result<RoutingDescription, Error> {
         // Checked before If-Match and the stored count, so an impossible count is refused as such whatever is stored.
         if count == 0 || count >= MAX_SHARDS {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
@@ -50,7 +67,7 @@ impl Coordinator {
         let grown = self
             .probing_routing_section(stream, |loaded, probed| {
                 absent = loaded.revision.is_none();
-                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match)
+                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match, quota)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await;

@@ -393,7 +393,7 @@ impl RoutingWorld {
                 self.budget.growths -= 1;
                 let loaded = self.loaded();
                 let probed = self.probe();
-                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None)
+                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None, None)
                     .map_err(|e| format!("add-shards refused: {e}"))?;
                 let RoutingStep::Prepare(next, prep) = step else {
                     return Err("add-shards decided to write nothing".into());
