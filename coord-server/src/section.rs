@@ -228,7 +228,7 @@ impl MutexWait {
     }
 
     /// How long it has waited so far.
-    pub(crate) fn waited(&self) -> Duration {
+    fn waited(&self) -> Duration {
         self.started.elapsed()
     }
 }

@@ -126,6 +126,9 @@ pub struct Store {
     /// The Redis of the shard streams and their fences when the metadata has a Redis of its own (`None`: this
     /// one holds both). See [`Store::data`].
     data: Option<Arc<Store>>,
+    /// This process's queue per token group-create mutex: its creates of one token wait here in turn, so one
+    /// of them at a time asks Redis (see `quota_mutex`).
+    quota_queues: quota_mutex::Queues,
 }
 
 impl std::fmt::Debug for Store {
@@ -155,6 +158,7 @@ impl Store {
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
             data: None,
+            quota_queues: Arc::default(),
         }
     }
 

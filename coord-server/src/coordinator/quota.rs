@@ -201,6 +201,26 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Refuses a growth of `stream` by `count` that the stored shard count already takes past `who`'s quota,
+    /// read without the routing mutex: a token at its quota is refused without queueing on the stream's routing.
+    /// A refusal is sound unlocked (the stream had those shards); an admission is not, and `routing_section::grow`
+    /// checks again on the count it grows.
+    ///
+    /// # Errors
+    /// `QUOTA_EXCEEDED`.
+    pub(super) async fn check_growth_unlocked(
+        &self,
+        who: &TokenQuota,
+        stream: &StreamName,
+        count: u32,
+    ) -> Result<(), Error> {
+        match self.stored_shard_count(stream).await {
+            Some(current) => who.check_growth(&self.inner.stats, stream, current, count),
+            // A stream without readable routing is the growth's own refusal.
+            None => Ok(()),
+        }
+    }
+
     /// What a token reaching `access` uses of the limits `q`: groups from the index, the largest stream and the
     /// largest group (one command per group and per stream: for an operator's view, not a hot path).
     ///

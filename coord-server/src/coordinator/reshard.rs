@@ -63,6 +63,9 @@ impl Coordinator {
         if count == 0 || count >= MAX_SHARDS {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
         }
+        if let Some(q) = quota {
+            self.check_growth_unlocked(q, stream, count).await?;
+        }
         let (inner, mut absent) = (&self.inner, false);
         let grown = self
             .probing_routing_section(stream, |loaded, probed| {

@@ -18,12 +18,15 @@
 //!   sections overlap, where the revision compare-and-set decides; here nothing does, so the quota may then be
 //!   passed by one.
 //!
-//! Only group creates and recreates take it: heartbeats, ticks and routing reads never do.
+//! Only group creates and recreates take it: heartbeats, ticks and routing reads never do. A replica's own creates
+//! of one token queue locally first ([`Store::quota_queue`]), so one of them at a time polls Redis.
 
 use std::time::Duration;
 
 use protocol::keys;
+use tokio::sync::OwnedMutexGuard;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::coordinator::Coordinator;
@@ -41,6 +44,8 @@ pub(in crate::coordinator) struct QuotaLock {
     token: Token,
     /// Renews the TTL while the create runs; aborted on release and on drop (it holds nothing to clean up).
     renewer: JoinHandle<()>,
+    /// This process's turn in the token's local queue, given up after the mutex.
+    _turn: OwnedMutexGuard<()>,
 }
 
 impl Coordinator {
@@ -52,23 +57,31 @@ impl Coordinator {
         let (store, stats) = (&self.inner.store, &self.inner.stats);
         let ttl = self.inner.config.mutex_ttl;
         let key = keys::quota_mutex(&who.name);
+        let limit = self.inner.config.critical_section_timeout;
+        let started = Instant::now();
+        let Ok(turn) = tokio::time::timeout(limit, store.quota_queue(&key).lock_owned()).await else {
+            stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
+            let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return Err(StoreError::MutexBusy { key, waited_ms }.into());
+        };
         let token = store.token();
-        let mut wait = MutexWait::new(self.inner.config.critical_section_timeout);
+        let mut wait = MutexWait::new(limit.saturating_sub(started.elapsed()));
         loop {
             if store.try_take_quota_mutex(&key, &token, ttl).await? {
-                stats.observe_mutex_wait(wait.waited());
+                stats.observe_mutex_wait(started.elapsed());
                 let renewer = tokio::spawn(renew(store.clone(), key.clone(), token.to_string(), ttl));
                 return Ok(QuotaLock {
                     store: store.clone(),
                     key,
                     token,
                     renewer,
+                    _turn: turn,
                 });
             }
             stats.mutex_busy.fetch_add(1, Ordering::Relaxed);
             let Some(pause) = wait.next_pause() else {
                 stats.mutex_timeouts.fetch_add(1, Ordering::Relaxed);
-                let waited_ms = u64::try_from(wait.waited().as_millis()).unwrap_or(u64::MAX);
+                let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                 return Err(StoreError::MutexBusy { key, waited_ms }.into());
             };
             tokio::time::sleep(pause).await;
