@@ -577,3 +577,89 @@ async fn the_quota_mutex_is_renewed_and_freed_only_by_its_holder() {
         "a freed mutex is not renewed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_slower_than_the_mutex_ttl_keeps_its_tokens_mutex() {
+    let redis = RedisServer::start().await;
+    let table = "admin:tenant-a.:admin-a name=tenant-a-admin groups=2 shards=65536\nadmin:*:operator name=platform";
+    let spawn = || async {
+        let mut c = common::config(&redis.url());
+        c.tokens = Grant::parse_table(table).expect("table");
+        // The slow create is answered, however slow the machine.
+        c.request_timeout = Duration::from_secs(60);
+        c.shutdown_grace = Duration::from_secs(61);
+        CoordinatorHandle::spawn(c).await.expect("coordinator starts")
+    };
+    let (first, second) = (spawn().await, spawn().await);
+    let a1 = Api::new(first.url()).with_token("admin-a");
+    let a2 = Api::new(second.url()).with_token("admin-a");
+    // One of tenant a's two groups, on a stream whose routing then exists.
+    Api::new(first.url())
+        .with_token("operator")
+        .create_group("tenant-a.old", "g0", 1)
+        .await;
+
+    // A create of a new stream of 65,536 shards on the first replica writes as many shard records before it
+    // indexes its group, holding the token's mutex for longer than its 900 ms TTL.
+    let started = Instant::now();
+    let slow = tokio::spawn({
+        let a1 = a1.clone();
+        async move {
+            a1.post(&protocol::routes::group("tenant-a.new", "g1"), &create_req(65_536))
+                .await
+        }
+    });
+    let mut con = redis.connection().await;
+    let mutex = protocol::keys::quota_mutex("tenant-a-admin");
+    wait_until(Duration::from_secs(5), "the slow create holds the mutex", || {
+        let (mut con, mutex) = (con.clone(), mutex.clone());
+        async move {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(&mutex)
+                .query_async(&mut con)
+                .await
+                .expect("EXISTS");
+            n == 1
+        }
+    })
+    .await;
+    // Meanwhile creates on the second replica find the mutex held (renewed) and answer 503, however long the
+    // slow one takes; had it expired, one of them would count one group and create a third.
+    let mut tries = Vec::new();
+    let mut i = 0;
+    while !slow.is_finished() {
+        i += 1;
+        let resp = a2
+            .post(
+                &protocol::routes::group("tenant-a.old", &format!("g{i}")),
+                &create_req(1),
+            )
+            .await;
+        tries.push(resp.status());
+        // A 429: the slow create's group is indexed, and the count holds from now on.
+        if resp.status() != StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+    }
+    let slow = slow.await.expect("the slow create");
+    let took = started.elapsed();
+    println!(
+        "slow create: {} after {took:?}; creates meanwhile: {tries:?}",
+        slow.status()
+    );
+    assert_eq!(slow.status(), StatusCode::CREATED);
+    assert!(
+        tries
+            .iter()
+            .all(|s| *s == StatusCode::SERVICE_UNAVAILABLE || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{tries:?}"
+    );
+    let indexed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(protocol::keys::groups_index())
+        .query_async(&mut con)
+        .await
+        .expect("SMEMBERS");
+    assert_eq!(indexed.len(), 2, "{indexed:?}");
+    first.shutdown().await;
+    second.shutdown().await;
+}
