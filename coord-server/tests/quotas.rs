@@ -1,7 +1,9 @@
 //! Quotas per token over HTTP, against an in-process coordinator on a real Redis: each quota (groups, shards per
 //! group, members per group, request rate) refused with `429`, `Retry-After` and a typed status, with nothing
 //! changed in Redis; requests under the limit accepted; one token at its limits does not touch another's; the
-//! caller's usage on `GET /v1/quota` and `/status`; the refusals counted in `/metrics`.
+//! caller's usage on `GET /v1/quota` and `/status`; the refusals counted in `/metrics`. Under concurrency: 50
+//! creates or add-shards of one token over two replicas end at exactly the quota, and the token's group-create
+//! mutex (`coordinator/quota/lock.rs`) outlives a slow create and gives way to a dead holder by its TTL.
 
 mod common;
 
