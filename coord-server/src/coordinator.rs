@@ -421,7 +421,8 @@ impl Coordinator {
     /// [`Error::MetadataUnavailable`] when the stream has no routing.
     pub async fn describe_routing(&self, stream: &StreamName) -> Result<RoutingDescription, Error> {
         let (rev, r) = self.read_routing(stream).await?;
-        let probed = routing_section::probe(&self.inner.store, stream, r.shard_count, self.growth_ceiling(stream)).await?;
+        let probed =
+            routing_section::probe(&self.inner.store, stream, r.shard_count, self.growth_ceiling(stream)).await?;
         Ok(routing_description(&r, rev, Some(&probed)))
     }
 

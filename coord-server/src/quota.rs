@@ -9,9 +9,12 @@
 //!
 //! What each quota counts, and where it is checked:
 //! * groups: the groups on the streams the token's prefixes reach, counted from the groups index in Redis at
-//!   create (so every replica counts the same); a concurrent create by the same token may overshoot by the
-//!   creates in flight;
-//! * shards per group: the shard count of the stream a group reads, at create and at add-shards;
+//!   create and recreate (so every replica counts the same), under the token's group-create mutex in Redis, held
+//!   from the count until the new group is indexed (`coordinator/quota/lock.rs`): concurrent creates of one token,
+//!   over any replicas, stop at the quota;
+//! * shards per group: the shard count of the stream a group reads, at create (the stream's stored count, or the
+//!   create's) and at add-shards, where [`TokenQuota::check_growth`] runs in the routing section's decision, under
+//!   the stream's routing mutex: the count checked is the count grown, so concurrent add-shards stop at the quota;
 //! * members per group: at join, inside the group's critical section, by the pure core
 //!   (`state_machine::quota`): a join past it is refused and writes nothing;
 //! * request rate: before the request's body is read, per replica (N replicas admit up to N times the rate).
@@ -19,7 +22,13 @@
 pub mod bucket;
 pub mod principals;
 
+use protocol::metadata::MAX_SHARDS;
+use protocol::names::StreamName;
+use protocol::Status;
 use std::fmt;
+
+use crate::error::Error;
+use crate::stats::Stats;
 
 /// The limits of one token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +109,57 @@ impl fmt::Display for Quota {
             "groups={} shards={} members={} rate={} burst={}",
             self.groups, self.shards_per_group, self.members_per_group, self.requests_per_second, self.request_burst
         )
+    }
+}
+
+/// A token's name and limits, as a request carries them into the operation that spends them (owned: a mutation
+/// runs in a task of its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenQuota {
+    /// The token's name (`principals::Principal::name`): it names the token in refusals and its mutex in Redis.
+    pub name: String,
+    /// Its limits.
+    pub quota: Quota,
+}
+
+impl TokenQuota {
+    /// Refuses growing `stream` from `current` shards by `count` past this token's shard quota, counted. Call it
+    /// where the growth is decided, on the count it grows from. A total no stream may have is left to the growth
+    /// to refuse (a `400`: no quota would ever admit it).
+    ///
+    /// # Errors
+    /// `QUOTA_EXCEEDED`.
+    pub(crate) fn check_growth(
+        &self,
+        stats: &Stats,
+        stream: &StreamName,
+        current: u32,
+        count: u32,
+    ) -> Result<(), Error> {
+        let limit = self.quota.shards_per_group;
+        let after = u64::from(current) + u64::from(count);
+        if after > u64::from(limit) && after <= u64::from(MAX_SHARDS) {
+            return Err(exceeded(
+                stats,
+                "shards",
+                format!(
+                    "stream {stream} would grow from {current} to {after} shards, token {}'s quota allows {limit} per \
+                     group: no shard was added",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A `QUOTA_EXCEEDED` refusal of the `quota` named (`groups`, `shards`, `members`), counted.
+pub(crate) fn exceeded(stats: &Stats, quota: &'static str, message: String) -> Error {
+    stats.metrics().quota_refused(quota);
+    Error::Rejected {
+        status: Status::QuotaExceeded,
+        message,
+        member_epoch: None,
     }
 }
 
@@ -186,6 +246,31 @@ mod tests {
         }
         assert!(o.set("groups", "4").is_err(), "a second, different value");
         assert!(o.set("groups", "3").is_ok(), "the same value again");
+    }
+
+    #[test]
+    fn a_growth_is_refused_past_the_shard_quota_only() {
+        let who = TokenQuota {
+            name: "tenant-a-admin".into(),
+            quota: Quota {
+                shards_per_group: 16,
+                ..Quota::default()
+            },
+        };
+        let (stats, stream) = (Stats::default(), StreamName::new("s").expect("stream"));
+        assert!(who.check_growth(&stats, &stream, 15, 1).is_ok(), "up to the quota");
+        match who.check_growth(&stats, &stream, 16, 1) {
+            Err(Error::Rejected { status, message, .. }) => {
+                assert_eq!(status, Status::QuotaExceeded);
+                assert!(
+                    message.contains("16 to 17") && message.contains("tenant-a-admin"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Past what any stream may have: the growth's own 400, not a 429 that invites a retry.
+        assert!(who.check_growth(&stats, &stream, 1, MAX_SHARDS).is_ok());
     }
 
     #[test]

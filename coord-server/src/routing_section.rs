@@ -16,6 +16,7 @@ use protocol::reshard::{Birth, MAX_RECORDED_GROWTHS};
 use protocol::{RoutingVersion, ShardId, StoreRevision};
 
 use crate::error::Error;
+use crate::quota::TokenQuota;
 use crate::section::{unavailable, Section, Verdict};
 use crate::state_machine;
 use crate::state_machine::routing::{Evidence, Plan, Report, SealTodo, Why};
@@ -79,12 +80,7 @@ impl Probed {
 ///
 /// # Errors
 /// A Redis failure; a record that does not parse.
-pub(crate) async fn probe(
-    store: &Store,
-    stream: &StreamName,
-    shard_count: u32,
-    ceiling: u32,
-) -> Result<Probed, Error> {
+pub(crate) async fn probe(store: &Store, stream: &StreamName, shard_count: u32, ceiling: u32) -> Result<Probed, Error> {
     let mut conn = store.data().connection();
     let (fence, sealed_for) = store::reshard::fence_and_count(&mut conn, stream, ShardId(0)).await?;
     let mut beyond = Vec::new();
@@ -126,12 +122,7 @@ pub(crate) async fn probe(
 
 /// The end of the run of shard keys from `from` on that hold entries, read up to `limit` (exclusive), in batches
 /// like the records: usually one `XLEN` says there is none.
-async fn entries_end(
-    conn: &redis_link::Connection,
-    stream: &StreamName,
-    from: u32,
-    limit: u32,
-) -> Result<u32, Error> {
+async fn entries_end(conn: &redis_link::Connection, stream: &StreamName, from: u32, limit: u32) -> Result<u32, Error> {
     let mut next = from;
     let mut batch = 1u32;
     while next < limit {
@@ -282,9 +273,11 @@ pub(crate) fn ensure(
 }
 
 /// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given, never past
-/// `ceiling` by a restoration (see [`restore`]): from the routing as restored first (a growth Redis lost is restored as it was, never recreated over its records), with
+/// `ceiling` by a restoration (see [`restore`]): from the routing as restored first (a growth Redis lost is
+/// restored as it was, never recreated over its records), with
 /// its parents sealed and its children recorded before it is committed. After a loss of the routing hash (a new
-/// run id) the version skips past every number the lost history may have issued.
+/// run id) the version skips past every number the lost history may have issued. A growth past `quota`'s shard
+/// limit is refused here, under the routing mutex, so the count checked is the count grown.
 pub(crate) fn grow(
     stats: &Stats,
     loaded: &Loaded,
@@ -293,6 +286,7 @@ pub(crate) fn grow(
     count: u32,
     if_match: Option<StoreRevision>,
     ceiling: u32,
+    quota: Option<&TokenQuota>,
 ) -> Result<RoutingStep, Error> {
     let Some(rev) = loaded.revision else {
         return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
@@ -306,6 +300,9 @@ pub(crate) fn grow(
         return Err(Error::InvalidRequest(format!(
             "a stream has at most {MAX_SHARDS} shards"
         )));
+    }
+    if let Some(q) = quota {
+        q.check_growth(stats, stream, base.shard_count, count)?;
     }
     let mut next = state_machine::add_shards(&base, count);
     if loaded.run_id_changed() && base.routing_version == decode(stats, loaded)?.routing_version {

@@ -195,8 +195,8 @@ async fn acquire(
 }
 
 /// The wait for a busy mutex, on Tokio's clock: exponential backoff with jitter up to the critical-section
-/// deadline.
-struct MutexWait {
+/// deadline. Also the wait for a token's group-create mutex (`coordinator/quota/lock.rs`).
+pub(crate) struct MutexWait {
     started: Instant,
     /// A stop of this process while it waits is forgiven once: the mutex was not busy for that long.
     deadline: crate::deadline::Deadline,
@@ -207,7 +207,7 @@ impl MutexWait {
     /// The longest pause between two tries.
     const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
-    fn new(limit: Duration) -> Self {
+    pub(crate) fn new(limit: Duration) -> Self {
         MutexWait {
             started: Instant::now(),
             deadline: crate::deadline::Deadline::after(limit),
@@ -217,7 +217,7 @@ impl MutexWait {
 
     /// After a busy try: how long to pause before the next one, or `None` to give up (the deadline passed, or
     /// would before the next try).
-    fn next_pause(&mut self) -> Option<Duration> {
+    pub(crate) fn next_pause(&mut self) -> Option<Duration> {
         if self.deadline.passed() || Instant::now() + self.backoff > self.deadline.at() {
             return None;
         }

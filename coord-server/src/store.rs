@@ -54,7 +54,8 @@
 //!   streams and fences; one store serves both when no metadata Redis is configured.
 //! * [`nodes`]: what every master of a cluster answers; [`lag`]: the lag scrape; [`usage`]: shard length and
 //!   memory; [`traces`]: "never created" or
-//!   "lost"; [`reshard`]: the seal, record and drain scripts of resharding.
+//!   "lost"; [`reshard`]: the seal, record and drain scripts of resharding; `quota_mutex`: a token's group-create
+//!   mutex.
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -88,6 +89,7 @@ mod group_io;
 mod index;
 pub mod lag;
 pub mod nodes;
+mod quota_mutex;
 pub mod reshard;
 mod scripts;
 mod section;
@@ -124,6 +126,9 @@ pub struct Store {
     /// The Redis of the shard streams and their fences when the metadata has a Redis of its own (`None`: this
     /// one holds both). See [`Store::data`].
     data: Option<Arc<Store>>,
+    /// This process's queue per token group-create mutex: its creates of one token wait here in turn, so one
+    /// of them at a time asks Redis (see `quota_mutex`).
+    quota_queues: quota_mutex::Queues,
 }
 
 impl std::fmt::Debug for Store {
@@ -153,6 +158,7 @@ impl Store {
             owner: format!("{:016x}", rand::random::<u64>()).into(),
             live: Arc::default(),
             data: None,
+            quota_queues: Arc::default(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! (create, join, heartbeat, tick, lag scrape, admin calls) without a single `NOPERM`, the producer and consumer
 //! users publish and consume, each user is refused what it does not need, and `FLUSHALL` is denied to all of them.
 //! Consumer and producer users are per tenant (stream-name prefix): tenant a's users reach none of tenant b's
-//! shards or dead-letter streams.
+//! shards or dead-letter streams. A token's group-create mutex works under the coordinator's user too.
 
 mod common;
 
@@ -540,4 +540,37 @@ fn entry_ids(reply: &Value) -> Vec<String> {
         }
     }
     ids
+}
+
+/// A token's group-create mutex (`coordinator/quota/lock.rs`) is taken, renewed and freed by the coordinator's
+/// ACL user: its scripts call only commands that user may run on its keys (a `PEXPIRE` would be `NOPERM`).
+#[tokio::test]
+async fn the_quota_mutex_works_under_the_coordinators_acl() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let acl = test_acl(dir.path());
+    let redis = RedisServer::builder()
+        .extra_arg("--aclfile")
+        .extra_arg(acl.to_string_lossy().into_owned())
+        .start()
+        .await;
+    let url = format!(
+        "redis://coordinator:{}@127.0.0.1:{}",
+        password("coordinator"),
+        redis.port()
+    );
+    let manager = redis::Client::open(url)
+        .expect("URL")
+        .get_connection_manager()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect as the coordinator: {e}\n{}", redis.log()));
+    let store = coord_server::store::Store::new(manager);
+    let key = protocol::keys::quota_mutex("tenant-a-admin");
+    let ttl = Duration::from_secs(2);
+    assert!(store.try_take_quota_mutex(&key, "t1", ttl).await.expect("SET NX PX"));
+    assert!(store.renew_quota_mutex(&key, "t1", ttl).await.expect("renewal script"));
+    store.release_quota_mutex(&key, "t1").await.expect("release script");
+    assert!(
+        store.try_take_quota_mutex(&key, "t2", ttl).await.expect("SET NX PX"),
+        "freed"
+    );
 }

@@ -93,8 +93,16 @@ async fn a_forged_report_changes_nothing_with_or_without_a_restart() {
         })
         .await;
         let after = fetch(&api, &format!("/v1/streams/{S}/routing")).await;
-        assert_eq!((after.routing_version.0, after.shard_count), (v, 8), "restarted: {restarted}");
-        assert_eq!(footprint(&redis).await, before, "nothing written (restarted: {restarted})");
+        assert_eq!(
+            (after.routing_version.0, after.shard_count),
+            (v, 8),
+            "restarted: {restarted}"
+        );
+        assert_eq!(
+            footprint(&redis).await,
+            before,
+            "nothing written (restarted: {restarted})"
+        );
     }
     // Out of bounds: refused as invalid; an unknown stream is not found.
     let bad = api.get(&forged(1, 65_537)).await;
@@ -125,7 +133,10 @@ async fn shard_keys_beyond_the_routing_that_hold_entries_restore_a_growth_to_the
     let restored = fetch(&api, &forged(v + 1, 5)).await;
     assert_eq!(restored.shard_count, 5, "{restored:?}");
     assert_eq!(restored.status, Status::Ok);
-    assert!(restored.routing_version.0 > v + 1, "a number the lost history issued is never reused");
+    assert!(
+        restored.routing_version.0 > v + 1,
+        "a number the lost history issued is never reused"
+    );
     assert!(
         Stats::get(&coord.coordinator().stats().routing_regressions) <= 1,
         "the restoring fetch is no regression of its own"

@@ -10,6 +10,7 @@
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
 //! | `redis-stream:coord:{<stream>}:routing-mutex` | stream | the stream's routing mutex |
 //! | `redis-stream:coord:groups` / `redis-stream:coord:streams` | none | rebuildable indexes (sets) |
+//! | `redis-stream:coord:quota:<token name>:mutex` | none | a token's group-create mutex (`SET NX PX`): held while a coordinator counts the token's groups and creates one |
 //! | `redis-stream:coord:due` | none | the due index (sorted set: group index member -> Redis time in ms of its next deadline) |
 //! | `redis-stream:shard:{<stream>:<n>:<salt>}` | shard | the Redis stream of shard `n` |
 //! | `redis-stream:dead-letter:{<stream>:<n>:<salt>}` | shard | entries of shard `n` that exceeded the delivery limit |
@@ -97,6 +98,12 @@ pub fn due_index() -> String {
 /// Rebuildable index of streams: a set of stream names.
 pub fn streams_index() -> String {
     format!("{KEY_PREFIX}:coord:streams")
+}
+
+/// The mutex a coordinator holds while it counts a token's groups and creates one (`SET NX PX`, see the
+/// coordinator's `coordinator/quota/lock.rs`), keyed by the token's name. One key, so any slot of a Cluster serves it.
+pub fn quota_mutex(token_name: &str) -> String {
+    format!("{KEY_PREFIX}:coord:quota:{token_name}:mutex")
 }
 
 /// `SCAN` pattern matching every group metadata hash (used to rebuild the groups index).

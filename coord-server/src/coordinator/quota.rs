@@ -1,18 +1,23 @@
-//! The quotas of a token (see [`crate::quota`]) where they need Redis: the groups its prefixes reach (from the
-//! groups index, so every replica counts the same), the shard count of a stream; and the heartbeat with the
-//! member quota of its token (the rule itself is pure: `state_machine::quota`).
+//! The quotas of a token (see [`crate::quota`]) where they need Redis: group creates counted and done under the
+//! token's group-create mutex ([`lock`]), the groups its prefixes reach (from the groups index, so every replica
+//! counts the same), the shard count of a stream; and the heartbeat with the member quota of its token (the rule
+//! itself is pure: `state_machine::quota`). Add-shards checks its quota in the routing section's decision
+//! (`routing_section::grow`).
 
-use protocol::messages::{GroupRef, HeartbeatRequest, HeartbeatResponse, QuotaUsage};
+mod lock;
+
+use protocol::messages::{
+    CreateGroupRequest, GroupDescription, GroupRef, HeartbeatRequest, HeartbeatResponse, QuotaUsage,
+    RecreateGroupRequest,
+};
 use protocol::metadata::MAX_SHARDS;
 use protocol::names::{GroupName, StreamName};
-use protocol::Status;
 use tracing::Instrument;
 
 use super::Coordinator;
 use crate::auth::Access;
 use crate::error::Error;
-use crate::quota::principals::Principal;
-use crate::quota::Quota;
+use crate::quota::{self, Quota, TokenQuota};
 use crate::spans;
 use crate::store;
 
@@ -30,12 +35,80 @@ pub struct Usage {
 impl Coordinator {
     /// A `QUOTA_EXCEEDED` refusal of the `quota` named, counted.
     fn exceeded(&self, quota: &'static str, message: String) -> Error {
-        self.inner.stats.metrics().quota_refused(quota);
-        Error::Rejected {
-            status: Status::QuotaExceeded,
-            message,
-            member_epoch: None,
-        }
+        quota::exceeded(&self.inner.stats, quota, message)
+    }
+
+    /// Creates a group (see [`Coordinator::create_group`]) within `who`'s quotas (`None`: an open caller, no
+    /// quota): the count and the create run under the token's group-create mutex, so concurrent creates of one
+    /// token, on any replicas, never take it past its group quota.
+    ///
+    /// # Errors
+    /// `QUOTA_EXCEEDED` (nothing is written); `STORE_UNAVAILABLE` when the token's other creates held the mutex
+    /// for the whole critical-section timeout; those of [`Coordinator::create_group`].
+    pub async fn create_group_within(
+        &self,
+        who: Option<&TokenQuota>,
+        access: &Access,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &CreateGroupRequest,
+    ) -> Result<GroupDescription, Error> {
+        let Some(who) = who else {
+            return self.create_group(stream, group, req).await;
+        };
+        self.counted_create(
+            who,
+            access,
+            stream,
+            group,
+            req.shard_count,
+            self.create_group(stream, group, req),
+        )
+        .await
+    }
+
+    /// Recreates a group (see [`Coordinator::recreate_group`]) within `who`'s quotas, as
+    /// [`Coordinator::create_group_within`] creates one; a group the index lists adds none to the count.
+    ///
+    /// # Errors
+    /// As [`Coordinator::create_group_within`], and those of [`Coordinator::recreate_group`].
+    pub async fn recreate_group_within(
+        &self,
+        who: Option<&TokenQuota>,
+        access: &Access,
+        stream: &StreamName,
+        group: &GroupName,
+        req: &RecreateGroupRequest,
+    ) -> Result<GroupDescription, Error> {
+        let Some(who) = who else {
+            return self.recreate_group(stream, group, req).await;
+        };
+        let create = self.recreate_group(stream, group, req);
+        self.counted_create(who, access, stream, group, Some(req.shard_count), create)
+            .await
+    }
+
+    /// Runs `create` once [`Coordinator::check_create_quota`] admitted it under `who`'s group-create mutex,
+    /// which is held until the group is indexed (where the next count finds it).
+    async fn counted_create(
+        &self,
+        who: &TokenQuota,
+        access: &Access,
+        stream: &StreamName,
+        group: &GroupName,
+        shard_count: Option<u32>,
+        create: impl std::future::Future<Output = Result<GroupDescription, Error>>,
+    ) -> Result<GroupDescription, Error> {
+        // Without the mutex first: a token at its quota is refused without queueing behind its own creates. A
+        // refusal is sound unlocked (the groups counted were there); an admission is not, so it is counted again.
+        self.check_create_quota(who, access, stream, group, shard_count).await?;
+        let lock = self.take_quota_lock(who).await?;
+        let result = match self.check_create_quota(who, access, stream, group, shard_count).await {
+            Ok(()) => create.await,
+            Err(e) => Err(e),
+        };
+        lock.release().await;
+        result
     }
 
     /// Handles a consumer heartbeat; a join that would take its group past `max_members` members is refused with
@@ -85,12 +158,14 @@ impl Coordinator {
 
     /// Refuses a group create that would take `who` past its group quota, or create a group on a stream with more
     /// shards than its shard quota (the stream's count when it exists, else `shard_count`). Nothing is written.
+    /// Admits only for the moment of the count: [`Coordinator::create_group_within`] holds the token's mutex
+    /// from it to the create.
     ///
     /// # Errors
     /// `QUOTA_EXCEEDED`; Redis errors.
-    pub async fn check_create_quota(
+    async fn check_create_quota(
         &self,
-        who: &Principal,
+        who: &TokenQuota,
         access: &Access,
         stream: &StreamName,
         group: &GroupName,
@@ -126,28 +201,24 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Refuses adding `count` shards to `stream` when its groups would read more shards than `who`'s quota.
+    /// Refuses a growth of `stream` by `count` that the stored shard count already takes past `who`'s quota,
+    /// read without the routing mutex: a token at its quota is refused without queueing on the stream's routing.
+    /// A refusal is sound unlocked (the stream had those shards); an admission is not, and `routing_section::grow`
+    /// checks again on the count it grows.
     ///
     /// # Errors
-    /// `QUOTA_EXCEEDED`; a stream without routing is left to the operation itself to refuse.
-    pub async fn check_shards_quota(&self, who: &Principal, stream: &StreamName, count: u32) -> Result<(), Error> {
-        let Some(current) = self.stored_shard_count(stream).await else {
-            return Ok(());
-        };
-        let limit = who.quota.shards_per_group;
-        let after = u64::from(current) + u64::from(count);
-        // A total no stream may have is add-shards' own 400 (a request no quota would ever admit), not a 429.
-        if after > u64::from(limit) && after <= u64::from(MAX_SHARDS) {
-            return Err(self.exceeded(
-                "shards",
-                format!(
-                    "stream {stream} would grow from {current} to {after} shards, token {}'s quota allows {limit} per \
-                 group: no shard was added",
-                    who.name
-                ),
-            ));
+    /// `QUOTA_EXCEEDED`.
+    pub(super) async fn check_growth_unlocked(
+        &self,
+        who: &TokenQuota,
+        stream: &StreamName,
+        count: u32,
+    ) -> Result<(), Error> {
+        match self.stored_shard_count(stream).await {
+            Some(current) => who.check_growth(&self.inner.stats, stream, current, count),
+            // A stream without readable routing is the growth's own refusal.
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// What a token reaching `access` uses of the limits `q`: groups from the index, the largest stream and the

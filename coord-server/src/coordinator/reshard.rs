@@ -15,6 +15,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{routing_description, Coordinator};
 use crate::error::Error;
 use crate::missing_metadata;
+use crate::quota::TokenQuota;
 use crate::routing_section;
 use crate::spans;
 use crate::state_machine::reshard::{self, Need, Observation, Seal};
@@ -42,16 +43,35 @@ impl Coordinator {
         count: u32,
         if_match: Option<StoreRevision>,
     ) -> Result<RoutingDescription, Error> {
+        self.add_shards_within(stream, count, if_match, None).await
+    }
+
+    /// As [`Coordinator::add_shards`], refused with `QUOTA_EXCEEDED` (nothing written) when the stream would have
+    /// more shards than `quota` allows per group (`None`: no quota). The limit is checked in the routing
+    /// section's decision, on the count it grows, so concurrent growths on any replicas stop at it.
+    ///
+    /// # Errors
+    /// As [`Coordinator::add_shards`], and `QUOTA_EXCEEDED`.
+    pub async fn add_shards_within(
+        &self,
+        stream: &StreamName,
+        count: u32,
+        if_match: Option<StoreRevision>,
+        quota: Option<&TokenQuota>,
+    ) -> Result<RoutingDescription, Error> {
         // Checked before If-Match and the stored count, so an impossible count is refused as such whatever is stored.
         if count == 0 || count >= MAX_SHARDS {
             return Err(Error::InvalidRequest(format!("count must be 1 to {}", MAX_SHARDS - 1)));
+        }
+        if let Some(q) = quota {
+            self.check_growth_unlocked(q, stream, count).await?;
         }
         let (inner, mut absent) = (&self.inner, false);
         let ceiling = self.growth_ceiling(stream);
         let grown = self
             .probing_routing_section(stream, |loaded, probed| {
                 absent = loaded.revision.is_none();
-                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match, ceiling)
+                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match, ceiling, quota)
             })
             .instrument(spans::section("add_shards", stream, None))
             .await;
@@ -70,8 +90,8 @@ impl Coordinator {
 
     /// Restores `stream`'s routing from what Redis holds of it (its shards' records and fences, shard keys
     /// beyond it that hold entries: see `state_machine::routing`; `report`, the client's report that prompted the
-    /// look if one did, is never believed), within the stream's growth ceiling, and gives a routing written before shard records existed its records. Returns
-    /// the routing as stored afterwards.
+    /// look if one did, is never believed), within the stream's growth ceiling, and gives a routing written before
+    /// shard records existed its records. Returns the routing as stored afterwards.
     ///
     /// # Errors
     /// A Redis failure (nothing is committed then: seals and records already written only hold producers back

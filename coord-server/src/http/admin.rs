@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::extract::{etag, GroupPath, IfMatch, JsonBody, MemberPath, QueryParams, StreamPath};
 use super::state::AppState;
 use crate::auth::{Denied, Role};
+use crate::quota::TokenQuota;
 
 fn group_answer(status: StatusCode, group: GroupDescription) -> Response {
     (status, [(header::ETAG, etag(group.revision))], Json(group)).into_response()
@@ -22,6 +23,14 @@ fn group_answer(status: StatusCode, group: GroupDescription) -> Response {
 
 fn routing_answer(routing: RoutingDescription) -> Response {
     (StatusCode::OK, [(header::ETAG, etag(routing.revision))], Json(routing)).into_response()
+}
+
+/// The quota of the caller's token, owned for the mutation's task (`None`: an open caller, no quota).
+fn token_quota(state: &AppState, auth: &AdminAuth) -> Option<TokenQuota> {
+    state.principal(auth.who).map(|who| TokenQuota {
+        name: who.name.clone(),
+        quota: who.quota,
+    })
 }
 
 /// `GET /v1/streams/{stream}`.
@@ -41,11 +50,9 @@ pub(super) async fn add_shards(
     IfMatch(if_match): IfMatch,
     JsonBody(req): JsonBody<AddShardsRequest>,
 ) -> Result<Response, ApiError> {
-    if let Some(who) = state.principal(auth.who) {
-        state.coordinator.check_shards_quota(who, &stream, req.count).await?;
-    }
+    let quota = token_quota(&state, &auth);
     let routing = state
-        .mutate(move |c| async move { c.add_shards(&stream, req.count, if_match).await })
+        .mutate(move |c| async move { c.add_shards_within(&stream, req.count, if_match, quota.as_ref()).await })
         .await?;
     Ok(routing_answer(routing))
 }
@@ -57,14 +64,12 @@ pub(super) async fn create_group(
     GroupPath { stream, group }: GroupPath,
     JsonBody(req): JsonBody<CreateGroupRequest>,
 ) -> Result<Response, ApiError> {
-    if let Some(who) = state.principal(auth.who) {
-        state
-            .coordinator
-            .check_create_quota(who, &auth.access, &stream, &group, req.shard_count)
-            .await?;
-    }
+    let quota = token_quota(&state, &auth);
     let created = state
-        .mutate(move |c| async move { c.create_group(&stream, &group, &req).await })
+        .mutate(move |c| async move {
+            c.create_group_within(quota.as_ref(), &auth.access, &stream, &group, &req)
+                .await
+        })
         .await?;
     Ok(group_answer(StatusCode::CREATED, created))
 }
@@ -87,14 +92,12 @@ pub(super) async fn recreate_group(
     JsonBody(req): JsonBody<RecreateGroupRequest>,
 ) -> Result<Response, ApiError> {
     // A lost group the index still lists is not a new group; its stream's shards are checked all the same.
-    if let Some(who) = state.principal(auth.who) {
-        state
-            .coordinator
-            .check_create_quota(who, &auth.access, &stream, &group, Some(req.shard_count))
-            .await?;
-    }
+    let quota = token_quota(&state, &auth);
     let created = state
-        .mutate(move |c| async move { c.recreate_group(&stream, &group, &req).await })
+        .mutate(move |c| async move {
+            c.recreate_group_within(quota.as_ref(), &auth.access, &stream, &group, &req)
+                .await
+        })
         .await?;
     Ok(group_answer(StatusCode::CREATED, created))
 }

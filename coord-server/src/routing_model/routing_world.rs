@@ -410,7 +410,7 @@ impl RoutingWorld {
                 self.budget.growths -= 1;
                 let loaded = self.loaded();
                 let probed = self.probe();
-                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None, MAX_SHARDS)
+                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None, MAX_SHARDS, None)
                     .map_err(|e| format!("add-shards refused: {e}"))?;
                 let RoutingStep::Prepare(next, prep) = step else {
                     return Err("add-shards decided to write nothing".into());
@@ -559,9 +559,10 @@ impl RoutingWorld {
             beyond.extend(past.into_iter().rev());
         }
         // `routing_section::entries_end`: the run of shard keys from the stored count on that hold entries.
-        let entries_end = n + (n..total)
-            .take_while(|&s| !self.redis.shards[s as usize].entries.is_empty())
-            .count() as u32;
+        let entries_end = n
+            + (n..total)
+                .take_while(|&s| !self.redis.shards[s as usize].entries.is_empty())
+                .count() as u32;
         Probed {
             beyond,
             fence: RoutingVersion(self.redis.shards[0].fence),
@@ -746,9 +747,7 @@ impl RoutingWorld {
             return Err(format!(
                 "a restoration ({:?}, {:?}) grew the stream to {} shards, more than any add-shards ever decided \
                  ({most}): a client's report was believed",
-                op.kind,
-                op.why,
-                n
+                op.kind, op.why, n
             ));
         }
         self.ever.insert(v, n);

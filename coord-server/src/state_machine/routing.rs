@@ -35,7 +35,6 @@ use protocol::metadata::{StreamRouting, MAX_SHARDS};
 use protocol::reshard::{Birth, Growth, MAX_RECORDED_GROWTHS};
 use protocol::{MetadataVersion, RoutingVersion, ShardId, Status};
 
-
 /// The answer to a producer's routing fetch `query` when Redis stores `stored` (after any restoration the query
 /// caused). `SYNC_METADATA` when the producer still reports more than is stored: the report was not believed
 /// (implausible, or a restoration already settled this history's reports) and it must adopt the stored routing.
@@ -645,7 +644,11 @@ mod tests {
                     run_id_changed,
                     ..evidence()
                 };
-                assert_eq!(plan(&stored(3), &e), None, "{report:?}, run id changed: {run_id_changed}");
+                assert_eq!(
+                    plan(&stored(3), &e),
+                    None,
+                    "{report:?}, run id changed: {run_id_changed}"
+                );
             }
         }
     }
@@ -660,10 +663,18 @@ mod tests {
         let p = plan(&stored(3), &e).unwrap();
         assert_eq!(p.why, vec![Why::EntriesBeyond]);
         assert_eq!(p.next.shard_count, 6);
-        assert_eq!(p.next.routing_version, RoutingVersion(NOW), "retired past what the lost history issued");
+        assert_eq!(
+            p.next.routing_version,
+            RoutingVersion(NOW),
+            "retired past what the lost history issued"
+        );
         assert_eq!(p.records.len(), 2, "the children get new records");
         assert!(p.seals.iter().all(|s| s.reuse.is_none()));
-        assert_eq!(p.seals.iter().filter(|s| s.shard.0 < 4).count(), 4, "the parents are sealed");
+        assert_eq!(
+            p.seals.iter().filter(|s| s.shard.0 < 4).count(),
+            4,
+            "the parents are sealed"
+        );
         // Records restore first; entries beyond them add what the records do not name.
         let e = Evidence {
             beyond: births(4, 5, 4, 4),

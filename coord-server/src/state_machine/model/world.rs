@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use super::super::{apply, create_group, Clock, Input, Liveness, Outcome, Transition};
 use super::config::Config;
-use super::{injected, Bug};
 use super::parts::{
     describe_answer, describe_request, ids, instance, member, Action, Answer, Budget, Client, InFlight, Redis,
     ShellMemory, Violation, INTERVAL, LEASE, REBALANCE, START_MS, TTL,
 };
+use super::{injected, Bug};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct World {
