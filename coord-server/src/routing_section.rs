@@ -272,22 +272,38 @@ pub(crate) fn ensure(
     Ok(RoutingStep::Prepare(r, prep))
 }
 
-/// The decision that grows a stream by `count` shards, at the stored revision `if_match` when given, never past
-/// `ceiling` by a restoration (see [`restore`]): from the routing as restored first (a growth Redis lost is
-/// restored as it was, never recreated over its records), with
-/// its parents sealed and its children recorded before it is committed. After a loss of the routing hash (a new
-/// run id) the version skips past every number the lost history may have issued. A growth past `quota`'s shard
-/// limit is refused here, under the routing mutex, so the count checked is the count grown.
+/// An add-shards as [`grow`] decides it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GrowRequest<'a> {
+    /// Shards to add.
+    pub count: u32,
+    /// The stored revision the admin expects (`If-Match`).
+    pub if_match: Option<StoreRevision>,
+    /// The stream's growth ceiling, which no restoration the growth starts from may pass (see [`restore`]).
+    pub ceiling: u32,
+    /// The requesting token's shard limit; `None`: no limit.
+    pub quota: Option<&'a TokenQuota>,
+}
+
+/// The decision that grows a stream by `req.count` shards, at the stored revision `req.if_match` when given, from
+/// the routing as restored first (a growth Redis lost is restored as it was, never recreated over its records,
+/// and never past `req.ceiling`), with its parents sealed and its children recorded before it is committed. After
+/// a loss of the routing hash (a new run id) the version skips past every number the lost history may have
+/// issued. A growth past `req.quota`'s shard limit is refused here, under the routing mutex, so the count checked
+/// is the count grown.
 pub(crate) fn grow(
     stats: &Stats,
     loaded: &Loaded,
     probed: &Probed,
     stream: &StreamName,
-    count: u32,
-    if_match: Option<StoreRevision>,
-    ceiling: u32,
-    quota: Option<&TokenQuota>,
+    req: GrowRequest<'_>,
 ) -> Result<RoutingStep, Error> {
+    let GrowRequest {
+        count,
+        if_match,
+        ceiling,
+        quota,
+    } = req;
     let Some(rev) = loaded.revision else {
         return Err(Error::MetadataUnavailable(format!("stream {stream} has no routing")));
     };

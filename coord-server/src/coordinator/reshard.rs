@@ -71,7 +71,18 @@ impl Coordinator {
         let grown = self
             .probing_routing_section(stream, |loaded, probed| {
                 absent = loaded.revision.is_none();
-                routing_section::grow(&inner.stats, loaded, probed, stream, count, if_match, ceiling, quota)
+                routing_section::grow(
+                    &inner.stats,
+                    loaded,
+                    probed,
+                    stream,
+                    routing_section::GrowRequest {
+                        count,
+                        if_match,
+                        ceiling,
+                        quota,
+                    },
+                )
             })
             .instrument(spans::section("add_shards", stream, None))
             .await;

@@ -410,8 +410,19 @@ impl RoutingWorld {
                 self.budget.growths -= 1;
                 let loaded = self.loaded();
                 let probed = self.probe();
-                let step = routing_section::grow(&STATS, &loaded, &probed, &stream(), n, None, MAX_SHARDS, None)
-                    .map_err(|e| format!("add-shards refused: {e}"))?;
+                let step = routing_section::grow(
+                    &STATS,
+                    &loaded,
+                    &probed,
+                    &stream(),
+                    routing_section::GrowRequest {
+                        count: n,
+                        if_match: None,
+                        ceiling: MAX_SHARDS,
+                        quota: None,
+                    },
+                )
+                .map_err(|e| format!("add-shards refused: {e}"))?;
                 let RoutingStep::Prepare(next, prep) = step else {
                     return Err("add-shards decided to write nothing".into());
                 };
