@@ -34,7 +34,7 @@
 //! per-node values), `resend.rs` (a pipeline's redirects, per command), `fan_out.rs` (every master; reads over
 //! many slots), `nodes.rs` (dedicated connections of blocking reads), `topology.rs` (the slot map),
 //! `node_pool.rs` (node connections), `redirect.rs` (`MOVED` / `ASK`), `pipelined.rs` and `resp.rs` (the RESP
-//! pipelining connection).
+//! pipelining connection), `tls.rs` (TLS settings of every connection).
 
 mod connection;
 mod fan_out;
@@ -46,6 +46,7 @@ mod resend;
 pub mod resp;
 mod router;
 mod target;
+mod tls;
 mod topology;
 
 pub use connection::Connection;
@@ -60,4 +61,5 @@ pub use resend::{
 };
 pub use router::ClusterRouter;
 pub use target::{RedisTarget, TargetError, MAX_SEEDS};
+pub use tls::TlsOptions;
 pub use topology::{NodeAddr, SlotMap, TopologyError};
