@@ -3,8 +3,8 @@
 # and lets cargo verify the packages, without publishing.
 #
 #   scripts/check-package.sh               package and verify (cargo builds each package from its .crate file;
-#                                          cold ~15 min on a loaded 2-core machine, a minute or two once
-#                                          target/package/tmp-crate holds the dependencies' builds)
+#                                          cold 18 min on a 2-core machine shared with other builds, 8 min of
+#                                          CPU; 1-4 min once target/package/tmp-crate holds the dependencies)
 #   scripts/check-package.sh --no-verify   package only (seconds): versions on path dependencies, metadata, files
 #   scripts/check-package.sh --list        the files each package would carry
 #
