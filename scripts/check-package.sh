@@ -4,7 +4,7 @@
 #
 #   scripts/check-package.sh               package and verify (cargo builds each package from its .crate file;
 #                                          cold 18 min on a 2-core machine shared with other builds, 8 min of
-#                                          CPU; 1-4 min once target/package/tmp-crate holds the dependencies)
+#                                          CPU; 1-4 min once the target dir holds the dependencies' builds)
 #   scripts/check-package.sh --no-verify   package only (seconds): versions on path dependencies, metadata, files
 #   scripts/check-package.sh --list        the files each package would carry
 #
