@@ -171,6 +171,12 @@ cat >"$WORK/schemathesis.toml" <<EOF
 # (Filters of one section are alternatives, so only paths are given: GET on the group has no input to refuse.)
 include-path = ["/v1/streams/{stream}/groups/{group}", "/v1/streams/{stream}/groups/{group}/recreate"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "5xx"]
+# Every default warning but the two that say "most positive data was refused" (validation_mismatch, 4xx;
+# missing_test_data, 404): here that is the design, not a schema gap. The pre-created group answers a create
+# 409 ALREADY_EXISTS and a recreate 409 (its metadata exists), and random timings mostly break the cross-field rules
+# above (400). (schemathesis 4.32 reads an operation's list only through this pair: a list naming one of them would
+# still show the other's warning.)
+warnings = ["missing_auth", "base_url_mismatch", "missing_deserializer", "unused_openapi_auth", "unsupported_regex", "method_not_allowed", "constants_extraction", "unmatched_filter", "unresolvable_reference", "rate_limited", "dictionary_mismatch", "timeout_units"]
 
 # Adding shards beyond the stream's total of 65536 (which depends on its current count) is 400; an If-Match that
 # is a well-formed revision but not the stored one is 412; a total above the token's shard quota (1024 by
@@ -178,10 +184,16 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404",
 [[operations]]
 include-path = "/v1/streams/{stream}/shards"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "412", "429", "5xx"]
+# The same two warnings left out: most generated counts pass the stream's total or the quota, or carry a stale
+# If-Match, each refused as documented above.
+warnings = ["missing_auth", "base_url_mismatch", "missing_deserializer", "unused_openapi_auth", "unsupported_regex", "method_not_allowed", "constants_extraction", "unmatched_filter", "unresolvable_reference", "rate_limited", "dictionary_mismatch", "timeout_units"]
 
 [[operations]]
 include-path = ["/v1/streams/{stream}/groups/{group}/members/{member}", "/v1/streams/{stream}/groups/{group}/members/{member}/fence"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "412", "5xx"]
+# The same two warnings left out: st-member never joins (a member's expiry would write during the negative run),
+# so it is 404, and a generated If-Match is a well-formed revision that is not the stored one (412).
+warnings = ["missing_auth", "base_url_mismatch", "missing_deserializer", "unused_openapi_auth", "unsupported_regex", "method_not_allowed", "constants_extraction", "unmatched_filter", "unresolvable_reference", "rate_limited", "dictionary_mismatch", "timeout_units"]
 EOF
 
 run_st() {
@@ -227,12 +239,14 @@ if ! diff -u "$WORK/before.json" "$WORK/after.json"; then
   exit 1
 fi
 echo "Redis unchanged by $NEG rejected requests"
+echo "(expected above: operations skipped as \"Impossible to generate negative test cases\" have no input but the fixed path names, or none)"
 [ "$status" -eq 0 ] || { echo "schemathesis.sh: the negative run failed" >&2; exit "$status"; }
 
 echo "== schemathesis $ST_VERSION: positive run"
 status=0
 run_st positive "$WORK/schemathesis.toml" || status=$?
 POS=$(requests "$WORK/positive.ndjson")
+echo "(expected above: \"Examples\" skipped, the document has none; the stateful phase's API links are ones schemathesis infers, the document declares none)"
 echo "schemathesis: $NEG negative + $POS positive requests"
 if [ "$status" -ne 0 ]; then
   echo "schemathesis.sh: the positive run failed (coordinator log: $WORK/coordinator.log is removed on exit)" >&2

@@ -368,8 +368,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long the runtime's shutdown waits, once `run` has returned, for blocking tasks still running (a DNS lookup of
+/// a Redis host name is one): everything the coordinator owes anyone is done by then, and a lookup stuck on an
+/// unreachable resolver would otherwise hold the exit for its whole timeout.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(50);
+
+fn main() -> ExitCode {
     let matches = Args::command().get_matches();
     let args = match Args::from_arg_matches(&matches) {
         Ok(args) => args,
@@ -377,7 +381,16 @@ async fn main() -> ExitCode {
     };
     init_logging(args.log_format);
     warn_about_visible_tokens(&matches);
-    match run(args).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("coord-server: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Plain stderr as well as the log: an operator reading a crash loop sees the reason first.

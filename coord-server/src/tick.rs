@@ -29,7 +29,9 @@ use crate::due::Reason;
 ///
 /// # Cancel safety
 /// Cancelling `cancel` stops the loop between two groups; a group tick already started finishes, so its mutex
-/// is released by its own write. Dropping the future instead (aborting the task) may leave a mutex held until
+/// is released by its own write. The tick's Redis calls outside any group's section (restart and policy checks,
+/// the due index, the group list, the closing due-index write) are abandoned instead: they hold no mutex, and
+/// with Redis unreachable each one waits seconds for a connection a shutdown must not wait for. Dropping the future instead (aborting the task) may leave a mutex held until
 /// its TTL, like a crash.
 pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
     let period = coordinator.config().tick_interval;
@@ -70,22 +72,25 @@ pub async fn run(coordinator: Coordinator, cancel: CancellationToken) {
 pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) -> usize {
     coordinator.evict_idle_slots();
     coordinator.trim_cached_aggregates();
-    let restarted = match coordinator.check_redis_restart().await {
-        Ok(changed) => changed,
-        Err(e) => {
+    let restarted = match unless_cancelled(cancel, coordinator.check_redis_restart()).await {
+        None => return 0,
+        Some(Ok(changed)) => changed,
+        Some(Err(e)) => {
             coordinator.stats().metrics().error(&e);
             warn!(error = %e, "Redis restart check failed");
             false
         }
     };
     if coordinator.eviction_policy().due() {
-        if let Err(e) = coordinator.check_eviction_policy().await {
+        if let Some(Err(e)) = unless_cancelled(cancel, coordinator.check_eviction_policy()).await {
             coordinator.stats().metrics().error(&e);
             warn!(error = %e, "maxmemory-policy check failed");
         }
     }
     // Never empty for want of the due index: the safety sweep's slice comes from the groups index (or a SCAN).
-    let visits = coordinator.groups_to_visit().await;
+    let Some(visits) = unless_cancelled(cancel, coordinator.groups_to_visit()).await else {
+        return 0;
+    };
     // A stream is tended (`Coordinator::tend_routing`: a growth Redis lost from the routing is restored from the
     // shards' records, a lost record written again) right before its groups are visited, which adopt the routing
     // as tended. Tended are the streams of due visits; those of sweep visits only where Redis can lose records
@@ -96,14 +101,15 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
     let mut tended: BTreeSet<StreamName> = BTreeSet::new();
     let mut by_stream: BTreeMap<StreamName, Vec<(GroupRef, Reason)>> = BTreeMap::new();
     if coordinator.tends_every_routing(restarted) {
-        match coordinator.list_groups(false).await {
-            Ok(all) => {
+        match unless_cancelled(cancel, coordinator.list_groups(false)).await {
+            None => return 0,
+            Some(Ok(all)) => {
                 for g in all.groups {
                     tended.insert(g.stream.clone());
                     by_stream.entry(g.stream).or_default();
                 }
             }
-            Err(e) => warn_limited("read/tend_all", "cannot list the groups to tend every routing", &e),
+            Some(Err(e)) => warn_limited("read/tend_all", "cannot list the groups to tend every routing", &e),
         }
     }
     for (g, reason) in visits {
@@ -146,8 +152,11 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
             }
         }
     }
-    // One ZADD for every visit of this tick (a visit that failed keeps its score: due, so retried next tick).
-    let lacked = coordinator.record_due(&scored, &gone).await;
+    // One ZADD for every visit of this tick (a visit that failed keeps its score: due, so retried next tick). Left
+    // out on shutdown, like a failed visit: the groups stay due, and the next tick anywhere visits them again.
+    let Some(lacked) = unless_cancelled(cancel, coordinator.record_due(&scored, &gone)).await else {
+        return scored.len();
+    };
     coordinator.report_damage(
         DamagedKey::DueIndex,
         Damage::Lost,
@@ -156,6 +165,15 @@ pub async fn tick_once(coordinator: &Coordinator, cancel: &CancellationToken) ->
         &"groups the due index lacked were scored again",
     );
     scored.len()
+}
+
+/// `call`'s output, or `None` once `cancel` fires first (deadline checked first, see [`run`]'s cancel safety).
+async fn unless_cancelled<T>(cancel: &CancellationToken, call: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        out = call => Some(out),
+    }
 }
 
 /// [`Coordinator::tend_routing`] of one stream; the routing as tended, `None` when it failed (logged; the visits

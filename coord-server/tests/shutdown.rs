@@ -213,3 +213,132 @@ async fn a_new_coordinator_resumes_from_redis_after_abort() {
     assert_eq!(b3.assigned, a2.revoke);
     second.shutdown().await;
 }
+
+/// The `coord-server` binary, for the exit tests: they need a real process, whose runtime shutdown is part of it.
+#[cfg(unix)]
+const BIN: &str = env!("CARGO_BIN_EXE_coord-server");
+
+/// The bound between the binary's last log line, "coordinator stopped", and its exit: nothing the coordinator owes
+/// anyone is left by then, so an orchestrator waiting for the exit should not wait longer.
+#[cfg(unix)]
+const EXIT_AFTER_STOPPED: Duration = Duration::from_millis(200);
+
+/// Starts the binary against `redis` with a fast tick, waits until it is ready and has a group with a member, and
+/// returns it with its stderr lines (each with the instant it was read) and its API.
+#[cfg(unix)]
+async fn serving_binary(
+    redis: &RedisServer,
+) -> (
+    tokio::process::Child,
+    tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, String)>,
+    Api,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let port = test_support::free_port();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--redis-url", &redis.url(), "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--tick-interval-ms", "20"])
+        // Short enough for the 1.5 s lease of the groups `Api::create_group` creates.
+        .args(["--mutex-ttl-ms", "900", "--critical-section-timeout-ms", "600"])
+        .env("RUST_LOG", "info")
+        .env_remove("COORD_ADMIN_TOKEN")
+        .env_remove("COORD_CLIENT_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
+    let (lines, received) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            if lines.send((tokio::time::Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_until(WAIT, "the binary to answer /readyz", || {
+        let (http, url) = (http.clone(), format!("{base}/readyz"));
+        async move { http.get(url).send().await.is_ok_and(|r| r.status().is_success()) }
+    })
+    .await;
+    let api = Api::new(base);
+    api.create_group(S, G, 2).await;
+    api.hb(S, G, &join("a")).await;
+    (child, received, api)
+}
+
+/// Sends SIGTERM, waits (with a deadline) for the exit, and returns how long after SIGTERM the "coordinator
+/// stopped" line came and how long after that line the process exited, with every line for the messages.
+#[cfg(unix)]
+async fn terminate(
+    mut child: tokio::process::Child,
+    mut lines: tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, String)>,
+) -> (Duration, Duration, String) {
+    let pid = child.id().expect("running child has a pid");
+    let sent = tokio::time::Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the binary exits after SIGTERM")
+        .expect("wait for the binary");
+    let exited = tokio::time::Instant::now();
+    let mut log = String::new();
+    let mut stopped = None;
+    // The reader ends at the pipe's end, which the exit closes.
+    while let Ok(Some((at, line))) = tokio::time::timeout(WAIT, lines.recv()).await {
+        if line.contains("coordinator stopped") {
+            stopped = Some(at);
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert!(status.success(), "exit status {status:?}; stderr:\n{log}");
+    let stopped = stopped.unwrap_or_else(|| panic!("no 'coordinator stopped' line; stderr:\n{log}"));
+    (stopped - sent, exited.saturating_duration_since(stopped), log)
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_exits_promptly_after_its_stopped_line() {
+    let redis = RedisServer::start().await;
+    let (child, lines, _) = serving_binary(&redis).await;
+    let (_, exit, log) = terminate(child, lines).await;
+    assert!(
+        exit <= EXIT_AFTER_STOPPED,
+        "exited {exit:?} after 'coordinator stopped' (bound {EXIT_AFTER_STOPPED:?}); stderr:\n{log}"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_stops_promptly_when_redis_is_gone() {
+    let redis = RedisServer::start().await;
+    let (child, lines, api) = serving_binary(&redis).await;
+    redis.kill();
+    // Until the binary has met the dead Redis: by then its 20 ms tick is inside Redis calls that wait on
+    // reconnection, the case under test.
+    wait_until(WAIT, "/readyz to report the dead Redis", || {
+        let api = api.clone();
+        async move { api.get("/readyz").await.status() != StatusCode::OK }
+    })
+    .await;
+    let (stop, exit, log) = terminate(child, lines).await;
+    // Nothing was in a critical section: the HTTP side stops at once, and the tick loop must not wait out the
+    // reconnection attempts (about 8 s before it abandoned them).
+    assert!(
+        stop <= Duration::from_secs(2),
+        "'coordinator stopped' {stop:?} after SIGTERM with Redis gone; stderr:\n{log}"
+    );
+    assert!(
+        exit <= EXIT_AFTER_STOPPED,
+        "exited {exit:?} after 'coordinator stopped' (bound {EXIT_AFTER_STOPPED:?}); stderr:\n{log}"
+    );
+}

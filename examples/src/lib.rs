@@ -16,6 +16,24 @@ pub mod fenced_write;
 pub mod ledger;
 pub mod member_args;
 
+/// How long a binary's runtime shutdown waits, once its main future has returned, for blocking tasks still running:
+/// a DNS lookup of a coordinator's host name (the HTTP client resolves on the blocking pool) stuck on an
+/// unreachable resolver would otherwise hold the exit after the binary's last line for the resolver's timeout.
+pub const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs a binary's main future on a multi-threaded runtime, then shuts the runtime down within
+/// [`RUNTIME_SHUTDOWN_TIMEOUT`]: what the binary owes anyone (leaving its group, publishing what is queued) is
+/// done when the future returns.
+///
+/// # Errors
+/// The future's error, or the runtime's if it cannot start.
+pub fn run_binary(main: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(main);
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    result
+}
+
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a
 /// warning on stderr naming `new`. The examples' old names (`COORDINATOR_URL`, `COORDINATOR_TOKEN`) keep working
 /// this way; docs/configuration.md lists the current ones.

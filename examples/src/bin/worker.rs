@@ -87,8 +87,11 @@ impl RebalanceListener for LogRebalance {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    examples::run_binary(run())
+}
+
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         // Colour codes only where a person reads them, not in a redirected log.
