@@ -335,14 +335,13 @@ async fn highest_observed_version_survives_a_producer_restart_through_the_versio
     // (The tick may have retired the version after the restart, or written the lost records of shards 0-3 again:
     // the count is what matters.)
     assert_eq!(stored.shard_count, 4);
-    assert_eq!(
-        second.stats().max_observed_version,
-        RoutingVersion(2),
-        "the version store keeps it"
+    assert!(
+        second.stats().max_observed_version >= RoutingVersion(2),
+        "the version store keeps it (or the version the tick retired it to)"
     );
 
     // A plain producer that still routes by the lost layout writes into shard 4: now Redis holds evidence of the
-    // growth. The second producer's next refresh (it still reports version 2) restores it, under a version above 2.
+    // growth. The second producer's next refresh (it still reports 5 shards) restores it, under a version above 2.
     let mut con = env.redis.connection().await;
     let _: String = redis::cmd("XADD")
         .arg(keys::shard_stream(&stream(), ShardId(4)))
