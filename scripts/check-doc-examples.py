@@ -8,10 +8,15 @@ calls). A page has an example when the item's own docs, or the docs of one of it
 code block (`rust-example-rendered`); trait implementations do not count. Every such block is a doc test, so
 `cargo test --doc` compiles it.
 
-Stable rustdoc has no JSON output, so the script reads the HTML. It runs
-`cargo doc --no-deps -p stream-consumer -p stream-producer` first (skip with `--no-build`), in `$CARGO_TARGET_DIR`
-when set. `--list` prints every page without an example. Prints one line per crate and the total ratio; exits 1
-below the threshold (`--min`, default 90).
+Stable rustdoc has no JSON output, so the script reads the HTML. It first runs
+`RUSTDOCFLAGS="-D warnings" cargo doc --no-deps` of the five public crates (stream-consumer, stream-producer,
+client-core, protocol, redis-link), so a broken intra-doc link fails it too (skip the build with `--no-build`),
+in `$CARGO_TARGET_DIR` when set. `--list` prints every page without an example. Prints one line per crate and
+the total ratio; exits 1 below the threshold (`--min`, default 90).
+
+It also fails when a page shows a Redis or HTTP client error type (`RedisError`, `reqwest::Error`) in its
+signature, fields or variants: the SDKs' public errors wrap them (`RedisFailure`, `HttpFailure`), so that a new
+version of either client library is not a breaking change of the SDKs.
 """
 import argparse
 import os
@@ -21,9 +26,14 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CRATES = ("stream_consumer", "stream_producer")
+# The crates meant for a registry, whose docs must build without a warning.
+PUBLIC_CRATES = ("stream-consumer", "stream-producer", "client-core", "protocol", "redis-link")
 PAGE = re.compile(r"^(struct|enum|trait|type|union|fn)\.[A-Za-z0-9_]+\.html$")
 EXAMPLE = 'rust-example-rendered'
 REDIRECT = 'http-equiv="refresh"'
+CODE_BLOCK = re.compile(r"<pre class=\"rust rust-example-rendered\">.*?</pre>", re.S)
+# A foreign client error in what a page renders (`RedisErrorKind` is ours and does not match).
+FOREIGN = re.compile(r"\bRedisError\b|\breqwest::Error\b|reqwest/struct\.Error\.html")
 # Where a page's own docs end: what follows documents trait implementations (blanket ones included).
 TRAIT_IMPLS = re.compile(r'id="(trait-implementations|synthetic-implementations|blanket-implementations|'
                          r'foreign-impls|implementors)"')
@@ -57,14 +67,20 @@ def main():
 
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
     if not args.no_build:
-        cmd = ["cargo", "doc", "--no-deps", "-p", "stream-consumer", "-p", "stream-producer"]
-        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-            print("check-doc-examples: cargo doc failed", file=sys.stderr)
+        cmd = ["cargo", "doc", "--no-deps"]
+        for crate in PUBLIC_CRATES:
+            cmd += ["-p", crate]
+        env = dict(os.environ)
+        env["RUSTDOCFLAGS"] = (env.get("RUSTDOCFLAGS", "") + " -D warnings").strip()
+        if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
+            print("check-doc-examples: cargo doc failed (warnings are errors: a broken link, a missing doc)",
+                  file=sys.stderr)
             return 1
     doc_dir = os.path.join(target, "doc")
 
     total = covered = 0
     missing = []
+    foreign = []
     for crate in CRATES:
         n = c = 0
         for kind, item, path in pages(doc_dir, crate):
@@ -73,7 +89,11 @@ def main():
             # An item of a private module re-exported elsewhere leaves a redirect page at its old path.
             if REDIRECT in html[:1000]:
                 continue
-            has = EXAMPLE in own_docs(html)
+            own = own_docs(html)
+            has = EXAMPLE in own
+            # Examples may use the client libraries as the user's own code does: only signatures count.
+            if FOREIGN.search(CODE_BLOCK.sub("", own)):
+                foreign.append(f"{kind} {item}")
             n += 1
             c += has
             if not has:
@@ -90,10 +110,14 @@ def main():
     if args.list or ratio < args.min:
         for m in missing:
             print(f"  no example: {m}")
+    failed = False
     if ratio < args.min:
         print(f"check-doc-examples: FAIL: {ratio:.1f} % is below {args.min:.0f} %", file=sys.stderr)
-        return 1
-    return 0
+        failed = True
+    for f in foreign:
+        print(f"check-doc-examples: FAIL: {f} shows a Redis or HTTP client error type", file=sys.stderr)
+        failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -63,17 +63,17 @@ pub enum RedisErrorKind {
 
 /// A Redis command or connection failed.
 ///
-/// Cheap to clone (the source is shared). [`source`](std::error::Error::source) is the Redis client's own error.
+/// Cheap to clone (one failed pipeline fails every record in it, each with a clone): its parts are shared. [`source`](std::error::Error::source) is the Redis client's own error.
 #[derive(Debug, Clone)]
 pub struct RedisFailure {
     kind: RedisErrorKind,
     /// The server's error code (`WRONGTYPE`, `OOM`, ...), when the server answered with an error.
-    code: Option<String>,
+    code: Option<Arc<str>>,
     /// Whether the Redis client classifies the error as worth retrying (its retry method is not "no retry").
     retryable: bool,
     /// Whether the connection is gone (dropped, refused, reset): the command may or may not have run.
     connection_dropped: bool,
-    message: String,
+    message: Arc<str>,
     source: Arc<dyn Error + Send + Sync>,
 }
 
@@ -181,10 +181,10 @@ impl RedisFailure {
         };
         RedisFailure {
             kind,
-            code: e.code().map(str::to_owned),
+            code: e.code().map(Arc::from),
             retryable: !matches!(e.retry_method(), redis::RetryMethod::NoRetry),
             connection_dropped: e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal(),
-            message: e.to_string(),
+            message: e.to_string().into(),
             source: e,
         }
     }
@@ -241,7 +241,7 @@ pub struct HttpFailure {
     kind: HttpErrorKind,
     /// The HTTP status code, when the failure came with an answer.
     status: Option<u16>,
-    message: String,
+    message: Arc<str>,
     source: Arc<dyn Error + Send + Sync>,
 }
 
@@ -317,7 +317,7 @@ impl HttpFailure {
         HttpFailure {
             kind,
             status: e.status().map(|s| s.as_u16()),
-            message: e.to_string(),
+            message: e.to_string().into(),
             source: Arc::new(e),
         }
     }
