@@ -32,8 +32,10 @@ PAGE = re.compile(r"^(struct|enum|trait|type|union|fn)\.[A-Za-z0-9_]+\.html$")
 EXAMPLE = 'rust-example-rendered'
 REDIRECT = 'http-equiv="refresh"'
 CODE_BLOCK = re.compile(r"<pre class=\"rust rust-example-rendered\">.*?</pre>", re.S)
-# A foreign client error in what a page renders (`RedisErrorKind` is ours and does not match).
-FOREIGN = re.compile(r"\bRedisError\b|\breqwest::Error\b|reqwest/struct\.Error\.html")
+# A foreign client error in what a page renders (`RedisErrorKind` is ours and does not match). `--no-deps` renders
+# a type of an undocumented crate as its bare name, without a link: `RedisError`, and reqwest's `Error` as `Error`
+# right after `: `, `(` or `<` (every type of ours or of std is a link there).
+FOREIGN = re.compile(r"\bRedisError\b|\breqwest::Error\b|(?:: |\(|&lt;)Error\b")
 # Where a page's own docs end: what follows documents trait implementations (blanket ones included).
 TRAIT_IMPLS = re.compile(r'id="(trait-implementations|synthetic-implementations|blanket-implementations|'
                          r'foreign-impls|implementors)"')
