@@ -29,6 +29,8 @@ use serde::de::DeserializeOwned;
 use std::time::Duration;
 use thiserror::Error;
 
+use crate::foreign_error::HttpFailure;
+
 /// Why an admin call failed.
 #[derive(Debug, Error)]
 pub enum AdminError {
@@ -48,7 +50,7 @@ pub enum AdminError {
         url: String,
         /// The transport error.
         #[source]
-        source: reqwest::Error,
+        source: HttpFailure,
     },
     /// An answer that is not the coordinator's JSON (a proxy, another service, a version mismatch).
     #[error("unexpected answer from {url} (HTTP {http}): {detail}")]
@@ -62,7 +64,7 @@ pub enum AdminError {
     },
     /// The HTTP client could not be built (no request was sent).
     #[error("cannot build the HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
+    Client(#[source] HttpFailure),
 }
 
 impl AdminError {
@@ -95,7 +97,7 @@ impl AdminClient {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
-            .map_err(AdminError::Client)?;
+            .map_err(|e| AdminError::Client(HttpFailure::from_reqwest(e)))?;
         Ok(AdminClient {
             base: base.trim_end_matches('/').to_owned(),
             token: token.filter(|t| !t.is_empty()),
@@ -224,7 +226,7 @@ impl AdminClient {
     async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T, AdminError> {
         let resp = rb.send().await.map_err(|source| AdminError::Transport {
             url: protocol::redact::redact_url(&self.base),
-            source,
+            source: HttpFailure::from_reqwest(source),
         })?;
         decode(resp).await
     }
@@ -242,7 +244,7 @@ async fn decode<T: DeserializeOwned>(resp: Response) -> Result<T, AdminError> {
     let http = resp.status().as_u16();
     let text = resp.text().await.map_err(|source| AdminError::Transport {
         url: url.clone(),
-        source,
+        source: HttpFailure::from_reqwest(source),
     })?;
     if (200..300).contains(&http) {
         return serde_json::from_str(&text).map_err(|e| AdminError::Decode {

@@ -10,8 +10,23 @@ use protocol::NameError;
 use thiserror::Error;
 
 use crate::coord_client::CoordError;
+use crate::foreign_error::RedisFailure;
 
 /// A producer or consumer configuration that the builder's `build` refuses; nothing was built.
+///
+/// ```
+/// use client_core::ConfigError;
+///
+/// fn explain(e: &ConfigError) -> String {
+///     match e {
+///         ConfigError::MissingCoordinator => "give at least one coordinator URL".to_owned(),
+///         ConfigError::InvalidRedisUrl { url, .. } => format!("fix the Redis URL {url}"),
+///         ConfigError::OutOfRange { setting, rule, .. } => format!("`{setting}` must be {rule}"),
+///         other => other.to_string(),
+///     }
+/// }
+/// assert_eq!(explain(&ConfigError::MissingCoordinator), "give at least one coordinator URL");
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -37,7 +52,7 @@ pub enum ConfigError {
         url: String,
         /// Why redis-rs refused it.
         #[source]
-        source: redis::RedisError,
+        source: RedisFailure,
     },
     /// The Redis target is empty or a `cluster:` list of seed URLs is malformed (an empty or invalid seed, too
     /// many seeds, a database other than 0).

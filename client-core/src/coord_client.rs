@@ -15,7 +15,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use thiserror::Error;
 
+use crate::foreign_error::HttpFailure;
+
 /// A coordinator call failed.
+///
+/// ```
+/// use client_core::CoordError;
+/// use std::time::Duration;
+///
+/// /// How long to wait before trying again, or `None` when retrying cannot help.
+/// fn next_try(e: &CoordError) -> Option<Duration> {
+///     if e.is_quota_exceeded() || !e.is_retryable() {
+///         return None;
+///     }
+///     Some(e.retry_after().unwrap_or(Duration::from_secs(1)))
+/// }
+/// assert_eq!(next_try(&CoordError::NoUrl), None);
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CoordError {
@@ -39,7 +55,7 @@ pub enum CoordError {
         url: String,
         /// The last transport error.
         #[source]
-        source: reqwest::Error,
+        source: HttpFailure,
     },
     /// The answer could not be understood (not our JSON): a proxy or a version mismatch.
     #[error("unexpected answer from {url}: {detail}")]
@@ -66,7 +82,7 @@ pub enum CoordError {
     InvalidUrl(String),
     /// The HTTP client could not be built (the HTTP stack refused its settings).
     #[error("cannot build the coordinator HTTP client: {0}")]
-    HttpClient(#[source] reqwest::Error),
+    HttpClient(#[source] HttpFailure),
 }
 
 impl CoordError {
@@ -183,7 +199,7 @@ impl CoordClient {
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(2)))
             .build()
-            .map_err(CoordError::HttpClient)?;
+            .map_err(|e| CoordError::HttpClient(HttpFailure::from_reqwest(e)))?;
         Ok(CoordClient {
             http,
             urls,
@@ -247,7 +263,7 @@ impl CoordClient {
                     tracing::debug!(url = %redact_url(base), error = %e, "coordinator unreachable; trying the next URL");
                     last_err = Some(CoordError::Unreachable {
                         url: redact_url(base),
-                        source: e,
+                        source: HttpFailure::from_reqwest(e),
                     });
                 }
                 Ok(resp) => {
@@ -257,7 +273,7 @@ impl CoordClient {
                         Err(e) => {
                             last_err = Some(CoordError::Unreachable {
                                 url: redact_url(base),
-                                source: e,
+                                source: HttpFailure::from_reqwest(e),
                             });
                             continue;
                         }

@@ -15,11 +15,14 @@
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
 //!   `COORDINATOR_TERMINATING`, typed errors; and [`CoordTransport`], the calls the SDKs' drivers make, with the
 //!   HTTP client as its implementation (and an in-memory one in `testing`, feature `test-util`).
+//! * [`foreign_error`]: [`RedisFailure`] and [`HttpFailure`], the Redis and HTTP clients' errors wrapped (kind,
+//!   message, source), so the public errors do not expose the client libraries' types.
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod config_error;
 pub mod coord_client;
+pub mod foreign_error;
 pub mod lease;
 pub mod membership;
 pub mod metrics;
@@ -31,6 +34,7 @@ pub mod version_store;
 
 pub use config_error::ConfigError;
 pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
+pub use foreign_error::{HttpErrorKind, HttpFailure, RedisErrorKind, RedisFailure};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
 pub use redis_check::{
     check_permissions, check_redis, redact_url, Incompatibility, PermissionProbe, RedisCapabilities, RedisCheckError,

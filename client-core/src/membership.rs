@@ -105,7 +105,9 @@ pub struct Membership {
     /// Shards targeted to this member that a previous owner still holds (never read).
     pending: Vec<ShardId>,
     /// The highest routing version and shard count the answers showed (or the process remembered): reported in
-    /// every request, so a coordinator learns of a growth Redis lost (see `docs/resharding.md`).
+    /// every request, so a coordinator learns of a growth Redis lost (see [`docs/resharding.md`]).
+    ///
+    /// [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
     routing_seen: (RoutingVersion, u32),
     /// Shutting down: nothing new is started.
     closing: bool,

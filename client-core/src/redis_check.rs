@@ -14,10 +14,23 @@ pub use permissions::{check_permissions, PermissionProbe};
 
 use thiserror::Error;
 
+use crate::foreign_error::RedisFailure;
+
 /// Oldest Redis the SDKs support: `XAUTOCLAIM` and `XADD ... MINID` arrived in 6.2.
 pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
 
 /// What a client needs from its Redis.
+///
+/// ```
+/// use client_core::RedisRequirements;
+///
+/// // What an application that also sends WAIT on the same Redis needs.
+/// const MINE: RedisRequirements = RedisRequirements {
+///     min_version: (7, 0),
+///     commands: &[("XADD", "publishing"), ("WAIT", "durable writes")],
+/// };
+/// assert!(MINE.commands.iter().any(|(command, _)| *command == "WAIT"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedisRequirements {
     /// Oldest acceptable `(major, minor)`.
@@ -35,6 +48,19 @@ pub struct RedisCapabilities {
 }
 
 /// The check failed.
+///
+/// ```
+/// use client_core::RedisCheckError;
+///
+/// fn report(e: &RedisCheckError) {
+///     if e.is_unsupported() {
+///         eprintln!("this Redis cannot serve the client until it is upgraded or reconfigured: {e}");
+///     } else {
+///         eprintln!("Redis did not answer the check; it runs again on the next connection: {e}");
+///     }
+/// }
+/// # let _ = report;
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum RedisCheckError {
@@ -65,8 +91,10 @@ pub enum RedisCheckError {
         detail: String,
     },
     /// The ACL user the client connects as may not send commands (or touch keys) the client needs: each entry
-    /// names the command, its key if any, and Redis's `NOPERM` answer. Grant them (`deploy/redis/README.md`
+    /// names the command, its key if any, and Redis's `NOPERM` answer. Grant them ([`deploy/redis/README.md`]
     /// lists what each SDK mode needs) or connect as another user.
+    ///
+    /// [`deploy/redis/README.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/deploy/redis/README.md
     #[error("Redis at {url} refuses this ACL user what the client needs: {}", refused.join("; "))]
     NotPermitted {
         /// The server's URL, without password.
@@ -81,7 +109,7 @@ pub enum RedisCheckError {
         url: String,
         /// The Redis error.
         #[source]
-        source: redis::RedisError,
+        source: RedisFailure,
     },
 }
 
@@ -96,9 +124,7 @@ impl RedisCheckError {
             | RedisCheckError::Unreadable { .. } => true,
             // An error *reply* (COMMAND renamed away, NOPERM) is the server's configuration; a dropped connection
             // or a timeout is not.
-            RedisCheckError::Query { source, .. } => {
-                !(source.is_io_error() || source.is_timeout() || source.is_connection_dropped())
-            }
+            RedisCheckError::Query { source, .. } => !(source.is_timeout() || source.is_connection_dropped()),
         }
     }
 }
@@ -208,7 +234,7 @@ where
         },
         _ => RedisCheckError::Query {
             url: url.clone(),
-            source,
+            source: RedisFailure::from_redis(source),
         },
     };
     let hello = redis::cmd("HELLO").query_async::<redis::Value>(conn).await;

@@ -21,6 +21,17 @@ use std::sync::Arc;
 use thiserror::Error;
 
 /// A version store failed.
+///
+/// ```
+/// use client_core::VersionStoreError;
+///
+/// // What a custom store returns when its backend fails (a database driver's error, or a message).
+/// let e = VersionStoreError::other("row locked");
+/// assert!(matches!(e, VersionStoreError::Other(_)));
+/// // A value that is not a version is final; the rest may pass.
+/// let retry_later = !matches!(e, VersionStoreError::Corrupt(_));
+/// assert!(retry_later);
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum VersionStoreError {
@@ -51,6 +62,40 @@ impl VersionStoreError {
 ///
 /// Implementations must be monotonic: `store` of a lower value than the stored one keeps the higher one.
 /// The SDKs call `load` once at start and `store` only when the observed maximum grows, off the hot path.
+///
+/// A store of one's own (a database row, a config service); this one keeps a map, as a stand-in:
+/// ```
+/// use client_core::{VersionStore, VersionStoreError};
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+///
+/// #[derive(Default)]
+/// struct MapStore(Mutex<HashMap<String, u64>>);
+///
+/// impl VersionStore for MapStore {
+///     async fn load(&self, key: &str) -> Result<u64, VersionStoreError> {
+///         let map = self.0.lock().map_err(|_| VersionStoreError::other("poisoned"))?;
+///         Ok(map.get(key).copied().unwrap_or(0))
+///     }
+///
+///     async fn store(&self, key: &str, version: u64) -> Result<(), VersionStoreError> {
+///         let mut map = self.0.lock().map_err(|_| VersionStoreError::other("poisoned"))?;
+///         let stored = map.entry(key.to_owned()).or_insert(0);
+///         *stored = (*stored).max(version); // monotonic: a lower version keeps the higher one
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), VersionStoreError> {
+/// let store = MapStore::default();
+/// store.store("orders/billing", 7).await?;
+/// store.store("orders/billing", 5).await?;
+/// assert_eq!(store.load("orders/billing").await?, 7);
+/// # Ok(())
+/// # }
+/// ```
+/// Give it to a consumer with `ConsumerBuilder::version_store`, to a producer with `ProducerBuilder::version_store`.
 pub trait VersionStore: Send + Sync + 'static {
     /// The highest version stored for `key`, 0 when none.
     fn load(&self, key: &str) -> impl Future<Output = Result<u64, VersionStoreError>> + Send;
@@ -60,6 +105,20 @@ pub trait VersionStore: Send + Sync + 'static {
 
 /// Remembers versions in memory. [`MemoryVersionStore::process`] is the SDKs' default: one store for the whole
 /// process; [`MemoryVersionStore::new`] makes a separate one (tests, or clients that must not share).
+///
+/// ```
+/// use client_core::{MemoryVersionStore, VersionStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), client_core::VersionStoreError> {
+/// let store = MemoryVersionStore::new();
+/// store.store("orders", 3).await?;
+/// // Clones share the versions; `MemoryVersionStore::process()` is the one store of the whole process.
+/// assert_eq!(store.clone().load("orders").await?, 3);
+/// assert_eq!(store.load("payments").await?, 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryVersionStore {
     versions: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU64>>>>,
@@ -195,6 +254,22 @@ impl std::fmt::Debug for SharedVersionStore {
 
 /// Keeps each key's version in a small file in a directory, written atomically (temp file, fsync, rename, fsync
 /// of the directory), so a restarted process still knows the highest version it saw before.
+///
+/// ```
+/// use client_core::{FileVersionStore, VersionStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), client_core::VersionStoreError> {
+/// # let tmp = tempfile::tempdir()?;
+/// # let dir = tmp.path();
+/// // `dir`: a directory that outlives the process (a persistent volume).
+/// let store = FileVersionStore::new(dir)?;
+/// store.store("orders", 12).await?;
+/// // A restarted process reads what the last one stored.
+/// assert_eq!(FileVersionStore::new(dir)?.load("orders").await?, 12);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FileVersionStore {
     dir: PathBuf,
@@ -269,6 +344,15 @@ impl VersionStore for FileVersionStore {
 
 /// The key under which a consumer of `group` on `stream` keeps its highest observed group metadata version
 /// (`"<stream>/<group>"`; re-exported as `stream_consumer::version_store::version_key`).
+///
+/// ```
+/// use client_core::version_store::group_version_key;
+/// use protocol::names::{GroupName, StreamName};
+///
+/// let key = group_version_key(&StreamName::new("orders")?, &GroupName::new("billing")?);
+/// assert_eq!(key, "orders/billing");
+/// # Ok::<(), protocol::NameError>(())
+/// ```
 pub fn group_version_key(stream: &protocol::names::StreamName, group: &protocol::names::GroupName) -> String {
     format!("{stream}/{group}")
 }

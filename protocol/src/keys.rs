@@ -4,7 +4,7 @@
 //!
 //! | key | tag | what it holds |
 //! |---|---|---|
-//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group's metadata in fields (hash: `group`, `m:<member>`, `s:<block>`, `log:<revision>`, and `revision`, `livenessRevision`, `schemaVersion`, `layoutVersion`, `updatedAt`, `runId`; see docs/protocol.md §6.2.1) |
+//! | `redis-stream:coord:{<stream>:<group>}:metadata` | group | the group's metadata in fields (hash: `group`, `m:<member>`, `s:<block>`, `log:<revision>`, and `revision`, `livenessRevision`, `schemaVersion`, `layoutVersion`, `updatedAt`, `runId`; see [`docs/protocol.md`] §6.2.1) |
 //! | `redis-stream:coord:{<stream>:<group>}:liveness` | group | member leases renewed by no-change heartbeats (hash: member id -> lease end, Redis time in ms) |
 //! | `redis-stream:coord:{<stream>:<group>}:mutex` | group | the group's critical-section mutex (`SET NX PX`) |
 //! | `redis-stream:coord:{<stream>}:routing` | stream | shard count and routing version of a stream (hash, same fields as metadata) |
@@ -30,6 +30,8 @@
 //! masters measured 4 / 2 / 2). A shard's slot depends on the stream and `n` only, never on the shard count, so
 //! growing a stream renames no key; `key_slot(stream)` keeps shard 0 of different streams on different
 //! masters.
+//!
+//! [`docs/protocol.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/protocol.md
 
 use crate::names::{GroupName, StreamName};
 use crate::version::ShardId;
@@ -149,7 +151,9 @@ pub fn shard_fence(stream: &StreamName, shard: ShardId) -> String {
 }
 
 /// Hash fields of a [`shard_fence`] key: the shard's own record, in its own hash slot. Written only by the
-/// coordinator (see `docs/resharding.md`, "Shard records").
+/// coordinator (see [`docs/resharding.md`], "Shard records").
+///
+/// [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
 pub mod shard_fence_fields {
     /// The lowest routing version a producer must present to write into the shard (decimal).
     pub const ROUTING_VERSION: &str = "routingVersion";

@@ -66,7 +66,9 @@ pub struct HeartbeatRequest {
     pub revoking: Vec<RevokingShard>,
     /// The highest routing version the client has seen (answers' `routingVersion`, kept across processes by its
     /// version store); 0 when it reports none. Above the stored routing, the coordinator restores the routing
-    /// (see `docs/resharding.md`, "When Redis forgets a growth").
+    /// (see [`docs/resharding.md`], "When Redis forgets a growth").
+    ///
+    /// [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
     #[serde(default, skip_serializing_if = "is_zero_routing")]
     pub max_routing_version: RoutingVersion,
     /// The highest shard count the client has seen; 0 when it reports none.
@@ -393,8 +395,10 @@ pub struct GroupRef {
     pub group: GroupName,
 }
 
-/// `GET /v1/quota`: the quotas of the token that asks, and how much of each it uses (see `docs/operations.md`,
+/// `GET /v1/quota`: the quotas of the token that asks, and how much of each it uses (see [`docs/operations.md`],
 /// "Quotas").
+///
+/// [`docs/operations.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/operations.md
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuotaDescription {

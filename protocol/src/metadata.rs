@@ -117,8 +117,10 @@ pub struct GroupMetadata {
     /// The open metadata correction round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correction: Option<CorrectionRound>,
-    /// Growths adopted and not finished, oldest first: their children are held (see `docs/resharding.md`).
+    /// Growths adopted and not finished, oldest first: their children are held (see [`docs/resharding.md`]).
     /// Absent when none is open, so a group that never grew writes exactly what older builds wrote.
+    ///
+    /// [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reshards: Vec<GroupReshard>,
     /// The highest incarnation minted for this group (0 before the first join under a build with incarnations).
@@ -192,7 +194,9 @@ pub struct ShardRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoke_since_version: Option<MetadataVersion>,
     /// The token minted when the current owner got the shard (or the last owner's, while it has none); 0 before
-    /// the shard's first owner. Only ever grows: see `docs/fencing.md`.
+    /// the shard's first owner. Only ever grows: see [`docs/fencing.md`].
+    ///
+    /// [`docs/fencing.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/fencing.md
     #[serde(default, skip_serializing_if = "is_zero_token")]
     pub fencing_token: FencingToken,
 }
@@ -201,7 +205,9 @@ fn is_zero_token(t: &FencingToken) -> bool {
     t.0 == 0
 }
 
-/// An open metadata correction round (see `docs/protocol.md`).
+/// An open metadata correction round (see [`docs/protocol.md`]).
+///
+/// [`docs/protocol.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/protocol.md
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CorrectionRound {

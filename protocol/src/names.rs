@@ -89,16 +89,43 @@ macro_rules! name {
 
 name!(
     /// The prefix of a logical stream; its shards are Redis stream keys built from it (see [`crate::keys`]).
+    ///
+    /// ```
+    /// use protocol::names::StreamName;
+    ///
+    /// let stream = StreamName::new("orders")?;
+    /// assert_eq!(stream.as_str(), "orders");
+    /// assert!(StreamName::new("orders/eu").is_err(), "`/` separates names in keys");
+    /// # Ok::<(), protocol::NameError>(())
+    /// ```
     StreamName,
     "stream"
 );
 name!(
     /// A consumer group reading one logical stream.
+    ///
+    /// ```
+    /// use protocol::names::GroupName;
+    ///
+    /// let group: GroupName = "billing".parse()?;
+    /// assert_eq!(group.to_string(), "billing");
+    /// # Ok::<(), protocol::NameError>(())
+    /// ```
     GroupName,
     "group"
 );
 name!(
     /// A consumer's identity in a group; also its Redis consumer name on every shard stream.
+    ///
+    /// ```
+    /// use protocol::names::MemberId;
+    ///
+    /// // One id per process, stable across its restarts (a pod name, say).
+    /// let member = MemberId::new("billing-worker-1")?;
+    /// assert_eq!(member.as_str(), "billing-worker-1");
+    /// assert!(MemberId::new("").is_err());
+    /// # Ok::<(), protocol::NameError>(())
+    /// ```
     MemberId,
     "member id"
 );

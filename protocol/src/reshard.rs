@@ -1,9 +1,11 @@
-//! The records of a stream's growth (see `docs/resharding.md`): what the routing remembers of each add-shards
+//! The records of a stream's growth (see [`docs/resharding.md`]): what the routing remembers of each add-shards
 //! (the seal position of every parent shard) and what a group remembers of the growths it adopted (which parents
 //! it has drained up to their seal).
 //!
 //! Both are plain data checked on decode; the rules that move them are the coordinator's
 //! (`coord-server/src/state_machine/reshard.rs`).
+//!
+//! [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +19,17 @@ use crate::version::{RoutingVersion, ShardId};
 pub const MAX_RECORDED_GROWTHS: usize = 64;
 
 /// A Redis stream entry id `<ms>-<seq>`, ordered as Redis orders them.
+///
+/// ```
+/// use protocol::EntryId;
+///
+/// let id: EntryId = "1700000000000-2".parse()?;
+/// assert_eq!((id.ms, id.seq), (1_700_000_000_000, 2));
+/// assert!(id > EntryId::ZERO);
+/// assert_eq!(id.to_string(), "1700000000000-2");
+/// assert!("not-an-id".parse::<EntryId>().is_err());
+/// # Ok::<(), protocol::reshard::EntryIdError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EntryId {
     /// Milliseconds part.
@@ -61,6 +74,13 @@ impl fmt::Display for EntryId {
 }
 
 /// Why a text is not an entry id.
+///
+/// ```
+/// use protocol::EntryId;
+///
+/// let e = "12-x".parse::<EntryId>().unwrap_err();
+/// eprintln!("refused: {e}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryIdError(pub String);
 

@@ -7,6 +7,27 @@ use std::fmt;
 ///
 /// The first three are answers to a well-formed heartbeat; the rest are errors, sent in an
 /// [`ErrorResponse`](crate::messages::ErrorResponse) with the HTTP status of [`Status::http_status`].
+///
+/// ```
+/// use protocol::Status;
+///
+/// fn what_to_do(status: Status) -> &'static str {
+///     if status.is_replaced() {
+///         "stop for good"
+///     } else if status.requires_rejoin() {
+///         "drop the assignment and join again"
+///     } else if status.is_retryable() {
+///         "try again later"
+///     } else if status.is_error() {
+///         "give up"
+///     } else {
+///         "carry on"
+///     }
+/// }
+/// assert_eq!(what_to_do(Status::StoreUnavailable), "try again later");
+/// assert_eq!(what_to_do(Status::Ok), "carry on");
+/// assert_eq!(Status::StoreUnavailable.as_str(), "STORE_UNAVAILABLE");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[non_exhaustive]

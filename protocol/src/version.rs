@@ -32,7 +32,9 @@ macro_rules! counter {
 
 counter!(
     /// Version of a group's metadata: +1 on every committed change of the group aggregate (held still during a
-    /// metadata correction round, see `docs/protocol.md`). Clients remember the highest one they saw.
+    /// metadata correction round, see [`docs/protocol.md`]). Clients remember the highest one they saw.
+    ///
+    /// [`docs/protocol.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/protocol.md
     MetadataVersion(u64)
 );
 impl MetadataVersion {
@@ -44,6 +46,14 @@ impl MetadataVersion {
 
 counter!(
     /// Version of a stream's routing (shard count, resharding records): +1 on every committed change.
+    ///
+    /// ```
+    /// use protocol::RoutingVersion;
+    ///
+    /// let v = RoutingVersion(4);
+    /// assert!(v.next() > v);
+    /// assert_eq!(v.to_string(), "4");
+    /// ```
     RoutingVersion(u64)
 );
 counter!(
@@ -59,8 +69,26 @@ counter!(
 counter!(
     /// Fencing token of one shard of one group: strictly greater for every new owner of the shard (a new member
     /// or a new incarnation of the same member), and never reused across coordinator restarts, a Redis rollback
-    /// or a recreated group (see `docs/fencing.md`). Pass it with every side effect of a handler so the target
+    /// or a recreated group (see [`docs/fencing.md`]). Pass it with every side effect of a handler so the target
     /// can refuse writes from an owner that lost the shard.
+    ///
+    /// ```
+    /// use protocol::FencingToken;
+    ///
+    /// // What a fenced target keeps per key: the highest token it accepted.
+    /// fn accept(highest: &mut FencingToken, presented: FencingToken) -> bool {
+    ///     if presented < *highest {
+    ///         return false; // an owner that lost the shard
+    ///     }
+    ///     *highest = presented;
+    ///     true
+    /// }
+    /// let mut highest = FencingToken(7);
+    /// assert!(accept(&mut highest, FencingToken(8)));
+    /// assert!(!accept(&mut highest, FencingToken(7)));
+    /// ```
+    ///
+    /// [`docs/fencing.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/fencing.md
     FencingToken(u64)
 );
 
@@ -71,12 +99,14 @@ impl FencingToken {
 
 counter!(
     /// One incarnation of a member: what a join creates, minted by the coordinator and never reused within a
-    /// group (like a fencing token, it stays above every incarnation of a lost history: see `docs/protocol.md`,
+    /// group (like a fencing token, it stays above every incarnation of a lost history: see [`docs/protocol.md`],
     /// "Incarnations"). A member id is a name that a new process, or the same process after it gave its shards
     /// back, may take again; an incarnation names one join of one process. Every heartbeat, acknowledgement and
     /// leave names the incarnation it speaks for, and the coordinator applies it only to that incarnation.
     ///
     /// `0` names no incarnation: a process's first join.
+    ///
+    /// [`docs/protocol.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/protocol.md
     Incarnation(u64)
 );
 
@@ -124,6 +154,15 @@ impl From<AssignmentEpoch> for MemberEpoch {
 }
 
 /// One shard of a logical stream, `0..shard_count`.
+///
+/// ```
+/// use protocol::ShardId;
+///
+/// let shard = ShardId(3);
+/// let mut lag_per_shard = vec![0u64; 8];
+/// lag_per_shard[shard.index()] += 1;
+/// assert_eq!(shard.to_string(), "3");
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ShardId(pub u32);

@@ -9,6 +9,20 @@ use std::time::Duration;
 use crate::error::ConfigError;
 
 /// Where a consumer group starts on a shard stream that has no such group yet.
+///
+/// ```
+/// use stream_consumer::{Consumer, Message, StartPosition};
+///
+/// // An audit group that only wants what is published from now on.
+/// let consumer = Consumer::builder("orders", "audit")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .start_from(StartPosition::End)
+///     .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+///     .build()?;
+/// assert_eq!(consumer.config().start_from, StartPosition::End);
+/// # Ok::<(), stream_consumer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StartPosition {
     /// From the first entry (`XGROUP CREATE ... 0`): nothing published before the first consumer ran is lost.
@@ -36,6 +50,22 @@ impl StartPosition {
 /// [`ConsumerConfig::validate`]: `heartbeat_interval < assignment_lease <= member_ttl`, `request_timeout <
 /// assignment_lease`, `2 * lease_safety_margin < assignment_lease`, and every duration positive and at most one
 /// day.
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_consumer::{Consumer, Message, Timings};
+///
+/// let mut timings = Timings::default();
+/// timings.drain_timeout = Duration::from_secs(10);
+/// let consumer = Consumer::builder("orders", "billing")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .timings(timings)
+///     .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+///     .build()?;
+/// assert_eq!(consumer.config().timings.drain_timeout, Duration::from_secs(10));
+/// # Ok::<(), stream_consumer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Timings {
@@ -94,6 +124,20 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// A validated consumer configuration (readable through [`Consumer::config`](crate::Consumer::config)). `Debug` hides the coordinator
 /// token and the Redis URL's credentials.
+///
+/// ```
+/// # use stream_consumer::{Consumer, Message};
+/// # let consumer = Consumer::builder("orders", "billing")
+/// #     .coordinator("http://coordinator:7400")
+/// #     .redis("redis://redis:6379")
+/// #     .handler(|_m: Message| async { Ok::<_, std::io::Error>(()) })
+/// #     .build()?;
+/// let config = consumer.config();
+/// println!("{} reads {} in group {}", config.member_id, config.stream, config.group);
+/// assert_eq!(config.coordinator_urls, ["http://coordinator:7400"]);
+/// assert!(config.member_id_generated, "no member id was given");
+/// # Ok::<(), stream_consumer::ConfigError>(())
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ConsumerConfig {
@@ -157,7 +201,7 @@ impl ConsumerConfig {
         } else {
             redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
                 url: protocol::redact::redact_url(&self.redis_url),
-                source,
+                source: client_core::RedisFailure::from_redis(source),
             })?;
         }
         let t = &self.timings;

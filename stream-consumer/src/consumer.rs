@@ -20,7 +20,7 @@ use crate::supervisor::Driver;
 use client_core::membership::Membership;
 use client_core::version_store::group_version_key as version_key;
 use client_core::SharedVersionStore;
-use client_core::{CoordClient, CoordTransport, PersistPolicy, VersionPersister};
+use client_core::{CoordClient, CoordTransport, PersistPolicy, RedisFailure, VersionPersister};
 
 /// A consumer group member, configured and not yet running.
 ///
@@ -141,7 +141,7 @@ impl Consumer {
     /// [`ConsumerError::RedisUnusable`] (or [`ConsumerError::Redis`]) when Redis fails the check.
     pub async fn start(self) -> Result<ConsumerHandle, ConsumerError> {
         let (_, nodes) = crate::redis_nodes::open(&self.config.redis_url, self.config.timings.redis_response_timeout)
-            .map_err(ConsumerError::Redis)?;
+            .map_err(|e| ConsumerError::Redis(RedisFailure::from_redis(e)))?;
         check_redis(&nodes, &self.config).await?;
         Ok(self.spawn_checked(true))
     }
@@ -193,8 +193,8 @@ impl Consumer {
         let key = version_key(&c.stream, &c.group);
         let max_observed = self.store.load(&key).await?;
         // Lazy: Redis being down at start is an outage to ride out, not a start failure.
-        let (conn, redis) =
-            crate::redis_nodes::open(&c.redis_url, c.timings.redis_response_timeout).map_err(ConsumerError::Redis)?;
+        let (conn, redis) = crate::redis_nodes::open(&c.redis_url, c.timings.redis_response_timeout)
+            .map_err(|e| ConsumerError::Redis(RedisFailure::from_redis(e)))?;
         if !checked {
             check_redis(&redis, c).await?;
         }
@@ -264,6 +264,23 @@ impl Consumer {
 ///
 /// Dropping the handle begins a graceful close in the background (it cannot wait for it); call
 /// [`close`](ConsumerHandle::close) to wait for the close and learn how it went.
+///
+/// ```no_run
+/// # async fn example(consumer: stream_consumer::Consumer) -> Result<(), stream_consumer::ConsumerError> {
+/// // Checks the shard streams' Redis, then joins in the background.
+/// let handle = consumer.start().await?;
+/// let mut status = handle.watch_status();
+/// while !status.borrow().joined {
+///     if status.changed().await.is_err() {
+///         break; // the consumer stopped
+///     }
+/// }
+/// println!("reading {:?}", handle.status().reading);
+/// let report = handle.close().await?;
+/// println!("left the group: {}", report.left);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ConsumerHandle {
     member_id: MemberId,

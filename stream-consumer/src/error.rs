@@ -1,11 +1,23 @@
 //! Errors of the consumer SDK.
 
-use client_core::{CoordError, RedisCheckError, VersionStoreError};
+use client_core::{CoordError, RedisCheckError, RedisFailure, VersionStoreError};
 use protocol::Status;
 use std::time::Duration;
 use thiserror::Error;
 
 /// The error a handler returns; any error type converts into it (`anyhow::Error`, `std::io::Error`, a `String`).
+///
+/// ```
+/// use stream_consumer::{HandlerError, Message};
+///
+/// // `?` turns any error into a `HandlerError`: the entry stays pending and is retried.
+/// async fn handle(msg: Message) -> Result<(), HandlerError> {
+///     let amount: u64 = msg.get_str("amount").ok_or("no amount field")?.parse()?;
+///     println!("charging {amount}");
+///     Ok(())
+/// }
+/// # let _ = handle;
+/// ```
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A consumer configuration that [`ConsumerBuilder::build`](crate::ConsumerBuilder::build) refuses; nothing was
@@ -13,6 +25,19 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub use client_core::ConfigError;
 
 /// A consumer stopped with an error.
+///
+/// ```
+/// # async fn example(consumer: stream_consumer::Consumer) {
+/// use stream_consumer::{CancellationToken, ConsumerError};
+///
+/// match consumer.run(CancellationToken::new()).await {
+///     Ok(report) => println!("closed; left the group: {}", report.left),
+///     Err(e @ ConsumerError::Replaced { .. }) => eprintln!("another process took over: {e}"),
+///     Err(e) if e.is_retryable() => eprintln!("an outage; start again later: {e}"),
+///     Err(e) => eprintln!("fix the configuration or the deployment: {e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConsumerError {
@@ -29,7 +54,7 @@ pub enum ConsumerError {
     CoordinatorClient(#[source] CoordError),
     /// The Redis client could not be set up.
     #[error("cannot set up the Redis client: {0}")]
-    Redis(#[source] redis::RedisError),
+    Redis(#[source] RedisFailure),
     /// The shard streams' Redis failed the start-up check, so the consumer did not join (it would have been
     /// assigned shards it cannot read).
     #[error("Redis at {url} cannot be used: {reason}")]
@@ -58,12 +83,28 @@ pub enum ConsumerError {
 }
 
 /// Why the shard streams' Redis failed the consumer's start-up check ([`ConsumerError::RedisUnusable`]).
+///
+/// ```
+/// use stream_consumer::{ConsumerError, RedisUnusableReason};
+///
+/// fn explain(e: &ConsumerError) -> Option<String> {
+///     let ConsumerError::RedisUnusable { url, reason } = e else {
+///         return None;
+///     };
+///     Some(match reason {
+///         RedisUnusableReason::TimedOut(after) => format!("{url} did not answer within {after:?}"),
+///         r if r.is_unsupported() => format!("{url} cannot serve the consumer: {r}"),
+///         r => format!("{url} is unreachable for now: {r}"),
+///     })
+/// }
+/// # let _ = explain;
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum RedisUnusableReason {
     /// No connection could be opened.
     #[error("cannot connect: {0}")]
-    Connect(#[source] redis::RedisError),
+    Connect(#[source] RedisFailure),
     /// The server answered, and is too old, lacks a command the consumer sends, or answered the check with an
     /// error.
     #[error(transparent)]

@@ -48,7 +48,7 @@
 //!   connection breaks with the failover, and a reader that reconnects re-delivers pending entries before it reads
 //!   new ones (as the next owner of a moved shard does), so the handler runs again for that entry: at-least-once,
 //!   never a loss. The consumer does not wait for replicas after an `XACK` (it would only make such a duplicate
-//!   rarer); see `docs/failure-handling.md`, "Data writes a Redis failover loses".
+//!   rarer); see [`docs/failure-handling.md`], "Data writes a Redis failover loses".
 //! * **Per-shard order.** Entries of one shard are handled one at a time, in stream order; a failing entry holds
 //!   its shard until it succeeds or is dead-lettered. Shards run concurrently.
 //! * **No shard is read by two members at once**, as long as the coordinator's rules hold: a member reads a shard
@@ -89,7 +89,7 @@
 //!   previous batch just ahead of the read; one shared `ConnectionManager` for the rest. The dedicated one is a
 //!   `redis_link::PipelinedConnection` (RESP2, plain TCP or Unix socket like the rest of the SDK): the read's
 //!   reply, which carries every record, is decoded straight from its bytes into entries, at about half the client
-//!   CPU per record of redis-rs's general reply parser (`BENCHMARKS.md`, issue 17).
+//!   CPU per record of redis-rs's general reply parser ([`BENCHMARKS.md`], issue 17).
 //! * On gaining a shard the reader first re-delivers the pending entries earlier owners left (`XAUTOCLAIM` from
 //!   `0-0`, min-idle 0, to the end of the cursor), then reads new entries.
 //! * Dead letters: `redis-stream:dead-letter:{<stream>:<n>:<salt>}` ([`protocol::keys::dead_letter_stream`]); fields
@@ -105,7 +105,7 @@
 //! Send it with every side effect and let the target refuse a token lower than one it has already seen; a worker
 //! that resumes after its shard moved is then rejected instead of overwriting the new owner's work.
 //! [`RebalanceListener::on_assigned`] gets the token too. The pattern, its limits, and a Redis script that
-//! enforces it: `docs/fencing.md` and the `fenced_writer` example.
+//! enforces it: [`docs/fencing.md`] and the [`fenced_writer`] example.
 //! ```no_run
 //! use stream_consumer::Message;
 //!
@@ -152,12 +152,17 @@
 //! * [`version_store`]: the version-store SPI (re-exported from `client_core`, shared with the producer; declared
 //!   in this file).
 //! * `error`: [`ConsumerError`] (with [`is_retryable`](ConsumerError::is_retryable)), [`ConfigError`],
-//!   [`HandlerError`], [`RedisUnusableReason`]. [`CoordError`] and [`RedisCheckError`], which they carry, are
-//!   re-exported.
+//!   [`HandlerError`], [`RedisUnusableReason`]. [`CoordError`], [`RedisCheckError`] and [`RedisFailure`] (the
+//!   Redis client's error, wrapped; [`HttpFailure`] is the HTTP client's), which they carry, are re-exported.
 //! * [`metrics`]: metric names, labels, and where each is updated.
 //!
 //! The coordinator HTTP client (several URLs, failover on connection errors and on
 //! `503 COORDINATOR_TERMINATING`) is `client_core::CoordClient`, shared with the producer SDK.
+//!
+//! [`docs/failure-handling.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/failure-handling.md
+//! [`BENCHMARKS.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/BENCHMARKS.md
+//! [`docs/fencing.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/fencing.md
+//! [`fenced_writer`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/examples/src/bin/fenced_writer.rs
 #![warn(missing_docs)]
 
 mod builder;
@@ -181,15 +186,17 @@ mod supervisor;
 /// The version-store SPI, shared with the producer SDK (defined once in `client_core`, re-exported here).
 ///
 /// The consumer keeps the highest group metadata version it has ever observed under the key
-/// `"<stream>/<group>"` ([`version_key`]). It loads it once at start and stores it every time it grows, retrying
-/// a failed write until it succeeds ([`client_core::persist`]: the consumer keeps reading within its lease
+/// `"<stream>/<group>"` ([`version_key`](version_store::version_key)). It loads it once at start and stores it
+/// every time it grows, retrying a failed write until it succeeds ([`client_core::persist`]: the consumer keeps reading within its lease
 /// meanwhile, and says so in a `warn` log and the `redis_stream_consumer_version_store_failures_total` /
 /// `redis_stream_consumer_version_unpersisted` metrics). The default is the process-wide
 /// [`MemoryVersionStore::process`], shared by every consumer and producer of the process, so a consumer
 /// recreated in the same process still reports what an earlier one saw; [`FileVersionStore`] keeps it across
 /// restarts, so a restarted process still reports the version it saw before, and the coordinator notices a
 /// Redis rollback that happened while the process was down. A custom store (a database row, a config service)
-/// implements [`VersionStore`]; see `examples/custom_version_store.rs`.
+/// implements [`VersionStore`]; see [`examples/custom_version_store.rs`].
+///
+/// [`examples/custom_version_store.rs`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/stream-consumer/examples/custom_version_store.rs
 pub mod version_store {
     pub use client_core::version_store::group_version_key as version_key;
     pub use client_core::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
@@ -207,7 +214,7 @@ pub use pull::{AckError, MessageStream, PulledMessage};
 pub use status::{CloseReport, ConsumerStatus, HeartbeatCounters};
 pub use version_store::{FileVersionStore, MemoryVersionStore, VersionStore, VersionStoreError};
 
-pub use client_core::{CoordError, RedisCheckError};
+pub use client_core::{CoordError, HttpErrorKind, HttpFailure, RedisCheckError, RedisErrorKind, RedisFailure};
 pub use protocol::names::{GroupName, MemberId, StreamName};
 pub use protocol::{FencingToken, ShardId, Status};
 pub use tokio_util::sync::CancellationToken;

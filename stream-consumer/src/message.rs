@@ -18,8 +18,8 @@ pub use protocol::reshard::EntryIdError as ParseEntryIdError;
 ///
 /// # Example
 /// A handler that credits an account in another Redis, fenced by the shard's token so that an owner which lost
-/// the shard during a pause cannot overwrite the next owner's write (`docs/fencing.md`; the full script, with
-/// input checks, is `examples/src/fenced_hset.lua`).
+/// the shard during a pause cannot overwrite the next owner's write ([`docs/fencing.md`]; the full script, with
+/// input checks, is [`examples/src/fenced_hset.lua`]).
 /// ```no_run
 /// use redis::aio::ConnectionManager;
 /// use stream_consumer::{Consumer, Message};
@@ -60,6 +60,9 @@ pub use protocol::reshard::EntryIdError as ParseEntryIdError;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// [`docs/fencing.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/fencing.md
+/// [`examples/src/fenced_hset.lua`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/examples/src/fenced_hset.lua
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     // Shared, not copied: the reader keeps the message for retries and the dead letter while the handler owns its
@@ -121,8 +124,10 @@ impl Message {
 
     /// The fencing token of the shard for this member: strictly greater than the token of every earlier owner of
     /// the shard. Pass it with the handler's side effects so that the target refuses writes carrying a lower one
-    /// (a worker that resumed after a pause, while the shard's next owner already wrote): see `docs/fencing.md`.
+    /// (a worker that resumed after a pause, while the shard's next owner already wrote): see [`docs/fencing.md`].
     /// `0` when the coordinator sent no token (an older coordinator).
+    ///
+    /// [`docs/fencing.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/fencing.md
     pub fn fencing_token(&self) -> FencingToken {
         self.fencing_token
     }

@@ -119,6 +119,15 @@ pub const CLIENT_ERROR: &str = "CLIENT_ERROR";
 
 /// Every value of the `status` label: the wire statuses, then the client-side outcomes. All are registered at
 /// build time, so each series exists from 0 and `rate()` sees the first failure.
+///
+/// ```
+/// use stream_consumer::metrics::{heartbeat_statuses, UNREACHABLE};
+///
+/// // e.g. one alert rule per status label.
+/// let statuses: Vec<&str> = heartbeat_statuses().collect();
+/// assert!(statuses.contains(&"OK"));
+/// assert!(statuses.contains(&UNREACHABLE));
+/// ```
 pub fn heartbeat_statuses() -> impl Iterator<Item = &'static str> {
     Status::ALL
         .iter()

@@ -32,6 +32,19 @@ enum Decision {
 
 /// An acknowledgement that did not count: nothing was sent to Redis for it and the entry stays pending (it is
 /// delivered again, to this member or to the shard's next owner).
+///
+/// ```
+/// # async fn example(msg: stream_consumer::PulledMessage) {
+/// use stream_consumer::AckError;
+///
+/// match msg.ack().await {
+///     Ok(()) => {}
+///     // Nothing was acknowledged: the entry is delivered again, here or to the shard's next owner.
+///     Err(AckError::LeaseExpired) => eprintln!("too late to acknowledge"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AckError {
@@ -47,6 +60,20 @@ pub enum AckError {
 /// Settle it with [`ack`](PulledMessage::ack) or [`nack`](PulledMessage::nack). Its shard waits until then
 /// (entries of one shard are delivered one at a time, in order). Dropping it without a verdict counts as a
 /// [`nack`](PulledMessage::nack).
+///
+/// ```
+/// # async fn example(msg: stream_consumer::PulledMessage) -> Result<(), stream_consumer::AckError> {
+/// if msg.is_expired() {
+///     return Ok(()); // dropped unsettled: a nack, delivered again
+/// }
+/// let readable = msg.get_str("amount").is_some_and(|a| a.parse::<u64>().is_ok());
+/// if readable {
+///     msg.ack().await
+/// } else {
+///     msg.dead_letter("amount missing or not a number").await
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct PulledMessage {
     message: Message,

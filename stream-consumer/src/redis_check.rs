@@ -2,6 +2,7 @@
 //! rejoins after giving its shards back).
 
 use client_core::redis_check::{check_redis as check_server, RedisRequirements, MIN_REDIS_VERSION};
+use client_core::RedisFailure;
 use redis::AsyncConnectionConfig;
 
 use redis_link::Nodes;
@@ -49,13 +50,13 @@ pub(crate) async fn check_redis(nodes: &Nodes, config: &ConsumerConfig) -> Resul
     let targets = tokio::time::timeout(bound, nodes.check_targets())
         .await
         .map_err(|_| unusable(None, RedisUnusableReason::TimedOut(bound)))?
-        .map_err(|e| unusable(None, RedisUnusableReason::Connect(e)))?;
+        .map_err(|e| unusable(None, RedisUnusableReason::Connect(RedisFailure::from_redis(e))))?;
     for (node, client) in targets {
         let check = async {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&connection)
                 .await
-                .map_err(|e| unusable(node.as_ref(), RedisUnusableReason::Connect(e)))?;
+                .map_err(|e| unusable(node.as_ref(), RedisUnusableReason::Connect(RedisFailure::from_redis(e))))?;
             check_server(&mut conn, &config.redis_url, &REDIS_REQUIREMENTS)
                 .await
                 .map(|_| ())

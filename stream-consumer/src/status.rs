@@ -7,6 +7,16 @@ use std::time::Instant;
 
 /// Counters of heartbeat outcomes since the consumer started (a monitoring signal: heartbeat success and
 /// failure by status).
+///
+/// ```
+/// # fn example(handle: &stream_consumer::ConsumerHandle) {
+/// let counters = handle.status().heartbeats;
+/// let sent = counters.answers() + counters.fenced + counters.unknown_member + counters.failed;
+/// if sent > 0 && counters.failed * 10 > sent {
+///     eprintln!("more than 10 % of heartbeats failed: {counters:?}");
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HeartbeatCounters {
@@ -50,6 +60,18 @@ impl HeartbeatCounters {
 }
 
 /// A snapshot of a consumer's state, published after every change (see [`Consumer::status`](crate::Consumer::status)).
+///
+/// ```
+/// # fn example(handle: &stream_consumer::ConsumerHandle) {
+/// let status = handle.status();
+/// if status.joined {
+///     println!("{} reads {:?} at epoch {:?}", status.member_id, status.reading, status.member_epoch);
+/// }
+/// if let Some(end) = status.lease_expires_at {
+///     println!("lease ends in {:?}", end.saturating_duration_since(std::time::Instant::now()));
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConsumerStatus {
@@ -105,6 +127,19 @@ impl ConsumerStatus {
 }
 
 /// How a consumer stopped.
+///
+/// ```
+/// # async fn example(handle: stream_consumer::ConsumerHandle) -> Result<(), stream_consumer::ConsumerError> {
+/// let report = handle.close().await?;
+/// if !report.left {
+///     eprintln!("leave not acknowledged: the shards move when the member TTL runs out");
+/// }
+/// for shard in &report.killed_shards {
+///     eprintln!("shard {shard}: in-flight work dropped; its entries are delivered again");
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CloseReport {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use stream_consumer::{ConsumerError, RedisUnusableReason};
+use stream_consumer::{ConsumerError, RedisErrorKind, RedisUnusableReason};
 use test_support::{free_port, wait_until, RedisServer};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -29,7 +29,14 @@ async fn wrong_redis_port_fails_start_before_joining_with_the_url_without_its_pa
     };
     assert!(shown.contains("127.0.0.1") && !shown.contains("s3cret"), "{shown}");
     assert!(!err.to_string().contains("s3cret"), "{err}");
-    assert!(matches!(reason, RedisUnusableReason::Connect(_)), "{reason}");
+    let RedisUnusableReason::Connect(failure) = reason else {
+        panic!("expected Connect, got {reason:?}");
+    };
+    // The Redis client's error is wrapped (its type is not in the API) and still reachable as the source.
+    assert_eq!(failure.kind(), RedisErrorKind::Io, "{failure:?}");
+    assert!(failure.is_connection_dropped(), "{failure:?}");
+    let source = std::error::Error::source(failure).expect("the wrapped error");
+    assert!(source.downcast_ref::<redis::RedisError>().is_some(), "{source:?}");
     assert!(reason.to_string().contains("connect"), "{reason}");
     assert!(err.is_retryable(), "nothing listening may be an outage: {err}");
 

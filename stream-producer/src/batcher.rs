@@ -50,6 +50,18 @@ use crate::routed_publisher::RoutedPublisher;
 ///
 /// # Cancel safety
 /// Cancel safe: the outcome stays with its batch and the record is published whether or not anyone awaits it.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer) -> Result<(), Box<dyn std::error::Error>> {
+/// use stream_producer::Record;
+///
+/// // `enqueue` returns once the record is queued; the `Delivery` resolves when its batch was written.
+/// let delivery = producer.enqueue(Record::with_key("customer-42").field("amount", "12.50")).await?;
+/// let published = delivery.await?;
+/// println!("written to shard {}", published.shard);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a Delivery tells whether the record was written"]
 pub struct Delivery {
     outcome: Arc<BatchOutcome>,

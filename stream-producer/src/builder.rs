@@ -104,8 +104,10 @@ impl ProducerBuilder {
     /// select a database other than 0; `build` refuses a malformed target with
     /// [`ConfigError::InvalidRedisTarget`]. Each shard's pipeline goes straight to the master of its slot, with
     /// [`connections`](Self::connections) connections per master; redirects, failovers and slot migrations are
-    /// followed per command, keeping every record's [`WriteState`](crate::WriteState) exact (docs/cluster.md,
+    /// followed per command, keeping every record's [`WriteState`](crate::WriteState) exact ([`docs/cluster.md`],
     /// "Producer").
+    ///
+    /// [`docs/cluster.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/cluster.md
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.config.redis_url = url.into();
         self
@@ -184,8 +186,10 @@ impl ProducerBuilder {
     }
 
     /// Whether every publish is fenced (default on): checked against the shard's fence atomically with the writes
-    /// (a `WATCH`ed transaction, or the publish script; see `docs/producer.md`). Off: plain pipelined `XADD`s, as
+    /// (a `WATCH`ed transaction, or the publish script; see [`docs/producer.md`]). Off: plain pipelined `XADD`s, as
     /// before the fence existed; a producer that missed a reshard then keeps writing keys to shards they left.
+    ///
+    /// [`docs/producer.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/producer.md
     pub fn fencing(mut self, on: bool) -> Self {
         self.config.fencing = on;
         self
@@ -296,7 +300,7 @@ impl ProducerBuilder {
     /// same connection wait too. With many calls in flight this hardly shows: `producer_bench` (a replica on the
     /// same 2 cores, 32 callers) measured the durable modes at 0.93 to 1.06 of the same modes without durability.
     /// One call at a time pays the acknowledgement per call: plain `XADD`s at 0.85 of their non-durable rate, the
-    /// checked transaction at 0.34 to 0.75 (BENCHMARKS.md, issue 30). When the replicas do not answer, every
+    /// checked transaction at 0.34 to 0.75 ([`BENCHMARKS.md`], issue 30). When the replicas do not answer, every
     /// request of a connection waits the full `timeout` in turn; requests queued behind it may then reach the
     /// [`redis_response_timeout`](Self::redis_response_timeout) and come back as
     /// [`ConnectionLost`](crate::PublishError::ConnectionLost) (also Unknown).
@@ -304,7 +308,10 @@ impl ProducerBuilder {
     /// `build` checks `min >= 1` and `1 ms <= timeout <= 60 s`
     /// ([`ConfigError::OutOfRange`]) and `timeout < redis_response_timeout`
     /// ([`ConfigError::ReplicaWaitNotBelowResponseTimeout`]). The first connection to each server also checks that
-    /// `WAIT` is there (not renamed). See `docs/producer.md`, "Durable writes".
+    /// `WAIT` is there (not renamed). See [`docs/producer.md`], "Durable writes".
+    ///
+    /// [`BENCHMARKS.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/BENCHMARKS.md
+    /// [`docs/producer.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/producer.md
     pub fn durability(mut self, durability: Durability) -> Self {
         self.config.durability = durability;
         self

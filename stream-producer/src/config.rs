@@ -13,6 +13,19 @@ use crate::error::ConfigError;
 /// Trimming is *approximate* (`~`): Redis removes whole radix-tree nodes only, so a shard stream may hold
 /// somewhat more than the bound, and trimming costs almost nothing. It applies per shard stream: `MaxLen(n)`
 /// bounds each shard to about `n` entries, so a stream of `S` shards keeps about `S * n`.
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_producer::{Producer, Trim};
+///
+/// let producer = Producer::builder("orders")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .trim(Trim::MaxAge(Duration::from_secs(7 * 24 * 3600))) // keep a week per shard
+///     .build()?;
+/// assert!(matches!(producer.config().trim, Some(Trim::MaxAge(_))));
+/// # Ok::<(), stream_producer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Trim {
@@ -29,6 +42,22 @@ pub enum Trim {
 /// `linger` after its first record; one task sends the batches, one pipeline per shard each. When
 /// `max_in_flight_batches` batches, or `max_in_flight_bytes` of records, are being written, batches wait, and once
 /// `queue_capacity` records are accepted and not sent, `enqueue` waits (backpressure).
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_producer::{BatchingConfig, Producer};
+///
+/// let mut batching = BatchingConfig::default();
+/// batching.linger = Duration::from_millis(5); // fuller batches, a little more latency
+/// batching.max_batch_size = 1024;
+/// let producer = Producer::builder("orders")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .batching(batching)
+///     .build()?;
+/// assert_eq!(producer.config().batching.max_batch_size, 1024);
+/// # Ok::<(), stream_producer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BatchingConfig {
@@ -42,7 +71,9 @@ pub struct BatchingConfig {
     pub linger: Duration,
     /// Batches written concurrently. Default 32: the fenced producer (the default) holds a batch for two round
     /// trips, the fence check and then the writes, and measured 4 % faster with 32 than with 8, the plain
-    /// producer 1.6 % slower (`docs/producer.md`, "Batches in flight").
+    /// producer 1.6 % slower ([`docs/producer.md`], "Batches in flight").
+    ///
+    /// [`docs/producer.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/producer.md
     pub max_in_flight_batches: usize,
     /// Bytes of records (keys, field names and values) written concurrently: a batch waits while this many are
     /// in flight (one batch may always go, whatever its size). Bounds what the batches in flight hold when
@@ -63,6 +94,22 @@ impl Default for BatchingConfig {
 }
 
 /// The idempotent producer's settings (see [`ProducerBuilder::idempotence`](crate::ProducerBuilder::idempotence)).
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_producer::{IdempotenceConfig, Producer};
+///
+/// let mut idempotence = IdempotenceConfig::default();
+/// idempotence.producer_id = Some("checkout-1".to_owned()); // one live producer per id
+/// idempotence.idle_expiry = Duration::from_secs(3600);
+/// let producer = Producer::builder("orders")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .idempotence_config(idempotence)
+///     .build()?;
+/// assert_eq!(producer.producer_id(), Some("checkout-1"));
+/// # Ok::<(), stream_producer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IdempotenceConfig {
@@ -92,6 +139,20 @@ impl Default for IdempotenceConfig {
 /// What [`Written`](crate::WriteState::Written) means: acknowledged by the Redis master (primary) alone, or also by
 /// replicas (Kafka's `acks=1` against `acks=all` with `min.insync.replicas`). See
 /// [`ProducerBuilder::durability`](crate::ProducerBuilder::durability).
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_producer::{Durability, Producer};
+///
+/// // Written only once a replica has the record too.
+/// let producer = Producer::builder("orders")
+///     .coordinator("http://coordinator:7400")
+///     .redis("redis://redis:6379")
+///     .durability(Durability::replicas(1, Duration::from_millis(100)))
+///     .build()?;
+/// assert_eq!(producer.config().durability, Durability::Replicas { min: 1, timeout: Duration::from_millis(100) });
+/// # Ok::<(), stream_producer::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
@@ -136,6 +197,18 @@ pub const MAX_PRODUCER_ID_LEN: usize = 64;
 
 /// The settings of a [`Producer`](crate::Producer), readable after [`build`](crate::ProducerBuilder::build)
 /// through [`Producer::config`](crate::Producer::config). `Debug` hides the coordinator token and the Redis URL's credentials.
+///
+/// ```
+/// # let producer = stream_producer::Producer::builder("orders")
+/// #     .coordinator("http://coordinator:7400")
+/// #     .redis("redis://redis:6379")
+/// #     .build()?;
+/// let config = producer.config();
+/// assert_eq!(config.stream.as_str(), "orders");
+/// assert!(config.fencing, "fencing is on by default");
+/// println!("{} connections to {:?}", config.connections, config.redis_url);
+/// # Ok::<(), stream_producer::ConfigError>(())
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ProducerConfig {
@@ -254,7 +327,7 @@ impl ProducerConfig {
         } else {
             redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
                 url: protocol::redact::redact_url(&self.redis_url),
-                source,
+                source: client_core::RedisFailure::from_redis(source),
             })?;
         }
         range("connections", "between 1 and 64", self.connections, |n| {

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_core::{CoordError, RedisCheckError, VersionStoreError};
+use client_core::{CoordError, RedisCheckError, RedisFailure, VersionStoreError};
 use protocol::names::StreamName;
 use protocol::{RoutingVersion, ShardId, Status};
 use thiserror::Error;
@@ -25,6 +25,25 @@ use crate::published::Published;
 pub use client_core::ConfigError;
 
 /// A routing refresh failed. The cache is kept while its lease holds.
+///
+/// ```
+/// use stream_producer::{PublishError, RefreshError};
+///
+/// fn explain(e: &PublishError) -> Option<String> {
+///     let PublishError::NoRouting { last_error: Some(refresh), .. } = e else {
+///         return None;
+///     };
+///     let refresh: &RefreshError = refresh;
+///     Some(if refresh.is_not_found() {
+///         "the stream was never created: create it with the coordinator's admin API".to_owned()
+///     } else if refresh.is_retryable() {
+///         format!("the coordinator is not answering yet: {refresh}")
+///     } else {
+///         format!("routing cannot be fetched: {refresh}")
+///     })
+/// }
+/// # let _ = explain;
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum RefreshError {
@@ -58,6 +77,19 @@ impl RefreshError {
 }
 
 /// Whether a record reached its shard stream.
+///
+/// ```
+/// use stream_producer::{PublishError, WriteState};
+///
+/// fn may_resend(e: &PublishError, duplicates_ok: bool) -> bool {
+///     match e.write_state() {
+///         WriteState::NotWritten => e.is_retryable(),
+///         WriteState::Unknown => duplicates_ok && e.is_retryable(),
+///         WriteState::Written => false,
+///     }
+/// }
+/// assert!(!may_resend(&PublishError::Closed, true));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteState {
     /// The record is in its shard stream (for a durable producer: and confirmed by at least the required number
@@ -74,6 +106,21 @@ pub enum WriteState {
 /// Publishing one record failed.
 ///
 /// Cheap to clone (sources are shared), because one failed pipeline fails every record in it.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer) {
+/// use stream_producer::{PublishError, WriteState};
+///
+/// match producer.send("customer-42", &[("amount", "12.50")]).await {
+///     Ok(published) => println!("written: {}", published.id),
+///     Err(e) if e.write_state() == WriteState::NotWritten && e.is_retryable() => {
+///         eprintln!("not written, safe to send again: {e}")
+///     }
+///     Err(e @ PublishError::NotReplicated { .. }) => eprintln!("on the master only: {e}"),
+///     Err(e) => eprintln!("{:?}: {e}", e.write_state()),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -107,7 +154,7 @@ pub enum PublishError {
         shard: ShardId,
         /// Redis's error reply.
         #[source]
-        source: Arc<redis::RedisError>,
+        source: RedisFailure,
     },
     /// No connection to Redis could be opened; the request never left.
     #[error("cannot connect to Redis for shard {shard}: {source}")]
@@ -116,7 +163,7 @@ pub enum PublishError {
         shard: ShardId,
         /// The connection error.
         #[source]
-        source: Arc<redis::RedisError>,
+        source: RedisFailure,
     },
     /// The connection failed before the records left: the fenced producer's check of the shard's fence (the first
     /// of its two round trips) got no answer, or an earlier batch of the same call lost the connection. Nothing
@@ -127,7 +174,7 @@ pub enum PublishError {
         shard: ShardId,
         /// The transport error.
         #[source]
-        source: Arc<redis::RedisError>,
+        source: RedisFailure,
     },
     /// The Redis server cannot serve the producer: too old, or a command it sends is missing or renamed (checked
     /// on the first connection). Nothing was written, and retrying cannot help until Redis is fixed.
@@ -144,7 +191,7 @@ pub enum PublishError {
         shard: ShardId,
         /// The transport error.
         #[source]
-        source: Arc<redis::RedisError>,
+        source: RedisFailure,
     },
     /// A durable producer ([`Durability::Replicas`](crate::Durability::Replicas)): the master executed the write,
     /// but fewer than `required` of its replicas confirmed it before the timeout (`WAIT` answered `acked`), or the
@@ -162,7 +209,7 @@ pub enum PublishError {
         required: u32,
         /// Why `WAIT` answered no count, when it did not.
         #[source]
-        source: Option<Arc<redis::RedisError>>,
+        source: Option<RedisFailure>,
     },
     /// The shard is fenced for the producer's routing version: the stream was resharded (its keys may move) and
     /// the producer has not seen the new routing yet. Nothing was written; the producer refreshes its routing at
@@ -216,7 +263,7 @@ pub enum PublishError {
         reason: &'static str,
         /// The last answer.
         #[source]
-        source: Arc<redis::RedisError>,
+        source: RedisFailure,
     },
     /// Redis answered something that is not an entry id.
     #[error("unexpected answer to XADD on shard {shard}: {detail}")]
@@ -277,7 +324,7 @@ impl PublishError {
             | PublishError::Fenced { .. }
             | PublishError::OutOfOrderSequence { .. }
             | PublishError::ClusterUnsettled { .. } => true,
-            PublishError::Rejected { source, .. } => !matches!(source.retry_method(), redis::RetryMethod::NoRetry),
+            PublishError::Rejected { source, .. } => source.is_retryable(),
             PublishError::UnexpectedReply { .. }
             | PublishError::SequenceOutOfWindow { .. }
             | PublishError::RedisUnsupported { .. }
@@ -308,6 +355,22 @@ impl PublishError {
 }
 
 /// The outcome of one record of a batch.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer, records: Vec<stream_producer::Record>) {
+/// use stream_producer::RecordOutcome;
+///
+/// if let Err(batch) = producer.send_batch(records.clone()).await {
+///     for (record, outcome) in records.into_iter().zip(batch.outcomes()) {
+///         match outcome {
+///             RecordOutcome::Written(p) => println!("written at {}", p.id),
+///             RecordOutcome::NotWritten(e) => eprintln!("not written, send again: {e} ({record:?})"),
+///             RecordOutcome::Unknown(e) => eprintln!("maybe written: {e}"),
+///         }
+///     }
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub enum RecordOutcome {
     /// The record is in its shard stream.
@@ -360,6 +423,19 @@ impl RecordOutcome {
 ///
 /// Holds one [`RecordOutcome`] per record, in the order the records were given, so a caller can resend exactly
 /// the [`NotWritten`](RecordOutcome::NotWritten) ones.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer, records: Vec<stream_producer::Record>) {
+/// use stream_producer::WriteState;
+///
+/// if let Err(batch) = producer.send_batch(records.clone()).await {
+///     // Exactly the records that are safe to send again.
+///     let again: Vec<_> = batch.indices(WriteState::NotWritten).into_iter().map(|i| records[i].clone()).collect();
+///     eprintln!("{batch}; sending {} again", again.len());
+///     let _ = producer.send_batch(again).await;
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Error)]
 #[error("{} of {} records not written, {} unknown{}", self.count(WriteState::NotWritten), self.outcomes.len(),
     self.count(WriteState::Unknown), self.first_error().map(|e| format!(" (first error: {e})")).unwrap_or_default())]
@@ -404,6 +480,16 @@ impl BatchError {
 }
 
 /// An operation of the producer handle failed.
+///
+/// ```
+/// # async fn example(producer: stream_producer::Producer) {
+/// match producer.close().await {
+///     Ok(stats) => println!("closed after {} records", stats.records_written),
+///     Err(e) if e.is_panic() => eprintln!("a producer task panicked: {e}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ProducerError {

@@ -47,7 +47,7 @@
 //! server), or as one call of the publish script (idempotent producer, Redis Cluster). Either writes the whole batch
 //! or nothing and refuses a producer whose routing version is below the shard's fence (set when the stream grows)
 //! with [`PublishError::Fenced`]; see [`ProducerBuilder::reroute_fenced`] and the idempotent producer
-//! ([`ProducerBuilder::idempotence`]), and `docs/producer.md`. Which of the two (or plain `XADD`s, with fencing off)
+//! ([`ProducerBuilder::idempotence`]), and [`docs/producer.md`]. Which of the two (or plain `XADD`s, with fencing off)
 //! is chosen once, when the producer is built.
 //!
 //! Records with a key go to `shard_for_key(key, shard_count)`; records without a key go round-robin. Every
@@ -72,7 +72,7 @@
 //!
 //! [`PublishError::is_retryable`] says whether sending again later can succeed. A batch answers one
 //! [`RecordOutcome`] per record ([`BatchError::indices`] finds those safe to send again). The table of every error
-//! with what to do is in the crate's README (`stream-producer/README.md`, "Outcomes").
+//! with what to do is in the crate's README ([`stream-producer/README.md`], "Outcomes").
 //!
 //! # Routing rules
 //! The cache follows the failure-handling design's producer rules; each is a test in `routing_cache`:
@@ -128,9 +128,13 @@
 //! * [`config`]: [`ProducerConfig`], [`Trim`], [`BatchingConfig`]; validation.
 //! * `published`: [`Published`], where a record was written.
 //! * [`error`]: [`ConfigError`], [`PublishError`] with [`WriteState`], [`BatchError`], [`RefreshError`],
-//!   [`ProducerError`]. [`CoordError`] and [`RedisCheckError`], which they carry, are re-exported.
+//!   [`ProducerError`]. [`CoordError`], [`RedisCheckError`] and [`RedisFailure`] (the Redis client's error,
+//!   wrapped; [`HttpFailure`] is the HTTP client's), which they carry, are re-exported.
 //! * [`stats`]: the counters and routing state callers read ([`ProducerStats`]).
 //! * [`metrics`]: metric names, labels, and where each is updated.
+//!
+//! [`docs/producer.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/producer.md
+//! [`stream-producer/README.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/stream-producer/README.md
 #![warn(missing_docs)]
 
 mod batcher;
@@ -154,8 +158,8 @@ mod write_path;
 pub use batcher::Delivery;
 pub use builder::ProducerBuilder;
 pub use client_core::{
-    CoordError, FileVersionStore, MemoryVersionStore, RedisCheckError, RedisRequirements, VersionStore,
-    VersionStoreError,
+    CoordError, FileVersionStore, HttpErrorKind, HttpFailure, MemoryVersionStore, RedisCheckError, RedisErrorKind,
+    RedisFailure, RedisRequirements, VersionStore, VersionStoreError,
 };
 pub use config::{BatchingConfig, Durability, IdempotenceConfig, ProducerConfig, Trim};
 pub use error::{BatchError, ConfigError, ProducerError, PublishError, RecordOutcome, RefreshError, WriteState};

@@ -3,6 +3,14 @@
 use protocol::{EntryId, RoutingVersion, ShardId};
 
 /// Where a record was written.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer) -> Result<(), stream_producer::PublishError> {
+/// let published = producer.send("customer-42", &[("amount", "12.50")]).await?;
+/// println!("shard {} entry {} (routing {})", published.shard, published.id, published.routing_version);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Published {

@@ -28,9 +28,11 @@ pub(crate) struct RoutedPublisher {
 }
 
 /// How long a re-route waits for the coordinator to serve the version a fence names. A growth seals its parents
-/// before it commits the routing that lists its children (docs/resharding.md), so a producer the seal refused can
+/// before it commits the routing that lists its children ([`docs/resharding.md`]), so a producer the seal refused can
 /// refresh in between and still get the old routing: it asks again, backing off, for as long as one coordinator
 /// request may take.
+///
+/// [`docs/resharding.md`]: https://github.com/redis-stream-coord/redis-stream-coord/blob/main/docs/resharding.md
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RerouteWait {
     /// The first pause between two refreshes that did not bring the version; doubles up to `longest`.

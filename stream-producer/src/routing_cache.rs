@@ -67,6 +67,15 @@ impl RoutingEntry {
 }
 
 /// A routing the publish path may use right now.
+///
+/// ```
+/// # async fn example(producer: &stream_producer::Producer) -> Result<(), stream_producer::PublishError> {
+/// // Waits for the first routing (and checks Redis) before taking traffic.
+/// let routing = producer.ready().await?;
+/// println!("{} shards at routing version {}, lease {:?}", routing.shard_count, routing.version, routing.lease_remaining);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RoutingInfo {

@@ -81,6 +81,17 @@ impl Stats {
 }
 
 /// A point-in-time copy of a producer's counters and routing state ([`Producer::stats`](crate::Producer::stats)).
+///
+/// ```
+/// # fn example(producer: &stream_producer::Producer) {
+/// let stats = producer.stats();
+/// let outcomes = stats.records_written + stats.records_not_written + stats.records_unknown;
+/// if stats.refresh_failures > 0 {
+///     eprintln!("{} routing refreshes failed; lease left {:?}", stats.refresh_failures, stats.lease_remaining);
+/// }
+/// println!("{} of {outcomes} records written", stats.records_written);
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ProducerStats {

@@ -402,6 +402,13 @@ async fn an_xadd_failing_inside_exec_fails_its_own_batch_only() {
             Some(PublishError::Rejected { source, .. }) => {
                 assert_eq!(shard, ShardId(1), "{source}");
                 assert!(source.to_string().contains("WRONGTYPE"), "{source}");
+                assert_eq!(source.code(), Some("WRONGTYPE"), "{source:?}");
+                assert_eq!(
+                    source.kind(),
+                    stream_producer::RedisErrorKind::ResponseError,
+                    "{source:?}"
+                );
+                assert!(!outcome.error().is_some_and(PublishError::is_retryable), "{source}");
             }
             other => panic!("{other:?}"),
         }

@@ -185,7 +185,12 @@ async fn unreachable_redis_is_reported_as_not_written() {
         .build()
         .unwrap();
     let err = producer.send("k", &[("f", "v")]).await.unwrap_err();
-    assert!(matches!(err, PublishError::Connect { .. }), "{err:?}");
+    let PublishError::Connect { source, .. } = &err else {
+        panic!("expected Connect, got {err:?}");
+    };
+    assert_eq!(source.kind(), stream_producer::RedisErrorKind::Io, "{source:?}");
+    let wrapped = std::error::Error::source(source).expect("the wrapped error");
+    assert!(wrapped.downcast_ref::<redis::RedisError>().is_some(), "{wrapped:?}");
     assert_eq!(err.write_state(), WriteState::NotWritten);
     assert!(err.is_retryable());
     producer.close().await.unwrap();

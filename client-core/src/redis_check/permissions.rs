@@ -5,6 +5,7 @@
 use redis::{RedisError, Value};
 
 use super::{redact_url, RedisCheckError};
+use crate::foreign_error::RedisFailure;
 
 /// A command that changes nothing whatever it answers (`EXEC` without `MULTI`, `WATCH` of a key, `XADD` with the
 /// invalid id `0-0`, ...): Redis checks the user's ACL before it looks at the arguments, so a `NOPERM` answer
@@ -50,7 +51,7 @@ where
         } else if error.is_io_error() || error.is_timeout() || error.is_connection_dropped() {
             return Err(RedisCheckError::Query {
                 url: redact_url(url),
-                source: error,
+                source: RedisFailure::from_redis(error),
             });
         }
     }

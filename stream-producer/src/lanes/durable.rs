@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use client_core::redis_check::MIN_REDIS_VERSION;
-use client_core::RedisRequirements;
+use client_core::{RedisFailure, RedisRequirements};
 use redis::{RedisError, RedisResult, Value};
 
 use super::gate::ConnectFailure;
@@ -186,7 +186,7 @@ impl Replication {
                         shard: p.shard,
                         acked: *acked,
                         required: *required,
-                        source: source.clone(),
+                        source: source.clone().map(RedisFailure::from_redis_arc),
                     })
                 })
             })

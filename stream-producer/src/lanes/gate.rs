@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use client_core::redis_check::MIN_REDIS_VERSION;
-use client_core::{check_permissions, check_redis, PermissionProbe, RedisCheckError, RedisRequirements};
+use client_core::{check_permissions, check_redis, PermissionProbe, RedisCheckError, RedisFailure, RedisRequirements};
 use protocol::{keys, ShardId};
 use redis::RedisError;
 use redis_link::PipelinedConnection;
@@ -39,10 +39,22 @@ pub(crate) enum ConnectFailure {
     Unsupported(Arc<RedisCheckError>),
 }
 
+/// The Redis client's error inside a failed check: the check wraps it for the public API, the lanes keep the
+/// client's own type (a [`RedisFailure`] is built from it again when it reaches the caller).
+fn unwrapped(f: &RedisFailure) -> RedisError {
+    std::error::Error::source(f)
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .cloned()
+        .unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "Redis check failed", f.to_string())))
+}
+
 impl ConnectFailure {
     pub(crate) fn into_publish_error(self, shard: ShardId) -> PublishError {
         match self {
-            ConnectFailure::Redis(source) => PublishError::Connect { shard, source },
+            ConnectFailure::Redis(source) => PublishError::Connect {
+                shard,
+                source: RedisFailure::from_redis_arc(source),
+            },
             ConnectFailure::Unsupported(source) => PublishError::RedisUnsupported { source },
         }
     }
@@ -100,7 +112,7 @@ impl RedisGate {
         match verdict {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ConnectFailure::Unsupported(e.clone())),
-            Err(RedisCheckError::Query { source, .. }) => Err(ConnectFailure::Redis(Arc::new(source))),
+            Err(RedisCheckError::Query { source, .. }) => Err(ConnectFailure::Redis(Arc::new(unwrapped(&source)))),
             Err(other) => Err(ConnectFailure::Unsupported(Arc::new(other))),
         }
     }

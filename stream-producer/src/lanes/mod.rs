@@ -105,7 +105,7 @@ impl ClusterLanes {
             cluster::ClusterRoute::new(seeds, LaneTimeouts::of(config), config.connections).map_err(|source| {
                 ConfigError::InvalidRedisUrl {
                     url: protocol::redact::redact_url(&config.redis_url),
-                    source,
+                    source: client_core::RedisFailure::from_redis(source),
                 }
             })?;
         let durable = Durable::of(config);

@@ -35,7 +35,7 @@ impl ServerLanes {
     pub(crate) fn new(config: &ProducerConfig, stats: Arc<Stats>, preload_script: bool) -> Result<Self, ConfigError> {
         let client = redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
             url: protocol::redact::redact_url(&config.redis_url),
-            source,
+            source: client_core::RedisFailure::from_redis(source),
         })?;
         let durable = Durable::of(config);
         // A durable producer's check of the server covers `WAIT` too.

@@ -55,6 +55,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use client_core::RedisFailure;
 use protocol::keys::{self, shard_fence_fields};
 use protocol::names::StreamName;
 use protocol::{RoutingVersion, ShardId};
@@ -392,7 +393,7 @@ impl Fenced {
                 let source = Arc::new(e);
                 fail_all(batches, |shard| PublishError::ConnectionLost {
                     shard,
-                    source: source.clone(),
+                    source: RedisFailure::from_redis_arc(source.clone()),
                 });
                 let _ = ended.send(Some(TurnEnd::Settled));
                 return;
@@ -417,7 +418,7 @@ fn refuse_fenced(batches: Vec<Batch>, fences: &[String], read: &[Fence]) -> Vec<
                 let shard = b.shard;
                 b.fail(PublishError::Rejected {
                     shard,
-                    source: Arc::new(e.clone()),
+                    source: RedisFailure::from_redis_arc(Arc::new(e.clone())),
                 });
             }
             Fence::Read(record) => match b.presented.refusal(*record) {
@@ -449,11 +450,11 @@ impl CheckStopped {
         match self {
             CheckStopped::NotSent(source) => fail_all(batches, |shard| PublishError::NotSent {
                 shard,
-                source: source.clone(),
+                source: RedisFailure::from_redis_arc(source.clone()),
             }),
             CheckStopped::Rejected(source) => fail_all(batches, |shard| PublishError::Rejected {
                 shard,
-                source: source.clone(),
+                source: RedisFailure::from_redis_arc(source.clone()),
             }),
         }
     }
@@ -516,7 +517,7 @@ fn settle_exec(
             let source = Arc::new(replies.into_iter().find_map(Result::err).unwrap_or(exec_error));
             fail_all(batches, |shard| PublishError::Rejected {
                 shard,
-                source: source.clone(),
+                source: RedisFailure::from_redis_arc(source.clone()),
             });
         }
     }
@@ -539,7 +540,7 @@ fn requeue_aborted(
     )));
     fail_all(spent, |shard| PublishError::Rejected {
         shard,
-        source: source.clone(),
+        source: RedisFailure::from_redis_arc(source.clone()),
     });
     let requeued = again.len();
     let mut queue = transactions.queue();

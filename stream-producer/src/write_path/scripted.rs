@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use client_core::RedisFailure;
 use protocol::names::StreamName;
 use protocol::{EntryId, RoutingVersion, ShardId};
 use redis::RedisError;
@@ -185,6 +186,7 @@ impl Scripted {
                 sequence.next = first + count;
                 sequence.gap = true;
                 let shard = call.shard;
+                let source = RedisFailure::from_redis_arc(source);
                 return vec![Err(PublishError::ConnectionLost { shard, source }); records.len()];
             }
             return replication.apply(results(call, &spec, outcome));
@@ -320,10 +322,20 @@ fn results(call: Call<'_>, spec: &CallSpec<'_>, outcome: CallOutcome) -> Vec<Res
         CallOutcome::Reply(ScriptReply::OutOfWindow { next }) => {
             PublishError::SequenceOutOfWindow { shard, sequence, next }
         }
-        CallOutcome::Rejected(source) => PublishError::Rejected { shard, source },
+        CallOutcome::Rejected(source) => PublishError::Rejected {
+            shard,
+            source: RedisFailure::from_redis_arc(source),
+        },
         CallOutcome::Connect(f) => f.into_publish_error(shard),
-        CallOutcome::Lost(source) => PublishError::ConnectionLost { shard, source },
-        CallOutcome::Unsettled(reason, source) => PublishError::ClusterUnsettled { shard, reason, source },
+        CallOutcome::Lost(source) => PublishError::ConnectionLost {
+            shard,
+            source: RedisFailure::from_redis_arc(source),
+        },
+        CallOutcome::Unsettled(reason, source) => PublishError::ClusterUnsettled {
+            shard,
+            reason,
+            source: RedisFailure::from_redis_arc(source),
+        },
         CallOutcome::Unexpected(detail) => PublishError::UnexpectedReply { shard, detail },
     };
     vec![Err(err); n]

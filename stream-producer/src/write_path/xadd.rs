@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use client_core::RedisFailure;
 use protocol::{RoutingVersion, ShardId};
 use redis::{RedisError, Value};
 use redis_link::resp;
@@ -121,7 +122,7 @@ pub(crate) fn xadd_outcome(
 ) -> Result<Published, PublishError> {
     let rejected = |e: RedisError| PublishError::Rejected {
         shard,
-        source: Arc::new(e),
+        source: RedisFailure::from_redis_arc(Arc::new(e)),
     };
     match reply {
         Err(e) => Err(rejected(e)),
@@ -154,8 +155,15 @@ pub(crate) fn settle(
             .map(|outcome| match outcome {
                 CmdOutcome::Reply(reply) => xadd_outcome(shard, routing_version, reply),
                 CmdOutcome::Connect(f) => Err(f.into_publish_error(shard)),
-                CmdOutcome::Lost(source) => Err(PublishError::ConnectionLost { shard, source }),
-                CmdOutcome::Unsettled(reason, source) => Err(PublishError::ClusterUnsettled { shard, reason, source }),
+                CmdOutcome::Lost(source) => Err(PublishError::ConnectionLost {
+                    shard,
+                    source: RedisFailure::from_redis_arc(source),
+                }),
+                CmdOutcome::Unsettled(reason, source) => Err(PublishError::ClusterUnsettled {
+                    shard,
+                    reason,
+                    source: RedisFailure::from_redis_arc(source),
+                }),
                 CmdOutcome::Unexpected(detail) => Err(PublishError::UnexpectedReply { shard, detail }),
             })
             .collect()
