@@ -340,6 +340,8 @@ fi
 if is_selected doc-tests; then
   echo "== doc tests"
   test_step "doc tests" cargo test --workspace --doc
+  echo "== docs.rs pages: an example on >= 90 % of the SDKs' pages, no warning, no foreign error type"
+  step doc-examples python3 scripts/check-doc-examples.py
 fi
 if is_selected package; then
   echo "== packaging (cargo package of every crate meant for a registry)"

@@ -182,7 +182,10 @@ async fn reroute_fenced_waits_until_the_coordinator_serves_the_fenced_version() 
             async move { n > refreshes }
         })
         .await;
-        coordinator.tend_routing(&stream()).await.expect("the tick's look at the routing")
+        coordinator
+            .tend_routing(&stream())
+            .await
+            .expect("the tick's look at the routing")
     });
     let published = producer
         .send_batch(keyed(1, 50))
