@@ -27,7 +27,15 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CRATES = ("stream_consumer", "stream_producer")
 # The crates meant for a registry, whose docs must build without a warning.
-PUBLIC_CRATES = ("stream-consumer", "stream-producer", "client-core", "protocol", "redis-link")
+# Package names (the folders `client-core` and `protocol` hold the packages `redis-stream-coord-client-core` and
+# `redis-stream-coord-protocol`).
+PUBLIC_CRATES = (
+    "stream-consumer",
+    "stream-producer",
+    "redis-stream-coord-client-core",
+    "redis-stream-coord-protocol",
+    "redis-link",
+)
 PAGE = re.compile(r"^(struct|enum|trait|type|union|fn)\.[A-Za-z0-9_]+\.html$")
 EXAMPLE = 'rust-example-rendered'
 REDIRECT = 'http-equiv="refresh"'
