@@ -14,6 +14,8 @@
 #                              Not together with --quick (which is TEST_SH_ONLY=tests).
 #   CHROMIUM_BIN               the browser of the status-page step (default chromium).
 #
+# A failing test runs once more (`.config/nextest.toml`); one that passes then counts as passed and is named as
+# flaky in the verdict ("tests ok (936 passed, 1 flaky; flaky: crate::binary::test)").
 # The verdict is the last line, printed once, on stdout:
 #   test.sh: PASS in 21 min 15 s: fmt ok, maps ok, ..., tests ok (888 passed, 1 skipped), doc tests ok (25 passed), ...
 #   test.sh: FAIL in 16 min 17 s: fmt ok, ..., tests FAIL (887 passed, 1 failed: stream-producer::routing::a_test), ...
@@ -141,8 +143,15 @@ summarize() {
       out = passed " passed"
       if (failed) out = out ", " failed " failed"
       if (skipped) out = out ", " skipped " skipped"
+      if (match(line, /[0-9]+ flaky/)) out = out ", " substr(line, RSTART, RLENGTH) + 0 " flaky"
       print out
     }'
+    # Passed on a retry (`.config/nextest.toml`): named, so a flake is seen, not only counted.
+    flaky=$(awk '/^ *FLAKY +[0-9]+\/[0-9]+ +\[/ {
+        sub(/^ *FLAKY +[0-9]+\/[0-9]+ +\[[^]]*\] +/, ""); sub(/^\([0-9]+\/[0-9]+\) +/, "")
+        name = (NF >= 2) ? $1 "::" $2 : $1; if (!seen[name]++) printf "%s%s", (n++ ? ", " : ""), name
+      }' "$log")
+    [ -n "$flaky" ] && echo "flaky: $flaky" >>"$fails.flaky"
     return
   fi
   awk -v fails="$fails" '
@@ -200,7 +209,10 @@ test_step() {
     # Failing tests named: the step failed whatever the runner's exit status claims.
     [ "$status" = 0 ] && status=1
   fi
-  rm -f "$fails"
+  if [ -s "$fails.flaky" ]; then
+    detail="$detail; $(cat "$fails.flaky")"
+  fi
+  rm -f "$fails" "$fails.flaky"
   record "$step" "$status" "$detail"
 }
 
