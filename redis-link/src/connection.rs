@@ -7,6 +7,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
+use crate::tls_setup::RedisTls;
+
 /// A shared, cloneable, reconnecting connection to the configured Redis.
 ///
 /// Against a cluster, keyed commands and pipelines whose keys share one slot go to that slot's master, and
@@ -27,16 +29,18 @@ pub enum Connection {
 
 impl Connection {
     /// Connects to a cluster through `seeds` (see `RedisTarget`), with these timeouts per node
-    /// connection and per answer.
+    /// connection and per answer; `rediss://` seeds with `tls` (the system's roots when `None`), and so every
+    /// node discovered or named by a redirect.
     ///
     /// # Errors
     /// Malformed seeds; no seed reachable; a cluster whose slots are not all served.
     pub async fn cluster(
         seeds: &[String],
+        tls: Option<&RedisTls>,
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let client = cluster_client(seeds, connection_timeout, response_timeout)?;
+        let client = cluster_client(seeds, tls, connection_timeout, response_timeout)?;
         Ok(Connection::Cluster(client.get_async_connection().await?))
     }
 
@@ -47,10 +51,11 @@ impl Connection {
     /// Malformed seeds.
     pub fn cluster_lazy(
         seeds: &[String],
+        tls: Option<&RedisTls>,
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let client = cluster_client(seeds, connection_timeout, response_timeout)?;
+        let client = cluster_client(seeds, tls, connection_timeout, response_timeout)?;
         // The per-call config replaces the builder's response timeout (with none when unset): set both here.
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(connection_timeout)
@@ -66,15 +71,33 @@ impl Connection {
     }
 }
 
+/// The cluster client of `seeds`: redis-rs takes TLS (on when the seeds are `rediss://`) for the discovered
+/// nodes from the first seed, and the roots and client identity from `certs`.
 fn cluster_client(
     seeds: &[String],
+    tls: Option<&RedisTls>,
     connection_timeout: Duration,
     response_timeout: Duration,
 ) -> RedisResult<redis::cluster::ClusterClient> {
-    ClusterClientBuilder::new(seeds.to_vec())
+    let mut infos = Vec::with_capacity(seeds.len());
+    for seed in seeds {
+        infos.push(crate::tls_setup::connection_info(seed, tls)?);
+    }
+    let secure = seeds.first().is_some_and(|s| crate::tls_setup::is_tls_url(s));
+    let mut builder = ClusterClientBuilder::new(infos)
         .connection_timeout(connection_timeout)
-        .response_timeout(response_timeout)
-        .build()
+        .response_timeout(response_timeout);
+    if secure {
+        let tls = match tls {
+            Some(tls) => tls.clone(),
+            None => RedisTls::system_default().map_err(crate::tls_setup::config_error)?,
+        };
+        if tls.options().insecure_skip_verify {
+            builder = builder.tls(redis::TlsMode::Insecure);
+        }
+        builder = builder.certs(tls.certificates());
+    }
+    builder.build()
 }
 
 impl From<ConnectionManager> for Connection {

@@ -34,7 +34,9 @@
 //! per-node values), `resend.rs` (a pipeline's redirects, per command), `fan_out.rs` (every master; reads over
 //! many slots), `nodes.rs` (dedicated connections of blocking reads), `topology.rs` (the slot map),
 //! `node_pool.rs` (node connections), `redirect.rs` (`MOVED` / `ASK`), `pipelined.rs` and `resp.rs` (the RESP
-//! pipelining connection), `tls.rs` (TLS settings of every connection).
+//! pipelining connection), `tls.rs` (TLS settings of every connection),
+//! `tls_setup.rs` (the settings loaded: the rustls configuration and redis-rs's certificates, built once),
+//! `tls_failure.rs` (a failed handshake's cause in words).
 
 mod connection;
 mod fan_out;
@@ -47,6 +49,8 @@ pub mod resp;
 mod router;
 mod target;
 mod tls;
+mod tls_failure;
+mod tls_setup;
 mod topology;
 
 pub use connection::Connection;
@@ -62,4 +66,6 @@ pub use resend::{
 pub use router::ClusterRouter;
 pub use target::{RedisTarget, TargetError, MAX_SEEDS};
 pub use tls::TlsOptions;
+pub use tls_failure::{explain as explain_connect_error, TlsFailure};
+pub use tls_setup::{client as tls_client, connection_info, is_tls_url, RedisTls, TlsError};
 pub use topology::{NodeAddr, SlotMap, TopologyError};

@@ -4,8 +4,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisResult};
 
+use crate::tls_setup::{self, RedisTls};
 use crate::topology::{NodeAddr, SlotMap, TopologyError};
 
 /// Connections to the nodes of one cluster, each straight to one node (no redirect is followed for the caller),
@@ -13,9 +14,12 @@ use crate::topology::{NodeAddr, SlotMap, TopologyError};
 ///
 /// One multiplexed connection per node is cached and shared ([`NodePool::connection`]); a caller that blocks
 /// on its connection opens its own ([`NodePool::client`]). Every node connection uses the credentials and
-/// settings of the first seed URL with the node's host and port.
+/// settings of the first seed URL with the node's host and port, TLS included: a node found in the slot map or
+/// named by a redirect is reached with the seeds' scheme and certificates (`tls-cluster yes`).
 pub struct NodePool {
     base: ConnectionInfo,
+    /// For connections opened by hand on a node (the pipelined ones); redis-rs's carry it in `base`.
+    tls: Option<RedisTls>,
     seeds: Vec<NodeAddr>,
     config: AsyncConnectionConfig,
     map: RwLock<Option<Arc<SlotMap>>>,
@@ -35,11 +39,11 @@ impl NodePool {
     /// A pool for the cluster these seed URLs reach; connects to nothing yet.
     ///
     /// # Errors
-    /// No seed, or a seed URL that is not a TCP `redis://` / `rediss://` URL.
-    pub fn new(seeds: &[String], config: AsyncConnectionConfig) -> RedisResult<Self> {
+    /// No seed, a seed URL that is not a TCP `redis://` / `rediss://` URL, `tls` for `redis://` seeds.
+    pub fn new(seeds: &[String], config: AsyncConnectionConfig, tls: Option<&RedisTls>) -> RedisResult<Self> {
         let mut infos = Vec::with_capacity(seeds.len());
         for seed in seeds {
-            let info = seed.as_str().into_connection_info()?;
+            let info = tls_setup::connection_info(seed, tls)?;
             let addr = match info.addr() {
                 ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                     NodeAddr::new(host.clone(), *port)
@@ -61,6 +65,7 @@ impl NodePool {
         };
         Ok(NodePool {
             base,
+            tls: tls.cloned(),
             seeds: infos.into_iter().map(|(_, a)| a).collect(),
             config,
             map: RwLock::new(None),
@@ -83,6 +88,11 @@ impl NodePool {
             _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
         };
         self.base.clone().set_addr(addr)
+    }
+
+    /// The TLS settings of the seeds, for connections opened by hand.
+    pub fn tls(&self) -> Option<&RedisTls> {
+        self.tls.as_ref()
     }
 
     /// A client for `node`, to open connections of one's own (a blocking read must not share one).
@@ -188,6 +198,7 @@ mod tests {
         let pool = NodePool::new(
             &["redis://user:pw@10.0.0.1:7000".to_owned()],
             AsyncConnectionConfig::new(),
+            None,
         )
         .unwrap();
         let info = pool.connection_info(&NodeAddr::new("10.0.0.2", 7001));
@@ -198,7 +209,12 @@ mod tests {
 
     #[test]
     fn seeds_must_be_tcp() {
-        assert!(NodePool::new(&[], AsyncConnectionConfig::new()).is_err());
-        assert!(NodePool::new(&["redis+unix:///redis.sock".to_owned()], AsyncConnectionConfig::new()).is_err());
+        assert!(NodePool::new(&[], AsyncConnectionConfig::new(), None).is_err());
+        assert!(NodePool::new(
+            &["redis+unix:///redis.sock".to_owned()],
+            AsyncConnectionConfig::new(),
+            None
+        )
+        .is_err());
     }
 }

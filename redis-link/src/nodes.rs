@@ -13,13 +13,15 @@ use redis::RedisError;
 
 use crate::redirect::{Redirect, RedirectKind};
 use crate::router::ClusterRouter;
+use crate::tls_setup::RedisTls;
 use crate::topology::{NodeAddr, TopologyError};
 
 /// The nodes a component opens dedicated connections to: the one server, or a cluster's.
 #[derive(Clone, Debug)]
 pub enum Nodes {
-    /// One server: every dedicated connection is opened with this client.
-    Single(redis::Client),
+    /// One server: every dedicated connection is opened with this client, and for a `rediss://` URL with these
+    /// TLS settings (those the client was opened with, [`crate::tls_client`]).
+    Single(redis::Client, Option<RedisTls>),
     /// A cluster: dedicated connections go to the master of their key's slot.
     Cluster(Arc<ClusterRouter>),
 }
@@ -61,7 +63,7 @@ impl Nodes {
     /// No slot map could be read.
     pub async fn route_for(&self, key: &str, refresh: bool) -> Result<Route, RedisError> {
         match self {
-            Nodes::Single(_) => Ok(Route::Single),
+            Nodes::Single(..) => Ok(Route::Single),
             Nodes::Cluster(router) => Ok(Route::Node {
                 node: router
                     .master_of_key(key.as_bytes(), refresh)
@@ -75,7 +77,7 @@ impl Nodes {
     /// The route after `redirect`; a `MOVED` also re-reads the slot map (the next lookups then agree).
     pub async fn after_redirect(&self, redirect: &Redirect) -> Route {
         match self {
-            Nodes::Single(_) => Route::Single,
+            Nodes::Single(..) => Route::Single,
             Nodes::Cluster(router) => {
                 if redirect.kind == RedirectKind::Moved {
                     if let Err(e) = router.refresh().await {
@@ -96,12 +98,20 @@ impl Nodes {
     /// A cluster route without a node.
     pub fn client(&self, route: &Route) -> Result<redis::Client, RedisError> {
         match (self, route) {
-            (Nodes::Single(client), _) => Ok(client.clone()),
+            (Nodes::Single(client, _), _) => Ok(client.clone()),
             (Nodes::Cluster(router), Route::Node { node, .. }) => router.pool().client(node),
             (Nodes::Cluster(_), Route::Single) => Err(RedisError::from((
                 redis::ErrorKind::Client,
                 "a cluster connection needs a node",
             ))),
+        }
+    }
+
+    /// The TLS settings of a connection opened by hand (the pipelined connection) on any route.
+    pub fn tls(&self) -> Option<&RedisTls> {
+        match self {
+            Nodes::Single(_, tls) => tls.as_ref(),
+            Nodes::Cluster(router) => router.pool().tls(),
         }
     }
 
@@ -112,7 +122,7 @@ impl Nodes {
     /// No slot map could be read.
     pub async fn check_targets(&self) -> Result<Vec<(Option<NodeAddr>, redis::Client)>, RedisError> {
         match self {
-            Nodes::Single(client) => Ok(vec![(None, client.clone())]),
+            Nodes::Single(client, _) => Ok(vec![(None, client.clone())]),
             Nodes::Cluster(router) => router
                 .masters()
                 .await

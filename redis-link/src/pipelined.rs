@@ -12,7 +12,8 @@
 //! request handed over after that fails at once. Nothing is retried here: the caller knows whether a request
 //! that may have run can be sent again.
 //!
-//! Speaks RESP2 only (no `HELLO 3`), over TCP or a Unix socket; `rediss://` (TLS) is refused.
+//! Speaks RESP2 only (no `HELLO 3`), over TCP, TLS over TCP (`rediss://`, with the configuration of a
+//! [`RedisTls`], the same as every redis-rs connection's) or a Unix socket.
 
 use std::collections::VecDeque;
 use std::io;
@@ -26,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::resp;
+use crate::tls_setup::{self, RedisTls};
 
 /// Most bytes gathered from queued requests into one write.
 const MAX_WRITE: usize = 1 << 20;
@@ -134,19 +136,32 @@ impl Closed {
 impl PipelinedConnection {
     /// Opens a connection to the server `info` names and authenticates and selects its database as redis-rs
     /// would, all within `connect_timeout`. Every later request waits at most `response_timeout` for its replies.
+    /// A TLS address (`rediss://`) is verified with `tls` (the system's roots alone when `None`).
     ///
     /// # Errors
-    /// The server cannot be reached, refuses `AUTH` or `SELECT`, or the address is a TLS one.
+    /// The server cannot be reached, fails the TLS handshake (the cause in words, see
+    /// [`crate::TlsFailure`]), or refuses `AUTH` or `SELECT`.
     pub async fn connect(
         info: &ConnectionInfo,
+        tls: Option<&RedisTls>,
         connect_timeout: Option<Duration>,
         response_timeout: Option<Duration>,
     ) -> RedisResult<Self> {
-        let open = open(info);
+        let open = open(info, tls);
         let (reader, writer) = match connect_timeout {
             Some(limit) => tokio::time::timeout(limit, open)
                 .await
-                .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??,
+                .map_err(|_| match info.addr() {
+                    ConnectionAddr::TcpTls { host, port, .. } => RedisError::from((
+                        ErrorKind::Io,
+                        "TLS connection to Redis failed",
+                        format!(
+                            "{host}:{port}: {} (no TLS answer within {limit:?})",
+                            crate::TlsFailure::NoAnswer
+                        ),
+                    )),
+                    _ => RedisError::from(io::Error::from(io::ErrorKind::TimedOut)),
+                })??,
             None => open.await?,
         };
         let (requests, queue) = mpsc::unbounded_channel();
@@ -269,12 +284,35 @@ impl ConnectionLike for PipelinedConnection {
     }
 }
 
-async fn open(info: &ConnectionInfo) -> RedisResult<(Reader, Writer)> {
+async fn open(info: &ConnectionInfo, tls: Option<&RedisTls>) -> RedisResult<(Reader, Writer)> {
     let (mut reader, mut writer): (Reader, Writer) = match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
             stream.set_nodelay(true)?;
             let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        ConnectionAddr::TcpTls {
+            host, port, insecure, ..
+        } => {
+            let tls = match tls {
+                Some(tls) => tls.clone(),
+                None => RedisTls::system_default().map_err(tls_setup::config_error)?,
+            };
+            // `#insecure` in the URL asks what the option asks.
+            let tls = if *insecure && !tls.options().insecure_skip_verify {
+                RedisTls::load(&tls.options().clone().insecure_skip_verify()).map_err(tls_setup::config_error)?
+            } else {
+                tls
+            };
+            let name = tls_setup::server_name(host)?;
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            let stream = tokio_rustls::TlsConnector::from(tls.client_config())
+                .connect(name, stream)
+                .await
+                .map_err(|e| tls_error(host, *port, e))?;
+            let (r, w) = tokio::io::split(stream);
             (Box::new(r), Box::new(w))
         }
         #[cfg(unix)]
@@ -316,6 +354,7 @@ async fn open(info: &ConnectionInfo) -> RedisResult<(Reader, Writer)> {
     }
     if replies > 0 {
         writer.write_all(&hello).await?;
+        writer.flush().await?;
         let mut buf = Vec::with_capacity(256);
         for _ in 0..replies {
             let reply = loop {
@@ -340,6 +379,22 @@ fn protocol_error(e: resp::ProtocolError) -> RedisError {
 
 /// The connection's task: writes what is queued, reads what answers it, until either side fails or every handle
 /// is gone. Then every request still waiting is failed.
+/// A TLS handshake that failed, with its cause in words.
+fn tls_error(host: &str, port: u16, e: io::Error) -> RedisError {
+    let cause = crate::TlsFailure::of(&e).map_or_else(String::new, |f| format!("{f}: "));
+    RedisError::from((
+        ErrorKind::Io,
+        "TLS connection to Redis failed",
+        format!("{host}:{port}: {cause}{e}"),
+    ))
+}
+
+/// Writes `bytes` and flushes: a TLS stream keeps the last record in its buffer until flushed (a no-op on TCP).
+async fn write_flushed(writer: &mut Writer, bytes: &[u8]) -> io::Result<()> {
+    writer.write_all(bytes).await?;
+    writer.flush().await
+}
+
 async fn drive(reader: Reader, writer: Writer, queue: mpsc::UnboundedReceiver<Request>) {
     let waiting: Arc<Mutex<VecDeque<Waiting>>> = Arc::default();
     let closed = tokio::select! {
@@ -387,14 +442,14 @@ async fn write_loop(
             }
         }
         let written = if batch.len() == 1 {
-            writer.write_all(&batch[0]).await
+            write_flushed(&mut writer, &batch[0]).await
         } else {
             gathered.clear();
             gathered.reserve(size);
             for b in &batch {
                 gathered.extend_from_slice(b);
             }
-            writer.write_all(&gathered).await
+            write_flushed(&mut writer, &gathered).await
         };
         batch.clear();
         if let Err(e) = written {

@@ -38,13 +38,13 @@ impl<N> std::fmt::Debug for ClusterRouter<N> {
 
 impl<N> ClusterRouter<N> {
     /// A router for the cluster these seed URLs reach (see `RedisTarget`), every node connection with
-    /// `config`; connects to nothing yet.
+    /// `config` and, for `rediss://` seeds, `tls`; connects to nothing yet.
     ///
     /// # Errors
-    /// No seed, or a seed URL that is not a TCP `redis://` / `rediss://` URL.
-    pub fn new(seeds: &[String], config: AsyncConnectionConfig) -> RedisResult<Self> {
+    /// No seed, a seed URL that is not a TCP `redis://` / `rediss://` URL, `tls` for `redis://` seeds.
+    pub fn new(seeds: &[String], config: AsyncConnectionConfig, tls: Option<&crate::RedisTls>) -> RedisResult<Self> {
         Ok(ClusterRouter {
-            pool: NodePool::new(seeds, config)?,
+            pool: NodePool::new(seeds, config, tls)?,
             states: Mutex::default(),
         })
     }

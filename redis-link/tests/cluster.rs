@@ -9,7 +9,7 @@ use test_support::cluster::{key_slot, RedisCluster};
 
 fn pool(cluster: &RedisCluster) -> NodePool {
     let target = RedisTarget::parse(&format!("cluster:{}", cluster.urls()[0])).unwrap();
-    NodePool::new(target.urls(), AsyncConnectionConfig::new()).unwrap()
+    NodePool::new(target.urls(), AsyncConnectionConfig::new(), None).unwrap()
 }
 
 fn addr(cluster: &RedisCluster, index: usize) -> NodeAddr {
@@ -76,7 +76,7 @@ async fn a_moved_slot_answers_moved_until_the_map_is_read_again() {
 #[tokio::test]
 async fn the_shared_cluster_connection_routes_keys_and_scripts_by_slot() {
     let cluster = RedisCluster::start().await;
-    let mut conn = Connection::cluster(&cluster.urls(), Duration::from_secs(2), Duration::from_secs(2))
+    let mut conn = Connection::cluster(&cluster.urls(), None, Duration::from_secs(2), Duration::from_secs(2))
         .await
         .unwrap();
     assert!(conn.is_cluster());

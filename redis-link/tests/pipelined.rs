@@ -11,7 +11,7 @@ const SECOND: Option<Duration> = Some(Duration::from_secs(1));
 
 async fn connect(url: &str, response: Option<Duration>) -> redis::RedisResult<PipelinedConnection> {
     let client = Client::open(url).unwrap();
-    PipelinedConnection::connect(client.get_connection_info(), SECOND, response).await
+    PipelinedConnection::connect(client.get_connection_info(), None, SECOND, response).await
 }
 
 fn incr(key: &str) -> Vec<u8> {
@@ -173,7 +173,7 @@ async fn an_unreachable_server_or_socket_is_a_connect_error() {
     drop(redis);
     assert!(connect(&url, SECOND).await.is_err());
     let info = redis::IntoConnectionInfo::into_connection_info("redis+unix:///nonexistent/redis.sock").unwrap();
-    assert!(PipelinedConnection::connect(&info, SECOND, SECOND).await.is_err());
+    assert!(PipelinedConnection::connect(&info, None, SECOND, SECOND).await.is_err());
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use redis_link::{
 use test_support::cluster::{key_slot, RedisCluster};
 
 fn router(cluster: &RedisCluster) -> ClusterRouter {
-    ClusterRouter::new(&cluster.urls()[..1], AsyncConnectionConfig::new()).unwrap()
+    ClusterRouter::new(&cluster.urls()[..1], AsyncConnectionConfig::new(), None).unwrap()
 }
 
 fn addr(cluster: &RedisCluster, index: usize) -> NodeAddr {
@@ -194,7 +194,7 @@ async fn every_master_answers_and_reads_over_many_slots_come_back_in_order() {
     assert_eq!(times.len(), 3);
     assert!(times.iter().all(|(_, t)| t.is_ok()));
 
-    let shared = redis_link::Connection::cluster(&cluster.urls(), Duration::from_secs(2), Duration::from_secs(2))
+    let shared = redis_link::Connection::cluster(&cluster.urls(), None, Duration::from_secs(2), Duration::from_secs(2))
         .await
         .unwrap();
     let keys: Vec<String> = (0..12).map(|n| format!("{{k{n}}}:v")).collect();

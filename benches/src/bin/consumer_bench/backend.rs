@@ -51,7 +51,7 @@ impl Backend {
             Backend::Single(r) => Connection::Single(redis::Client::open(r.url())?.get_connection_manager().await?),
             Backend::Cluster(c) => {
                 let seeds = c.urls();
-                Connection::cluster(&seeds, Duration::from_secs(2), Duration::from_secs(10)).await?
+                Connection::cluster(&seeds, None, Duration::from_secs(2), Duration::from_secs(10)).await?
             }
         })
     }

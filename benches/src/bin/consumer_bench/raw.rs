@@ -196,7 +196,7 @@ pub(crate) async fn raw_run(
             }
             (Backend::Single(r), RawLink::Pipelined) => {
                 let info = redis::IntoConnectionInfo::into_connection_info(r.url())?;
-                pipelined.push(redis_link::PipelinedConnection::connect(&info, None, None).await?)
+                pipelined.push(redis_link::PipelinedConnection::connect(&info, None, None, None).await?)
             }
             (Backend::Cluster(_), _) => cluster.push(backend.connection().await?),
         }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::binary::{self, LaunchError};
 use super::launch::LaunchFailure;
+use super::tls::ServerTls;
 use super::{RedisServer, State, START_ATTEMPTS};
 use crate::port::free_port;
 use std::sync::Mutex;
@@ -23,6 +24,8 @@ pub struct RedisServerBuilder {
     pub(super) cluster_node_timeout_ms: Option<u64>,
     /// The binary to run; `None`: `REDIS_SERVER_BIN`, else `redis-server` on `PATH`.
     pub(super) bin: Option<PathBuf>,
+    /// TLS only, when set ([`RedisServerBuilder::tls`]).
+    pub(super) tls: Option<ServerTls>,
 }
 
 impl RedisServerBuilder {
@@ -87,6 +90,14 @@ impl RedisServerBuilder {
     /// `CLUSTER REPLICATE`).
     pub fn cluster_node(mut self, node_timeout_ms: u64) -> Self {
         self.cluster_node_timeout_ms = Some(node_timeout_ms);
+        self
+    }
+
+    /// Serves TLS only (`port 0`, `tls-port` on the server's port, `tls-replication yes`, and for a
+    /// [`cluster_node`](Self::cluster_node) `tls-cluster yes`): [`RedisServer::url`] is then `rediss://`, and
+    /// the harness's own connections verify the server with `tls.ca` and present `tls.client`.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 

@@ -15,6 +15,7 @@ pub mod binary;
 mod builder;
 mod keys;
 mod launch;
+mod tls;
 
 use std::fmt::Display;
 use std::fs;
@@ -33,6 +34,7 @@ use launch::LaunchFailure;
 
 pub use binary::{LaunchError, INSTALL_HINT};
 pub use builder::RedisServerBuilder;
+pub use tls::{CertPair, ServerTls};
 
 /// Environment variable naming the `redis-server` binary to run. When unset,
 /// `redis-server` is looked up on `PATH`.
@@ -106,9 +108,17 @@ impl RedisServer {
         self.bus_port
     }
 
-    /// The connection URL, `redis://127.0.0.1:PORT`.
+    /// The connection URL, `redis://127.0.0.1:PORT` (`rediss://` for a [`RedisServerBuilder::tls`] server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.options.tls {
+            Some(_) => format!("rediss://127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The TLS settings the server was started with ([`RedisServerBuilder::tls`]).
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.options.tls.as_ref()
     }
 
     /// The server's data directory (its `dir`), which also holds the
@@ -162,7 +172,18 @@ impl RedisServer {
     /// A `redis::Client` for [`url`](Self::url), for tests that need their own
     /// connection settings.
     pub fn client(&self) -> Client {
-        Client::open(self.url()).unwrap_or_else(|e| self.fail(format_args!("invalid URL {}: {e}", self.url())))
+        let client = match &self.options.tls {
+            None => Client::open(self.url()),
+            Some(tls) => {
+                let url = if tls.harness_insecure {
+                    format!("{}/#insecure", self.url())
+                } else {
+                    self.url()
+                };
+                Client::build_with_tls(url, tls.certificates())
+            }
+        };
+        client.unwrap_or_else(|e| self.fail(format_args!("invalid URL {}: {e}", self.url())))
     }
 
     /// Opens a multiplexed connection, retrying until the server accepts it.
