@@ -123,6 +123,10 @@ pub enum ConfigError {
         /// The setting.
         setting: &'static str,
     },
+    /// The Redis TLS settings cannot be used: a file unreadable or without its PEM, half a client identity, TLS
+    /// settings for a `redis://` URL.
+    #[error("Redis TLS: {0}")]
+    RedisTls(#[from] redis_link::TlsError),
     /// The idempotent producer's id breaks a rule. Producer only.
     #[error("invalid producer id {id:?}: {rule}")]
     InvalidProducerId {

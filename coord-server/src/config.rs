@@ -35,6 +35,10 @@ pub struct Config {
     /// the stream data (shard streams, shard records and fences). `None`: one Redis holds everything. See
     /// [`crate::store::Store::connect_split`].
     pub metadata_redis_url: Option<String>,
+    /// How the `rediss://` connections of both Redis (data and metadata) verify the server and which client
+    /// certificate they present (`--redis-tls-ca`, `--redis-tls-cert`, `--redis-tls-key`). `None`: the system's
+    /// roots, no client certificate. When set, every Redis URL must be `rediss://`.
+    pub redis_tls: Option<redis_link::TlsOptions>,
     /// HTTP listen address (`127.0.0.1:0` picks a free port).
     pub listen: SocketAddr,
     /// Listen address of the probe listener, which serves only `/healthz`, `/readyz` and `/metrics` with
@@ -102,6 +106,7 @@ impl fmt::Debug for Config {
                 "metadata_redis_url",
                 &self.metadata_redis_url.as_deref().map(redact_redis_target),
             )
+            .field("redis_tls", &self.redis_tls)
             .field("listen", &self.listen)
             .field("probe_listen", &self.probe_listen)
             .field("tick_interval", &self.tick_interval)
@@ -134,6 +139,7 @@ impl Default for Config {
         Config {
             redis_url: "redis://127.0.0.1:6379".into(),
             metadata_redis_url: None,
+            redis_tls: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             probe_listen: None,
             tick_interval: Duration::from_millis(250),
@@ -171,6 +177,25 @@ impl Config {
         redis_link::RedisTarget::parse(&self.redis_url)
     }
 
+    /// Reads the TLS files and checks every Redis URL against them (a `redis://` URL with TLS settings is refused).
+    fn validate_redis_tls(&self) -> Result<(), String> {
+        let tls = self
+            .redis_tls
+            .as_ref()
+            .map(redis_link::RedisTls::load)
+            .transpose()
+            .map_err(|e| format!("redis_tls: {e}"))?;
+        for (setting, text) in std::iter::once(("redis_url", &self.redis_url))
+            .chain(self.metadata_redis_url.iter().map(|u| ("metadata_redis_url", u)))
+        {
+            let target = redis_link::RedisTarget::parse(text).map_err(|e| format!("{setting}: {e}"))?;
+            for url in target.urls() {
+                redis_link::connection_info(url, tls.as_ref()).map_err(|e| format!("{setting}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// A default configuration for the given Redis URL.
     pub fn new(redis_url: impl Into<String>) -> Self {
         Config {
@@ -188,6 +213,7 @@ impl Config {
         if let Some(url) = &self.metadata_redis_url {
             redis_link::RedisTarget::parse(url).map_err(|e| format!("metadata_redis_url: {e}"))?;
         }
+        self.validate_redis_tls()?;
         if self.critical_section_timeout >= self.mutex_ttl {
             return Err("critical_section_timeout must be shorter than mutex_ttl".into());
         }

@@ -105,7 +105,12 @@ impl Coordinator {
     /// [`Error::InvalidRequest`] for a bad configuration, [`StoreError`] when Redis is unreachable or unsupported.
     pub async fn connect(config: Config) -> Result<Coordinator, Error> {
         config.validate().map_err(Error::InvalidRequest)?;
-        let store = Store::connect_split(&config.redis_url, config.metadata_redis_url.as_deref()).await?;
+        let store = Store::connect_split(
+            &config.redis_url,
+            config.metadata_redis_url.as_deref(),
+            config.redis_tls.as_ref(),
+        )
+        .await?;
         tracing::info!(redis = %crate::config::redact_redis_target(&config.redis_url), cluster = store.nodes().is_some(),
             metadata_redis = ?config.metadata_redis_url.as_deref().map(crate::config::redact_redis_target),
             "connected to Redis");

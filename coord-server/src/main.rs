@@ -34,6 +34,19 @@ struct Args {
     /// that Redis up cannot stop heartbeats. Unset: --redis-url holds everything.
     #[arg(long, env = "COORD_METADATA_REDIS_URL")]
     metadata_redis_url: Option<String>,
+    /// PEM file of CA certificates that verify the Redis servers (rediss://, both --redis-url and
+    /// --metadata-redis-url), trusted besides the system's roots.
+    #[arg(long, env = "REDIS_TLS_CA")]
+    redis_tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to Redis (for `tls-auth-clients yes`), with --redis-tls-key.
+    #[arg(long, env = "REDIS_TLS_CERT")]
+    redis_tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --redis-tls-cert.
+    #[arg(long, env = "REDIS_TLS_KEY")]
+    redis_tls_key: Option<std::path::PathBuf>,
+    /// Do not verify the Redis servers' certificates (tests only; every connection logs a warning).
+    #[arg(long, env = "REDIS_TLS_INSECURE_SKIP_VERIFY")]
+    redis_tls_insecure_skip_verify: bool,
     /// HTTP listen address.
     #[arg(long, env = "COORD_LISTEN", default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
@@ -184,6 +197,12 @@ impl Args {
     fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::new(self.redis_url.clone());
         config.metadata_redis_url = self.metadata_redis_url.clone();
+        config.redis_tls = redis_link::TlsOptions::from_flags(
+            self.redis_tls_ca.clone(),
+            self.redis_tls_cert.clone(),
+            self.redis_tls_key.clone(),
+            self.redis_tls_insecure_skip_verify,
+        );
         config.listen = self.listen;
         config.probe_listen = self.probe_listen;
         let ms = Duration::from_millis;

@@ -171,12 +171,16 @@ impl Store {
     ///
     /// # Errors
     /// A malformed URL; either Redis unreachable.
-    pub async fn connect_split(data_url: &str, metadata_url: Option<&str>) -> Result<Self, StoreError> {
+    pub async fn connect_split(
+        data_url: &str,
+        metadata_url: Option<&str>,
+        tls: Option<&redis_link::TlsOptions>,
+    ) -> Result<Self, StoreError> {
         let Some(metadata_url) = metadata_url else {
-            return Self::connect(data_url).await;
+            return Self::connect_tls(data_url, tls).await;
         };
-        let mut metadata = Self::connect(metadata_url).await?;
-        metadata.data = Some(Arc::new(Self::connect(data_url).await?));
+        let mut metadata = Self::connect_tls(metadata_url, tls).await?;
+        metadata.data = Some(Arc::new(Self::connect_tls(data_url, tls).await?));
         Ok(metadata)
     }
 
@@ -198,6 +202,23 @@ impl Store {
     /// # Errors
     /// A malformed URL; Redis unreachable.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_tls(url, None).await
+    }
+
+    /// [`Store::connect`], `rediss://` connections verified and authenticated with `tls` (the system's roots
+    /// when `None`); a failed connection names the URL and, for TLS, the cause.
+    ///
+    /// # Errors
+    /// As [`Store::connect`]; TLS settings that cannot be used.
+    pub async fn connect_tls(url: &str, tls: Option<&redis_link::TlsOptions>) -> Result<Self, StoreError> {
+        let tls = tls.map(redis_link::RedisTls::load).transpose().map_err(|e| {
+            StoreError::Redis(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "Redis TLS",
+                e.to_string(),
+            )))
+        })?;
+        let explain = |e: redis::RedisError| StoreError::Redis(redis_link::explain_connect_error(url, e));
         let target = RedisTarget::parse(url).map_err(|e| {
             StoreError::Redis(redis::RedisError::from((
                 redis::ErrorKind::InvalidClientConfig,
@@ -207,11 +228,11 @@ impl Store {
         })?;
         match target {
             RedisTarget::Single(url) => {
-                let client = redis::Client::open(url)?;
-                Ok(Store::new(ConnectionManager::new(client).await?))
+                let client = redis_link::tls_client(&url, tls.as_ref())?;
+                Ok(Store::new(ConnectionManager::new(client).await.map_err(explain)?))
             }
             RedisTarget::Cluster(seeds) => {
-                let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+                let client = redis_link::cluster_builder(&seeds, tls.as_ref())?
                     .connection_timeout(CLUSTER_CONNECT_TIMEOUT)
                     .response_timeout(CLUSTER_RESPONSE_TIMEOUT)
                     .retries(CLUSTER_RETRIES)
@@ -219,11 +240,11 @@ impl Store {
                     .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
                     .retry_wait_formula(10, 2)
                     .build()?;
-                let conn = Connection::Cluster(client.get_async_connection().await?);
+                let conn = Connection::Cluster(client.get_async_connection().await.map_err(explain)?);
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CLUSTER_CONNECT_TIMEOUT))
                     .set_response_timeout(Some(CLUSTER_RESPONSE_TIMEOUT));
-                let nodes = redis_link::ClusterRouter::new(&seeds, config)?;
+                let nodes = redis_link::ClusterRouter::new(&seeds, config, tls.as_ref())?;
                 Ok(Self::with_connection(conn, Some(Arc::new(nodes))))
             }
         }

@@ -15,6 +15,7 @@ pub mod demo;
 pub mod fenced_write;
 pub mod ledger;
 pub mod member_args;
+pub mod redis_tls_args;
 
 /// Fills `values` from the deprecated environment variable `old` (comma-separated) when nothing set them, with a
 /// warning on stderr naming `new`. The examples' old names (`COORDINATOR_URL`, `COORDINATOR_TOKEN`) keep working

@@ -15,4 +15,23 @@ pub struct MemberArgs {
     /// Redis URL of the shard streams (and, for the fenced writer, of the hashes it writes).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// TLS of `rediss://` URLs.
+    #[command(flatten)]
+    pub redis_tls: crate::redis_tls_args::RedisTlsArgs,
+}
+
+impl MemberArgs {
+    /// A redis-rs client of the worker's own (progress lines, the fenced hashes) with the same TLS settings as the
+    /// consumer's.
+    ///
+    /// # Errors
+    /// The URL or the TLS files cannot be used.
+    pub fn redis_client(&self) -> anyhow::Result<redis::Client> {
+        let tls = self
+            .redis_tls
+            .options()
+            .map(|o| redis_link::RedisTls::load(&o))
+            .transpose()?;
+        Ok(redis_link::tls_client(&self.redis_url, tls.as_ref())?)
+    }
 }

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
@@ -79,25 +78,10 @@ fn cluster_client(
     connection_timeout: Duration,
     response_timeout: Duration,
 ) -> RedisResult<redis::cluster::ClusterClient> {
-    let mut infos = Vec::with_capacity(seeds.len());
-    for seed in seeds {
-        infos.push(crate::tls_setup::connection_info(seed, tls)?);
-    }
-    let secure = seeds.first().is_some_and(|s| crate::tls_setup::is_tls_url(s));
-    let mut builder = ClusterClientBuilder::new(infos)
+    crate::tls_setup::cluster_builder(seeds, tls)?
         .connection_timeout(connection_timeout)
-        .response_timeout(response_timeout);
-    if secure {
-        let tls = match tls {
-            Some(tls) => tls.clone(),
-            None => RedisTls::system_default().map_err(crate::tls_setup::config_error)?,
-        };
-        if tls.options().insecure_skip_verify {
-            builder = builder.tls(redis::TlsMode::Insecure);
-        }
-        builder = builder.certs(tls.certificates());
-    }
-    builder.build()
+        .response_timeout(response_timeout)
+        .build()
 }
 
 impl From<ConnectionManager> for Connection {

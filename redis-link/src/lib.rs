@@ -67,5 +67,5 @@ pub use router::ClusterRouter;
 pub use target::{RedisTarget, TargetError, MAX_SEEDS};
 pub use tls::TlsOptions;
 pub use tls_failure::{explain as explain_connect_error, TlsFailure};
-pub use tls_setup::{client as tls_client, connection_info, is_tls_url, RedisTls, TlsError};
+pub use tls_setup::{client as tls_client, cluster_builder, connection_info, is_tls_url, RedisTls, TlsError};
 pub use topology::{NodeAddr, SlotMap, TopologyError};

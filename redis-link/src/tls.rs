@@ -60,6 +60,27 @@ impl TlsOptions {
         self
     }
 
+    /// The settings of the binaries' flags (`--redis-tls-ca`, `--redis-tls-cert`, `--redis-tls-key`,
+    /// `--redis-tls-insecure-skip-verify`): `None` when none is given, so a `rediss://` URL verifies against the
+    /// system's roots alone. A certificate without its key is kept as given, for `build()` to refuse it by name.
+    pub fn from_flags(
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        insecure_skip_verify: bool,
+    ) -> Option<TlsOptions> {
+        if ca.is_none() && cert.is_none() && key.is_none() && !insecure_skip_verify {
+            return None;
+        }
+        Some(TlsOptions {
+            ca_file: ca,
+            client_cert_file: cert,
+            client_key_file: key,
+            server_name: None,
+            insecure_skip_verify,
+        })
+    }
+
     /// Accepts any server certificate (tests only: logged as a warning on every connection).
     #[must_use]
     pub fn insecure_skip_verify(mut self) -> TlsOptions {

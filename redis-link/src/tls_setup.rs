@@ -233,6 +233,33 @@ pub fn client(url: &str, tls: Option<&RedisTls>) -> redis::RedisResult<redis::Cl
     redis::Client::open(connection_info(url, tls)?)
 }
 
+/// redis-rs's cluster builder for `seeds` with `tls` applied: redis-rs takes TLS for every node (discovered or
+/// named by a redirect) from the first seed's scheme, and the roots and client identity from `certs`.
+///
+/// # Errors
+/// As [`connection_info`], for any seed.
+pub fn cluster_builder(
+    seeds: &[String],
+    tls: Option<&RedisTls>,
+) -> redis::RedisResult<redis::cluster::ClusterClientBuilder> {
+    let mut infos = Vec::with_capacity(seeds.len());
+    for seed in seeds {
+        infos.push(connection_info(seed, tls)?);
+    }
+    let mut builder = redis::cluster::ClusterClientBuilder::new(infos);
+    if seeds.first().is_some_and(|s| is_tls_url(s)) {
+        let tls = match tls {
+            Some(tls) => tls.clone(),
+            None => RedisTls::system_default().map_err(config_error)?,
+        };
+        if tls.options().insecure_skip_verify {
+            builder = builder.tls(redis::TlsMode::Insecure);
+        }
+        builder = builder.certs(tls.certificates());
+    }
+    Ok(builder)
+}
+
 /// Whether `url` asks for TLS (`rediss://`).
 pub fn is_tls_url(url: &str) -> bool {
     url.trim_start()

@@ -59,6 +59,7 @@ pub struct ConsumerBuilder {
     coordinator_urls: Vec<String>,
     coordinator_token: Option<String>,
     redis_url: Option<String>,
+    redis_tls: Option<redis_link::TlsOptions>,
     start_from: StartPosition,
     timings: Timings,
     max_deliveries: u32,
@@ -99,6 +100,7 @@ impl ConsumerBuilder {
             coordinator_urls: Vec::new(),
             coordinator_token: None,
             redis_url: None,
+            redis_tls: None,
             start_from: StartPosition::default(),
             timings: Timings::default(),
             max_deliveries: DEFAULT_MAX_DELIVERIES,
@@ -139,6 +141,22 @@ impl ConsumerBuilder {
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.redis_url = Some(url.into());
         self
+    }
+
+    /// TLS settings of the `rediss://` connections (the shared one and every shard reader's dedicated one): a CA
+    /// to trust besides the system's roots, a client certificate for `tls-auth-clients yes`. `build()` reads the
+    /// files and refuses unusable ones, or settings for a `redis://` URL.
+    pub fn redis_tls(mut self, tls: redis_link::TlsOptions) -> Self {
+        self.redis_tls = Some(tls);
+        self
+    }
+
+    /// [`redis_tls`](Self::redis_tls) when `Some` (the binaries' optional flags).
+    pub fn redis_tls_if(self, tls: Option<redis_link::TlsOptions>) -> Self {
+        match tls {
+            Some(tls) => self.redis_tls(tls),
+            None => self,
+        }
     }
 
     /// A stable member id (for example the pod name). Without one a random id is generated; a stable id lets a
@@ -278,6 +296,7 @@ impl ConsumerBuilder {
                 .collect(),
             coordinator_token: self.coordinator_token,
             redis_url: self.redis_url.ok_or(ConfigError::MissingRedisUrl)?,
+            redis_tls: self.redis_tls,
             start_from: self.start_from,
             timings: self.timings,
             max_deliveries: self.max_deliveries,

@@ -112,6 +112,9 @@ pub struct ConsumerConfig {
     /// Redis of the shard streams: one server's URL, or `cluster:` and the comma-separated URLs of some of a
     /// Redis Cluster's nodes (see [`ConsumerBuilder::redis`](crate::ConsumerBuilder::redis)).
     pub redis_url: String,
+    /// How `rediss://` connections verify the server and which client certificate they present (see
+    /// [`ConsumerBuilder::redis_tls`](crate::ConsumerBuilder::redis_tls)); `None`: the system's roots.
+    pub redis_tls: Option<redis_link::TlsOptions>,
     /// Where a new Redis consumer group starts.
     pub start_from: StartPosition,
     /// Timings.
@@ -132,6 +135,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
             .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
+            .field("redis_tls", &self.redis_tls)
             .field("start_from", &self.start_from)
             .field("timings", &self.timings)
             .field("max_deliveries", &self.max_deliveries)
@@ -152,11 +156,18 @@ impl ConsumerConfig {
         if let Some(bad) = client_core::coord_client::first_invalid_url(&self.coordinator_urls) {
             return Err(ConfigError::InvalidCoordinatorUrl(bad.to_owned()));
         }
-        if redis_link::RedisTarget::names_cluster(&self.redis_url) {
-            redis_link::RedisTarget::parse(&self.redis_url).map_err(ConfigError::InvalidRedisTarget)?;
+        let tls = self.redis_tls.as_ref().map(redis_link::RedisTls::load).transpose()?;
+        let urls = if redis_link::RedisTarget::names_cluster(&self.redis_url) {
+            redis_link::RedisTarget::parse(&self.redis_url)
+                .map_err(ConfigError::InvalidRedisTarget)?
+                .urls()
+                .to_vec()
         } else {
-            redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-                url: protocol::redact::redact_url(&self.redis_url),
+            vec![self.redis_url.clone()]
+        };
+        for url in &urls {
+            redis_link::connection_info(url, tls.as_ref()).map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(url),
                 source,
             })?;
         }

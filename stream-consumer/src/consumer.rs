@@ -140,8 +140,12 @@ impl Consumer {
     /// # Errors
     /// [`ConsumerError::RedisUnusable`] (or [`ConsumerError::Redis`]) when Redis fails the check.
     pub async fn start(self) -> Result<ConsumerHandle, ConsumerError> {
-        let (_, nodes) = crate::redis_nodes::open(&self.config.redis_url, self.config.timings.redis_response_timeout)
-            .map_err(ConsumerError::Redis)?;
+        let (_, nodes) = crate::redis_nodes::open(
+            &self.config.redis_url,
+            self.config.redis_tls.as_ref(),
+            self.config.timings.redis_response_timeout,
+        )
+        .map_err(ConsumerError::Redis)?;
         check_redis(&nodes, &self.config).await?;
         Ok(self.spawn_checked(true))
     }
@@ -194,7 +198,8 @@ impl Consumer {
         let max_observed = self.store.load(&key).await?;
         // Lazy: Redis being down at start is an outage to ride out, not a start failure.
         let (conn, redis) =
-            crate::redis_nodes::open(&c.redis_url, c.timings.redis_response_timeout).map_err(ConsumerError::Redis)?;
+            crate::redis_nodes::open(&c.redis_url, c.redis_tls.as_ref(), c.timings.redis_response_timeout)
+                .map_err(ConsumerError::Redis)?;
         if !checked {
             check_redis(&redis, c).await?;
         }

@@ -29,24 +29,32 @@ pub(crate) fn target_error(e: redis_link::TargetError) -> RedisError {
 }
 
 /// Opens the shared connection (lazily: Redis down now is an outage to ride out) and the nodes of the blocking
-/// reads for `url` (one server's URL, or `cluster:` and seed URLs).
-pub(crate) fn open(url: &str, response_timeout: Duration) -> Result<(Connection, Nodes), RedisError> {
+/// reads for `url` (one server's URL, or `cluster:` and seed URLs), `rediss://` ones with `tls`.
+pub(crate) fn open(
+    url: &str,
+    tls: Option<&redis_link::TlsOptions>,
+    response_timeout: Duration,
+) -> Result<(Connection, Nodes), RedisError> {
+    let tls = tls
+        .map(redis_link::RedisTls::load)
+        .transpose()
+        .map_err(|e| RedisError::from((redis::ErrorKind::InvalidClientConfig, "Redis TLS", e.to_string())))?;
     match RedisTarget::parse(url).map_err(target_error)? {
         RedisTarget::Single(url) => {
-            let client = redis::Client::open(url)?;
+            let client = redis_link::tls_client(&url, tls.as_ref())?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(response_timeout))
                 .set_max_delay(Duration::from_secs(2));
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
-            Ok((Connection::Single(conn), Nodes::Single(client)))
+            Ok((Connection::Single(conn), Nodes::Single(client, tls)))
         }
         RedisTarget::Cluster(seeds) => {
-            let conn = Connection::cluster_lazy(&seeds, CONNECT_TIMEOUT, response_timeout)?;
+            let conn = Connection::cluster_lazy(&seeds, tls.as_ref(), CONNECT_TIMEOUT, response_timeout)?;
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(response_timeout));
-            let router = ClusterRouter::new(&seeds, config)?;
+            let router = ClusterRouter::new(&seeds, config, tls.as_ref())?;
             Ok((conn, Nodes::Cluster(std::sync::Arc::new(router))))
         }
     }

@@ -111,6 +111,14 @@ impl ProducerBuilder {
         self
     }
 
+    /// TLS settings of the `rediss://` connections: a CA to trust besides the system's roots, a client
+    /// certificate (see [`ProducerConfig::redis_tls`]). `build()` reads the files and refuses unusable ones, or
+    /// settings for a `redis://` URL.
+    pub fn redis_tls(mut self, tls: redis_link::TlsOptions) -> Self {
+        self.config.redis_tls = Some(tls);
+        self
+    }
+
     /// Number of publishing connections (default 8; see [`ProducerConfig::connections`]).
     pub fn connections(mut self, n: usize) -> Self {
         self.config.connections = n;

@@ -155,6 +155,9 @@ pub struct ProducerConfig {
     /// other nodes are discovered, every node connection uses the first URL's credentials and TLS settings). See
     /// [`redis_link::RedisTarget`].
     pub redis_url: String,
+    /// How `rediss://` connections verify the server and which client certificate they present; `None`: the
+    /// system's roots, no client certificate. Needs `rediss://` URLs. Default none.
+    pub redis_tls: Option<redis_link::TlsOptions>,
     /// Redis connections used for publishing (per master on a Redis Cluster). Each is a pipelining connection
     /// ([`redis_link::PipelinedConnection`]) shared by every concurrent request; shard `s` always uses connection `s % connections`, which keeps
     /// each shard's records in order. The fenced producer on one server checks one transaction at a time per
@@ -198,6 +201,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
             .field("coordinator_timeout", &self.coordinator_timeout)
             .field("redis_url", &self.redacted_redis_url())
+            .field("redis_tls", &self.redis_tls)
             .field("connections", &self.connections)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_response_timeout", &self.redis_response_timeout)
@@ -221,6 +225,7 @@ impl ProducerConfig {
             coordinator_token: None,
             coordinator_timeout: Duration::from_secs(2),
             redis_url: String::new(),
+            redis_tls: None,
             connections: 8,
             redis_connect_timeout: Duration::from_secs(2),
             redis_response_timeout: Duration::from_secs(5),
@@ -249,11 +254,15 @@ impl ProducerConfig {
         if self.redis_url.is_empty() {
             return Err(ConfigError::MissingRedisUrl);
         }
-        if self.is_cluster() {
-            redis_link::RedisTarget::parse(&self.redis_url)?;
+        let tls = self.load_redis_tls()?;
+        let urls = if self.is_cluster() {
+            redis_link::RedisTarget::parse(&self.redis_url)?.urls().to_vec()
         } else {
-            redis::Client::open(self.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-                url: protocol::redact::redact_url(&self.redis_url),
+            vec![self.redis_url.clone()]
+        };
+        for url in &urls {
+            redis_link::connection_info(url, tls.as_ref()).map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(url),
                 source,
             })?;
         }
@@ -337,6 +346,15 @@ impl ProducerConfig {
             });
         }
         Ok(())
+    }
+
+    /// [`redis_tls`](Self::redis_tls) with its files read (`None` without settings: a `rediss://` URL then
+    /// verifies against the system's roots).
+    ///
+    /// # Errors
+    /// [`ConfigError::RedisTls`].
+    pub(crate) fn load_redis_tls(&self) -> Result<Option<redis_link::RedisTls>, ConfigError> {
+        Ok(self.redis_tls.as_ref().map(redis_link::RedisTls::load).transpose()?)
     }
 
     /// [`redis_url`](Self::redis_url) with every password redacted.

@@ -49,7 +49,10 @@ async fn main() -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
-    let client = redis::Client::open(args.member.redis_url.as_str()).context("invalid Redis URL")?;
+    let client = args
+        .member
+        .redis_client()
+        .context("invalid Redis URL or TLS settings")?;
     let conn = client
         .get_multiplexed_async_connection()
         .await
@@ -58,6 +61,7 @@ async fn main() -> Result<()> {
     let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
         .redis(&args.member.redis_url)
+        .redis_tls_if(args.member.redis_tls.options())
         .rebalance_listener(LogTokens);
     if let Some(id) = &args.member.member_id {
         builder = builder.member_id(id);

@@ -37,6 +37,9 @@ struct Args {
     /// Redis URL.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    /// TLS of `rediss://` URLs.
+    #[command(flatten)]
+    redis_tls: examples::redis_tls_args::RedisTlsArgs,
     /// Coordinator base URL (repeat for several instances, or comma-separate `COORD_URL`; the deprecated
     /// `COORDINATOR_URL` is read too) [default: http://127.0.0.1:7400].
     #[arg(long = "coordinator-url", env = "COORD_URL", value_delimiter = ',')]
@@ -110,10 +113,13 @@ async fn main() -> Result<()> {
     if args.coordinator_urls.is_empty() {
         args.coordinator_urls.push("http://127.0.0.1:7400".to_owned());
     }
-    let producer = Producer::builder(args.stream.as_str())
+    let mut builder = Producer::builder(args.stream.as_str())
         .coordinators(args.coordinator_urls.iter().cloned())
-        .redis(args.redis_url.as_str())
-        .build()?;
+        .redis(args.redis_url.as_str());
+    if let Some(tls) = args.redis_tls.options() {
+        builder = builder.redis_tls(tls);
+    }
+    let producer = builder.build()?;
     let routing = producer.ready().await?;
     println!(
         "publishing to {} ({} shards, routing version {}) at {} records/s",

@@ -112,6 +112,7 @@ async fn main() -> Result<()> {
     let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
         .redis(&args.member.redis_url)
+        .redis_tls_if(args.member.redis_tls.options())
         .start_from(match args.start_from {
             Start::Beginning => StartPosition::Beginning,
             Start::End => StartPosition::End,
@@ -192,7 +193,7 @@ async fn report_progress(
     let Ok(stream) = protocol::names::StreamName::new(&args.member.stream) else {
         return;
     };
-    let redis = match redis::Client::open(args.member.redis_url.as_str()) {
+    let redis = match args.member.redis_client() {
         Ok(client) => client,
         Err(e) => {
             warn!(error = %e, "no progress lines: the Redis URL is not usable");

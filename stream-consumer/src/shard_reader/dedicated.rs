@@ -28,6 +28,7 @@ impl Reader {
         let client = self.shared.redis.client(&route)?;
         let connected = PipelinedConnection::connect(
             client.get_connection_info(),
+            self.shared.redis.tls(),
             Some(crate::redis_nodes::CONNECT_TIMEOUT),
             Some(self.shared.blocking_response_timeout()),
         )

@@ -136,12 +136,17 @@ fn topology_failure(e: TopologyError) -> ConnectFailure {
 }
 
 impl ClusterRoute {
-    pub(super) fn new(seeds: &[String], timeouts: LaneTimeouts, connections: usize) -> Result<Self, RedisError> {
+    pub(super) fn new(
+        seeds: &[String],
+        tls: Option<&redis_link::RedisTls>,
+        timeouts: LaneTimeouts,
+        connections: usize,
+    ) -> Result<Self, RedisError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
         Ok(ClusterRoute {
-            router: ClusterRouter::new(seeds, config)?,
+            router: ClusterRouter::new(seeds, config, tls)?,
             timeouts,
             connections: connections.max(1),
             preload_script: false,
@@ -172,7 +177,10 @@ impl ClusterRoute {
                     self.probes.clone(),
                 ));
                 Ok((0..self.connections)
-                    .map(|_| Lane::new(gate.clone(), client.clone(), self.timeouts, self.preload_script))
+                    .map(|_| {
+                        let tls = self.router.pool().tls().cloned();
+                        Lane::new(gate.clone(), client.clone(), tls, self.timeouts, self.preload_script)
+                    })
                     .collect())
             },
             |e| ConnectFailure::Redis(Arc::new(e)),
@@ -357,6 +365,7 @@ mod tests {
     fn route() -> ClusterRoute {
         ClusterRoute::new(
             &["redis://127.0.0.1:1".to_owned()],
+            None,
             LaneTimeouts {
                 connect: Duration::from_secs(1),
                 response: Duration::from_secs(1),

@@ -40,6 +40,8 @@ impl LaneTimeouts {
 pub(crate) struct Lane {
     gate: Arc<RedisGate>,
     client: redis::Client,
+    /// The TLS settings `client` was opened with, for the pipelined connection (`rediss://`).
+    tls: Option<redis_link::RedisTls>,
     timeouts: LaneTimeouts,
     /// The open connection and its generation (so a stale failure does not drop a newer connection).
     /// A std mutex: held only to clone or swap the handle.
@@ -79,12 +81,14 @@ impl Lane {
     pub(crate) fn new(
         gate: Arc<RedisGate>,
         client: redis::Client,
+        tls: Option<redis_link::RedisTls>,
         timeouts: LaneTimeouts,
         preload_script: bool,
     ) -> Self {
         Lane {
             gate,
             client,
+            tls,
             timeouts,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(ConnectState::default()),
@@ -117,6 +121,7 @@ impl Lane {
         }
         let result = PipelinedConnection::connect(
             self.client.get_connection_info(),
+            self.tls.as_ref(),
             Some(self.timeouts.connect),
             Some(self.timeouts.response),
         )

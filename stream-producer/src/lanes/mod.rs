@@ -101,13 +101,12 @@ impl ClusterLanes {
         stats: Arc<Stats>,
         preload_script: bool,
     ) -> Result<Self, ConfigError> {
-        let mut route =
-            cluster::ClusterRoute::new(seeds, LaneTimeouts::of(config), config.connections).map_err(|source| {
-                ConfigError::InvalidRedisUrl {
-                    url: protocol::redact::redact_url(&config.redis_url),
-                    source,
-                }
-            })?;
+        let tls = config.load_redis_tls()?;
+        let mut route = cluster::ClusterRoute::new(seeds, tls.as_ref(), LaneTimeouts::of(config), config.connections)
+            .map_err(|source| ConfigError::InvalidRedisUrl {
+            url: protocol::redact::redact_url(&config.redis_url),
+            source,
+        })?;
         let durable = Durable::of(config);
         route.preload_script = preload_script;
         // A durable producer's check of every node covers `WAIT` too.

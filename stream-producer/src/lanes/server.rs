@@ -33,10 +33,12 @@ impl ServerLanes {
     /// # Errors
     /// A Redis URL redis-rs cannot read.
     pub(crate) fn new(config: &ProducerConfig, stats: Arc<Stats>, preload_script: bool) -> Result<Self, ConfigError> {
-        let client = redis::Client::open(config.redis_url.as_str()).map_err(|source| ConfigError::InvalidRedisUrl {
-            url: protocol::redact::redact_url(&config.redis_url),
-            source,
-        })?;
+        let tls = config.load_redis_tls()?;
+        let client =
+            redis_link::tls_client(&config.redis_url, tls.as_ref()).map_err(|source| ConfigError::InvalidRedisUrl {
+                url: protocol::redact::redact_url(&config.redis_url),
+                source,
+            })?;
         let durable = Durable::of(config);
         // A durable producer's check of the server covers `WAIT` too.
         let also = durable.as_ref().map(|_| &WAIT_REQUIREMENTS);
@@ -49,7 +51,7 @@ impl ServerLanes {
         let gate = Arc::new(RedisGate::new(config.redis_url.clone(), also, probes));
         let timeouts = LaneTimeouts::of(config);
         let lanes = (0..config.connections)
-            .map(|_| Lane::new(gate.clone(), client.clone(), timeouts, preload_script))
+            .map(|_| Lane::new(gate.clone(), client.clone(), tls.clone(), timeouts, preload_script))
             .collect();
         Ok(ServerLanes { lanes, durable, stats })
     }
