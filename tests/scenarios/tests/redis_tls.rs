@@ -6,10 +6,15 @@
 mod common;
 
 use common::*;
+use coord_server::server::CoordinatorHandle;
 use protocol::messages::CreateGroupRequest;
+use protocol::names::{GroupName, StreamName};
 use redis_link::TlsOptions;
-use stream_producer::Durability;
+use scenario_tests::History;
+use std::time::Duration;
+use stream_producer::{Durability, Producer};
 use test_support::tls::TestPki;
+use test_support::RedisServer;
 
 /// A scenario on `redis` whose coordinator connects with `tls`.
 async fn tls_scenario(redis: RedisServer, tls: &TlsOptions, name: &str, shards: u32) -> Scenario {
