@@ -145,10 +145,16 @@ fn leaf(
     usage: ExtendedKeyUsagePurpose,
     expired: bool,
 ) -> (String, String) {
+    // A server certificate is also the client certificate of a node's own outgoing links (replication, the
+    // cluster bus), which a peer with `tls-auth-clients yes` checks for client use.
+    let usages = match usage {
+        ExtendedKeyUsagePurpose::ServerAuth => vec![usage, ExtendedKeyUsagePurpose::ClientAuth],
+        other => vec![other],
+    };
     let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
     let mut params = CertificateParams::new(names.clone()).expect("certificate parameters");
     params.distinguished_name.push(DnType::CommonName, names[0].as_str());
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     if expired {
         params.not_before = rcgen::date_time_ymd(2019, 1, 1);

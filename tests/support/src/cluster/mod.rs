@@ -79,6 +79,8 @@ pub struct ClusterBuilder {
     /// The binary every node runs; `None`: the [`RedisServerBuilder`](crate::RedisServerBuilder) default.
     bin: Option<PathBuf>,
     aclfile: Option<PathBuf>,
+    /// Every node TLS only, the cluster bus too (`tls-cluster yes`).
+    tls: Option<crate::server::ServerTls>,
 }
 
 impl Default for ClusterBuilder {
@@ -90,6 +92,7 @@ impl Default for ClusterBuilder {
             automatic_failover: false,
             bin: None,
             aclfile: None,
+            tls: None,
         }
     }
 }
@@ -98,6 +101,14 @@ impl ClusterBuilder {
     /// Number of masters (default 3; at least 1).
     pub fn masters(mut self, masters: usize) -> Self {
         self.masters = masters.max(1);
+        self
+    }
+
+    /// Every node serves TLS only, its cluster bus and replication too (`tls-cluster yes`,
+    /// `tls-replication yes`; see [`RedisServerBuilder::tls`](crate::RedisServerBuilder::tls)): the URLs are
+    /// `rediss://` and the nodes announce their TLS ports.
+    pub fn tls(mut self, tls: crate::server::ServerTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -189,6 +200,9 @@ impl ClusterBuilder {
         if let Some(path) = &self.aclfile {
             options = options.aclfile(path.clone());
         }
+        if let Some(tls) = &self.tls {
+            options = options.tls(tls.clone());
+        }
         options
     }
 }
@@ -216,7 +230,7 @@ impl ClusterNode {
         self.server.port()
     }
 
-    /// `redis://127.0.0.1:PORT` of this node.
+    /// `redis://127.0.0.1:PORT` of this node (`rediss://` with [`ClusterBuilder::tls`]).
     pub fn url(&self) -> String {
         self.server.url()
     }
@@ -285,9 +299,13 @@ impl RedisCluster {
     ///
     /// Panics if the client cannot be built (it cannot for these URLs).
     pub fn client(&self) -> ClusterClient {
-        ClusterClient::builder(self.urls())
+        let mut builder = ClusterClient::builder(self.urls())
             .connection_timeout(Duration::from_secs(1))
-            .response_timeout(crate::RESPONSE_TIMEOUT)
+            .response_timeout(crate::RESPONSE_TIMEOUT);
+        if let Some(tls) = self.nodes.first().and_then(|n| n.server.tls()) {
+            builder = builder.certs(tls.certificates());
+        }
+        builder
             .build()
             .unwrap_or_else(|e| panic!("cannot build a cluster client for {:?}: {e}", self.urls()))
     }
