@@ -17,6 +17,8 @@ use crate::tls_setup::RedisTls;
 use crate::topology::{NodeAddr, TopologyError};
 
 /// The nodes a component opens dedicated connections to: the one server, or a cluster's.
+// One value per component, made once: the size of a TLS client's settings costs nothing here.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Nodes {
     /// One server: every dedicated connection is opened with this client, and for a `rediss://` URL with these

@@ -126,29 +126,35 @@ async fn a_coordinator_that_cannot_verify_redis_does_not_start() {
     let redis = RedisServer::builder().tls(pki.server_tls(false)).start().await;
     // The system's roots alone do not know the test CA.
     let mut config = coord_config(&redis.url(), "127.0.0.1:0".parse().unwrap());
-    let e = CoordinatorHandle::spawn(config.clone()).await.err().expect("refused");
+    let Err(e) = CoordinatorHandle::spawn(config.clone()).await else {
+        panic!("a coordinator started without trusting the server's CA")
+    };
     assert!(e.to_string().contains("not signed by a trusted CA"), "{e}");
     assert!(e.to_string().contains(&redis.url()), "{e}");
     // TLS settings for a plaintext URL are refused before anything connects.
     config.redis_url = redis.url().replace("rediss://", "redis://");
     config.redis_tls = Some(TlsOptions::new().ca_file(&pki.ca));
-    let e = CoordinatorHandle::spawn(config).await.err().expect("refused");
+    let Err(e) = CoordinatorHandle::spawn(config).await else {
+        panic!("a coordinator started with TLS settings for a redis:// URL")
+    };
     assert!(e.to_string().contains("not a rediss:// URL"), "{e}");
     // And so are the SDKs' builders.
-    let e = Producer::builder("orders")
+    let Err(e) = Producer::builder("orders")
         .coordinator("http://127.0.0.1:1")
         .redis(redis.url().replace("rediss://", "redis://"))
         .redis_tls(TlsOptions::new().ca_file(&pki.ca))
         .build()
-        .err()
-        .expect("refused");
+    else {
+        panic!("the builder accepted unusable TLS settings")
+    };
     assert!(e.to_string().contains("not a rediss:// URL"), "{e}");
-    let e = Producer::builder("orders")
+    let Err(e) = Producer::builder("orders")
         .coordinator("http://127.0.0.1:1")
         .redis(redis.url())
         .redis_tls(TlsOptions::new().ca_file(pki.dir().join("missing.pem")))
         .build()
-        .err()
-        .expect("refused");
+    else {
+        panic!("the builder accepted unusable TLS settings")
+    };
     assert!(e.to_string().contains("missing.pem"), "{e}");
 }

@@ -25,7 +25,8 @@ pub struct RedisServerBuilder {
     /// The binary to run; `None`: `REDIS_SERVER_BIN`, else `redis-server` on `PATH`.
     pub(super) bin: Option<PathBuf>,
     /// TLS only, when set ([`RedisServerBuilder::tls`]).
-    pub(super) tls: Option<ServerTls>,
+    /// Boxed: most servers have none, and a `RedisServer` is held by value in enums (the demo's).
+    pub(super) tls: Option<Box<ServerTls>>,
 }
 
 impl RedisServerBuilder {
@@ -97,7 +98,7 @@ impl RedisServerBuilder {
     /// [`cluster_node`](Self::cluster_node) `tls-cluster yes`): [`RedisServer::url`] is then `rediss://`, and
     /// the harness's own connections verify the server with `tls.ca` and present `tls.client`.
     pub fn tls(mut self, tls: ServerTls) -> Self {
-        self.tls = Some(tls);
+        self.tls = Some(Box::new(tls));
         self
     }
 

@@ -118,7 +118,7 @@ impl RedisServer {
 
     /// The TLS settings the server was started with ([`RedisServerBuilder::tls`]).
     pub fn tls(&self) -> Option<&ServerTls> {
-        self.options.tls.as_ref()
+        self.options.tls.as_deref()
     }
 
     /// The server's data directory (its `dir`), which also holds the
