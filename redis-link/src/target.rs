@@ -51,6 +51,13 @@ pub enum TargetError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Some cluster seeds are `rediss://` and others not: every node is reached the way the first seed is, so a
+    /// mixed list would silently drop TLS (or ask for it) on some seeds.
+    #[error("cluster seeds mix rediss:// and redis:// ({url}): every seed must use the same scheme")]
+    MixedTls {
+        /// The first seed whose scheme differs from the first one's, password redacted.
+        url: String,
+    },
     /// A cluster seed selects a database other than 0 (Redis Cluster has only database 0).
     #[error("cluster seed {url} selects database {db}; Redis Cluster has only database 0")]
     ClusterDatabase {
@@ -91,6 +98,14 @@ impl RedisTarget {
                 return Err(TargetError::ClusterDatabase {
                     url: protocol::redact::redact_url(seed),
                     db,
+                });
+            }
+            if seeds
+                .first()
+                .is_some_and(|first: &String| crate::tls_setup::is_tls_url(first) != crate::tls_setup::is_tls_url(seed))
+            {
+                return Err(TargetError::MixedTls {
+                    url: protocol::redact::redact_url(seed),
                 });
             }
             seeds.push(seed.to_owned());
@@ -205,6 +220,11 @@ mod tests {
             RedisTarget::parse("cluster:redis://:secret@a:1/3"),
             Err(TargetError::ClusterDatabase { db: 3, ref url }) if !url.contains("secret")
         ));
+        assert!(matches!(
+            RedisTarget::parse("cluster:rediss://a:1,redis://:pw@b:2"),
+            Err(TargetError::MixedTls { ref url }) if url.starts_with("redis://") && !url.contains("pw")
+        ));
+        assert!(RedisTarget::parse("cluster:rediss://a:1,rediss://b:2").is_ok());
         assert_eq!(
             RedisTarget::parse(&format!("cluster:{}", vec!["redis://a:1"; MAX_SEEDS].join(",")))
                 .map(|t| t.urls().len()),
