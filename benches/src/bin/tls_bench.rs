@@ -31,10 +31,6 @@ use stream_producer::{Producer, Record};
 use test_support::tls::TestPki;
 use test_support::RedisServer;
 
-#[cfg(feature = "jemalloc")]
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 #[derive(Parser, Debug)]
 #[command(about = "Producer and consumer throughput over TLS as a ratio of plaintext")]
 struct Args {
