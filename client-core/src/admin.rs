@@ -23,11 +23,14 @@ use protocol::messages::{
     RecreateGroupRequest, RoutingDescription,
 };
 use protocol::{routes, StoreRevision};
+use redis_link::TlsOptions;
 use reqwest::header::{AUTHORIZATION, IF_MATCH};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
 use std::time::Duration;
 use thiserror::Error;
+
+use crate::coord_tls::{http_client, tls_failure, HttpClientError};
 
 /// Why an admin call failed.
 #[derive(Debug, Error)]
@@ -50,6 +53,18 @@ pub enum AdminError {
         #[source]
         source: reqwest::Error,
     },
+    /// The TLS handshake failed (the coordinator's certificate is not trusted or not for this name, or it refused
+    /// this client's certificate): retrying does not help until the certificates change.
+    #[error("TLS to the coordinator at {url} failed: {reason}")]
+    Tls {
+        /// The URL tried (credentials redacted).
+        url: String,
+        /// rustls's reason (for example `invalid peer certificate: UnknownIssuer`).
+        reason: String,
+        /// The transport error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// An answer that is not the coordinator's JSON (a proxy, another service, a version mismatch).
     #[error("unexpected answer from {url} (HTTP {http}): {detail}")]
     Decode {
@@ -60,9 +75,10 @@ pub enum AdminError {
         /// What was wrong.
         detail: String,
     },
-    /// The HTTP client could not be built (no request was sent).
+    /// The HTTP client could not be built: a TLS file that cannot be read, settings the HTTP stack refused (no
+    /// request was sent).
     #[error("cannot build the HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
+    Client(#[source] HttpClientError),
 }
 
 impl AdminError {
@@ -82,6 +98,8 @@ pub struct AdminClient {
     base: String,
     /// Admin bearer token, sent when set.
     token: Option<String>,
+    /// Kept so [`AdminClient::coordinator_tls`] can build the HTTP client again.
+    timeout: Duration,
     http: reqwest::Client,
 }
 
@@ -92,15 +110,23 @@ impl AdminClient {
     /// # Errors
     /// [`AdminError::Client`] when the HTTP client cannot be built.
     pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, AdminError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(AdminError::Client)?;
+        let http = http_client(timeout, None, &TlsOptions::default()).map_err(AdminError::Client)?;
         Ok(AdminClient {
             base: base.trim_end_matches('/').to_owned(),
             token: token.filter(|t| !t.is_empty()),
+            timeout,
             http,
         })
+    }
+
+    /// The same client with `tls` for an `https://` base URL (a private CA, a client certificate); without it
+    /// the server is verified against the system's roots.
+    ///
+    /// # Errors
+    /// [`AdminError::Client`] when a TLS file cannot be read or the settings are refused.
+    pub fn coordinator_tls(self, tls: TlsOptions) -> Result<Self, AdminError> {
+        let http = http_client(self.timeout, None, &tls).map_err(AdminError::Client)?;
+        Ok(AdminClient { http, ..self })
     }
 
     /// The base URL, without a trailing slash.
@@ -222,9 +248,12 @@ impl AdminClient {
     }
 
     async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T, AdminError> {
-        let resp = rb.send().await.map_err(|source| AdminError::Transport {
-            url: protocol::redact::redact_url(&self.base),
-            source,
+        let resp = rb.send().await.map_err(|source| {
+            let url = protocol::redact::redact_url(&self.base);
+            match tls_failure(&source) {
+                Some(reason) => AdminError::Tls { url, reason, source },
+                None => AdminError::Transport { url, source },
+            }
         })?;
         decode(resp).await
     }

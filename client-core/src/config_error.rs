@@ -24,6 +24,10 @@ pub enum ConfigError {
     /// A coordinator URL is not `http(s)://...`.
     #[error("coordinator URL {0:?} must start with http:// or https://")]
     InvalidCoordinatorUrl(String),
+    /// The TLS settings of the coordinator URLs cannot be used (a CA or certificate file missing or not PEM, a
+    /// certificate without its key).
+    #[error("coordinator TLS: {0}")]
+    CoordinatorTls(#[source] crate::coord_tls::TlsConfigError),
     /// The coordinator HTTP client could not be built (the HTTP stack refused its settings). Producer only.
     #[error("cannot build the coordinator client: {0}")]
     CoordinatorClient(#[source] CoordError),

@@ -9,11 +9,14 @@ use protocol::messages::{ErrorResponse, HeartbeatRequest, HeartbeatResponse, Rou
 use protocol::names::{GroupName, StreamName};
 use protocol::redact::redact_url;
 use protocol::{MemberEpoch, Status};
+use redis_link::TlsOptions;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use thiserror::Error;
+
+use crate::coord_tls::{http_client, tls_failure, HttpClientError};
 
 /// A coordinator call failed.
 #[derive(Debug, Error)]
@@ -41,6 +44,18 @@ pub enum CoordError {
         #[source]
         source: reqwest::Error,
     },
+    /// The TLS handshake with the coordinator failed (its certificate is not trusted or not for this name, or it
+    /// refused this client's certificate): every retry fails the same way until the certificates change.
+    #[error("TLS to the coordinator at {url} failed: {reason}")]
+    Tls {
+        /// The URL.
+        url: String,
+        /// rustls's reason (for example `invalid peer certificate: UnknownIssuer`).
+        reason: String,
+        /// The transport error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// The answer could not be understood (not our JSON): a proxy or a version mismatch.
     #[error("unexpected answer from {url}: {detail}")]
     Decode {
@@ -64,9 +79,9 @@ pub enum CoordError {
     /// A coordinator URL is not `http(s)://...`.
     #[error("coordinator URL {0:?} must start with http:// or https://")]
     InvalidUrl(String),
-    /// The HTTP client could not be built (the HTTP stack refused its settings).
+    /// The HTTP client could not be built (the TLS settings or the HTTP stack refused).
     #[error("cannot build the coordinator HTTP client: {0}")]
-    HttpClient(#[source] reqwest::Error),
+    HttpClient(#[source] HttpClientError),
 }
 
 impl CoordError {
@@ -84,6 +99,7 @@ impl CoordError {
             CoordError::Status { status, .. } => status.is_retryable(),
             CoordError::Unreachable { .. } | CoordError::Decode { .. } => true,
             CoordError::Incompatible { .. }
+            | CoordError::Tls { .. }
             | CoordError::NoUrl
             | CoordError::InvalidUrl(_)
             | CoordError::HttpClient(_) => false,
@@ -166,12 +182,26 @@ pub struct CoordClient {
 }
 
 impl CoordClient {
-    /// A client over `urls` (base URLs such as `http://127.0.0.1:7400`), each request bounded by `timeout`.
+    /// A client over `urls` (base URLs such as `http://127.0.0.1:7400`), each request bounded by `timeout`;
+    /// `https://` URLs are verified against the system's roots.
     ///
     /// # Errors
     /// [`CoordError::NoUrl`] without URLs, [`CoordError::InvalidUrl`] with a URL that is not `http(s)://...`,
     /// [`CoordError::HttpClient`] when the HTTP client cannot be built.
     pub fn new(urls: Vec<String>, timeout: Duration, token: Option<String>) -> Result<Self, CoordError> {
+        CoordClient::with_tls(urls, timeout, token, &TlsOptions::default())
+    }
+
+    /// [`CoordClient::new`] with the TLS settings of `https://` URLs (a private CA, a client certificate).
+    ///
+    /// # Errors
+    /// As [`CoordClient::new`]; [`CoordError::HttpClient`] also when a TLS file cannot be read.
+    pub fn with_tls(
+        urls: Vec<String>,
+        timeout: Duration,
+        token: Option<String>,
+        tls: &TlsOptions,
+    ) -> Result<Self, CoordError> {
         if urls.is_empty() {
             return Err(CoordError::NoUrl);
         }
@@ -179,11 +209,8 @@ impl CoordClient {
         if let Some(bad) = first_invalid_url(&urls) {
             return Err(CoordError::InvalidUrl(bad.to_owned()));
         }
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(2)))
-            .build()
-            .map_err(CoordError::HttpClient)?;
+        let http =
+            http_client(timeout, Some(timeout.min(Duration::from_secs(2))), tls).map_err(CoordError::HttpClient)?;
         Ok(CoordClient {
             http,
             urls,
@@ -243,6 +270,15 @@ impl CoordClient {
                 req = req.bearer_auth(token);
             }
             match req.send().await {
+                Err(e) if tls_failure(&e).is_some() => {
+                    let reason = tls_failure(&e).unwrap_or_default();
+                    tracing::debug!(url = %redact_url(base), error = %reason, "TLS to the coordinator failed; trying the next URL");
+                    last_err = Some(CoordError::Tls {
+                        url: redact_url(base),
+                        reason,
+                        source: e,
+                    });
+                }
                 Err(e) => {
                     tracing::debug!(url = %redact_url(base), error = %e, "coordinator unreachable; trying the next URL");
                     last_err = Some(CoordError::Unreachable {

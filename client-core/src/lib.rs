@@ -10,6 +10,8 @@
 //! * [`redis_check`]: the Redis version and command check a client runs on its own Redis connection.
 //! * [`membership`]: the client's membership rules (epoch, versions, per-shard reading / draining / revoked
 //!   state) built from coordinator answers; pure, driven by the consumer SDK and by every test model.
+//! * [`coord_tls`]: TLS to the coordinator (`https://`): the rustls configuration of a `redis_link::TlsOptions`
+//!   and the classification of a failed handshake as final.
 //! * [`lease`]: the assignment lease counted from the heartbeat's send time; pure and time-generic.
 //! * [`metrics`]: the metric handles both SDKs record through (the `metrics` facade, or no-op stand-ins).
 //! * [`coord_client`]: the coordinator HTTP client: several URLs, failover on connection errors and on
@@ -20,6 +22,7 @@
 pub mod admin;
 pub mod config_error;
 pub mod coord_client;
+pub mod coord_tls;
 pub mod lease;
 pub mod membership;
 pub mod metrics;
@@ -31,11 +34,14 @@ pub mod version_store;
 
 pub use config_error::ConfigError;
 pub use coord_client::{CoordClient, CoordError, CoordFuture, CoordTransport};
+pub use coord_tls::{HttpClientError, TlsConfigError};
 pub use persist::{PersistObserver, PersistPolicy, VersionPersister};
 pub use redis_check::{
     check_permissions, check_redis, redact_url, Incompatibility, PermissionProbe, RedisCapabilities, RedisCheckError,
     RedisRequirements,
 };
+/// The TLS settings of every connection (`redis_link::TlsOptions`), re-exported for the coordinator clients.
+pub use redis_link::TlsOptions;
 pub use version_store::{
     FileVersionStore, MemoryVersionStore, ObservedVersion, SharedVersionStore, VersionStore, VersionStoreError,
 };

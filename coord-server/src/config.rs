@@ -3,6 +3,7 @@
 use protocol::metadata::GroupTimings;
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::auth::{self, Credentials, Grant, Role};
@@ -19,6 +20,36 @@ pub fn redact_redis_target(text: &str) -> String {
             .map(protocol::redact::redact_url)
             .collect::<Vec<_>>()
             .join(","),
+    }
+}
+
+/// The PEM files of HTTPS on the API listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerTls {
+    /// The server's certificate chain (leaf first).
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate that chains to a CA of this file (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl ServerTls {
+    /// HTTPS with `cert` and `key`, no client certificates asked for.
+    pub fn new(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> ServerTls {
+        ServerTls {
+            cert_file: cert.into(),
+            key_file: key.into(),
+            client_ca_file: None,
+        }
+    }
+
+    /// Requires client certificates issued by a CA of the PEM file at `ca`.
+    #[must_use]
+    pub fn client_ca(mut self, ca: impl Into<PathBuf>) -> ServerTls {
+        self.client_ca_file = Some(ca.into());
+        self
     }
 }
 
@@ -41,6 +72,12 @@ pub struct Config {
     /// connection slots of its own, so a flood of client connections on `listen` cannot crowd out the probes
     /// (see `server` docs). `None` (the default): no probe listener; `listen` serves the three routes either way.
     pub probe_listen: Option<SocketAddr>,
+    /// HTTPS on `listen` (the probe listener stays plain HTTP). `None` (the default): plain HTTP. See
+    /// [`crate::server::tls`].
+    pub tls: Option<ServerTls>,
+    /// How often the TLS files are looked at for a change (a rotated certificate); SIGHUP reloads at once.
+    /// Default 5 s.
+    pub tls_reload_interval: Duration,
     /// How often the tick loop runs: each run visits the groups whose deadline has come (the due index, see
     /// [`crate::due`]) and a slice of the safety sweep.
     pub tick_interval: Duration,
@@ -104,6 +141,8 @@ impl fmt::Debug for Config {
             )
             .field("listen", &self.listen)
             .field("probe_listen", &self.probe_listen)
+            .field("tls", &self.tls)
+            .field("tls_reload_interval", &self.tls_reload_interval)
             .field("tick_interval", &self.tick_interval)
             .field("due_sweep_period", &self.due_sweep_period)
             .field("due_batch", &self.due_batch)
@@ -136,6 +175,8 @@ impl Default for Config {
             metadata_redis_url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             probe_listen: None,
+            tls: None,
+            tls_reload_interval: Duration::from_secs(5),
             tick_interval: Duration::from_millis(250),
             due_sweep_period: crate::due::SWEEP_PERIOD,
             due_batch: 1_000,
@@ -190,6 +231,9 @@ impl Config {
         }
         if self.critical_section_timeout >= self.mutex_ttl {
             return Err("critical_section_timeout must be shorter than mutex_ttl".into());
+        }
+        if self.tls.is_some() && self.tls_reload_interval.is_zero() {
+            return Err("tls_reload_interval must be positive".into());
         }
         if self.tick_interval.is_zero() {
             return Err("tick_interval must be positive".into());

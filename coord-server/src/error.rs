@@ -53,6 +53,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The HTTPS certificate, key or client CA (`Config::tls`) cannot serve.
+    #[error("cannot serve HTTPS: {0}")]
+    Tls(#[source] crate::server::tls::TlsError),
 }
 
 impl From<StoreError> for Error {
@@ -77,7 +80,7 @@ impl Error {
             Error::AlreadyExists(_) => Status::AlreadyExists,
             Error::Terminating => Status::CoordinatorTerminating,
             Error::Store(_) => Status::StoreUnavailable,
-            Error::Listen { .. } => Status::InvalidRequest,
+            Error::Listen { .. } | Error::Tls(_) => Status::InvalidRequest,
         }
     }
 
@@ -108,6 +111,7 @@ impl Error {
                 addr: *addr,
                 source: std::io::Error::new(source.kind(), source.to_string()),
             },
+            Error::Tls(e) => Error::Tls(e.clone()),
         }
     }
 

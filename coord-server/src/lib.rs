@@ -64,6 +64,6 @@ pub mod tick;
 
 pub use store::traces;
 
-pub use config::Config;
+pub use config::{Config, ServerTls};
 pub use coordinator::Coordinator;
 pub use error::{Error, StoreError};

@@ -42,6 +42,20 @@ struct Args {
     /// the main port serves the three either way).
     #[arg(long, env = "COORD_PROBE_LISTEN")]
     probe_listen: Option<SocketAddr>,
+    /// Serve HTTPS on --listen with this PEM certificate chain (with --tls-key). (`COORD_SERVER_TLS_*`, not
+    /// `COORD_TLS_*`: those are the clients' CA and certificate, which may share an environment with these.) Reloaded when the file changes
+    /// and on SIGHUP, so certificates rotate without a restart. The probe listener stays plain HTTP.
+    #[arg(long, env = "COORD_SERVER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "COORD_SERVER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates issued by a CA of this PEM file (mutual TLS; needs --tls-cert).
+    #[arg(long, env = "COORD_SERVER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// How often the TLS files are checked for a change, in ms (default 5000).
+    #[arg(long, env = "COORD_SERVER_TLS_RELOAD_INTERVAL_MS")]
+    tls_reload_interval_ms: Option<u64>,
     /// How often the tick loop visits the groups that are due (expiry, fencing, routing adoption), in ms.
     #[arg(long, env = "COORD_TICK_INTERVAL_MS")]
     tick_interval_ms: Option<u64>,
@@ -186,6 +200,14 @@ impl Args {
         config.metadata_redis_url = self.metadata_redis_url.clone();
         config.listen = self.listen;
         config.probe_listen = self.probe_listen;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            let mut tls = coord_server::ServerTls::new(cert, key);
+            tls.client_ca_file = self.tls_client_ca.clone();
+            config.tls = Some(tls);
+        }
+        if let Some(v) = self.tls_reload_interval_ms {
+            config.tls_reload_interval = Duration::from_millis(v);
+        }
         let ms = Duration::from_millis;
         if let Some(v) = self.tick_interval_ms {
             config.tick_interval = ms(v);
@@ -337,6 +359,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "no client token: anyone who reaches {} can join any group and fetch any stream's routing",
             config.listen
         );
+    }
+    if let Some(tls) = &config.tls {
+        coord_server::server::tls::check(tls).context("cannot serve HTTPS")?;
     }
     let (listen, probe_listen) = (config.listen, config.probe_listen);
     let coordinator = Coordinator::connect(config)

@@ -33,6 +33,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +45,7 @@ use crate::error::Error;
 use crate::{http, tick};
 
 pub mod connections;
+pub mod tls;
 
 /// Serves the API on `listener` and runs the tick loop until `shutdown` completes, then shuts down in the order
 /// of the module docs.
@@ -105,6 +107,24 @@ pub async fn serve_with_probes(
     };
     let limits = connections::Limits::from_config(coordinator.config());
     let api_stopped = CancellationToken::new();
+    let certs = match &coordinator.config().tls {
+        Some(files) => Some(Arc::new(
+            tls::CertStore::load(files.clone()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        )),
+        None => None,
+    };
+    let rotation = {
+        let (certs, interval, stopped) = (
+            certs.clone(),
+            coordinator.config().tls_reload_interval,
+            api_stopped.clone(),
+        );
+        async move {
+            if let Some(certs) = certs {
+                certs.watch(interval, stopped).await;
+            }
+        }
+    };
     let probe_server = {
         let (config, stopped) = (coordinator.config(), api_stopped.clone());
         let serve = probes.map(|probes| {
@@ -112,7 +132,7 @@ pub async fn serve_with_probes(
                 http::probe_router(coordinator.clone()),
                 connections::Limits::probe_listener(config),
             );
-            connections::serve_connections(probes, app, limits, stopped.cancelled_owned())
+            connections::serve_connections(probes, app, limits, None, stopped.cancelled_owned())
         });
         async move {
             match serve {
@@ -123,13 +143,13 @@ pub async fn serve_with_probes(
     };
     let app = http::router(coordinator);
     let server = async move {
-        let result = connections::serve_connections(listener, app, limits, drained).await;
+        let result = connections::serve_connections(listener, app, limits, certs, drained).await;
         // Also when the server fails on its own: the tick loop must not outlive it.
         stop_ticks.cancel();
         api_stopped.cancel();
         result
     };
-    let (result, probe_result, ()) = tokio::join!(server, probe_server, ticks);
+    let (result, probe_result, (), ()) = tokio::join!(server, probe_server, ticks, rotation);
     result.and(probe_result)
 }
 
@@ -159,6 +179,10 @@ impl CoordinatorHandle {
     /// [`Error::Listen`] naming the address.
     pub async fn spawn(config: Config) -> Result<CoordinatorHandle, Error> {
         let listen = config.listen;
+        if let Some(files) = &config.tls {
+            // Before Redis and the port: a bad certificate is a configuration error, reported as one.
+            tls::check(files).map_err(Error::Tls)?;
+        }
         let coordinator = Coordinator::connect(config).await?;
         let listener = TcpListener::bind(listen)
             .await
@@ -204,9 +228,14 @@ impl CoordinatorHandle {
         self.probe_addr
     }
 
-    /// The base URL, `http://<addr>`.
+    /// The base URL, `http://<addr>`, or `https://<addr>` when the configuration has TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.coordinator.config().tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The coordinator behind the server.

@@ -21,7 +21,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Admin(AdminError::Api { .. }) => 1,
-            CliError::Admin(AdminError::Transport { .. } | AdminError::Decode { .. }) => 3,
+            CliError::Admin(AdminError::Transport { .. } | AdminError::Decode { .. } | AdminError::Tls { .. }) => 3,
             CliError::Admin(AdminError::Client(_)) | CliError::Refused(_) => 4,
         }
     }

@@ -47,6 +47,17 @@ struct Cli {
     /// File holding the admin bearer token (surrounding whitespace ignored).
     #[arg(long, env = "COORD_ADMIN_TOKEN_FILE", global = true)]
     token_file: Option<std::path::PathBuf>,
+    /// PEM file of the CA that signed the coordinator's certificate, for an `https://` URL (besides the system's
+    /// roots).
+    #[arg(long, env = "COORD_TLS_CA", global = true)]
+    coordinator_tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for a coordinator that requires one (`--tls-client-ca`); with
+    /// --coordinator-tls-key.
+    #[arg(long, env = "COORD_TLS_CERT", global = true, requires = "coordinator_tls_key")]
+    coordinator_tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --coordinator-tls-cert.
+    #[arg(long, env = "COORD_TLS_KEY", global = true, requires = "coordinator_tls_cert")]
+    coordinator_tls_key: Option<std::path::PathBuf>,
     /// Print JSON (the coordinator's wire types) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -256,6 +267,18 @@ fn token(cli: &Cli) -> Result<Option<String>, CliError> {
     }
 }
 
+/// The TLS settings of `--coordinator-tls-*` for an `https://` URL.
+fn tls(cli: &Cli) -> client_core::TlsOptions {
+    let mut tls = client_core::TlsOptions::new();
+    if let Some(ca) = &cli.coordinator_tls_ca {
+        tls = tls.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&cli.coordinator_tls_cert, &cli.coordinator_tls_key) {
+        tls = tls.client_identity(cert, key);
+    }
+    tls
+}
+
 /// Where the coordinator is when `--url` / `COORD_URL` is absent.
 const DEFAULT_URL: &str = "http://127.0.0.1:7400";
 
@@ -286,7 +309,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         });
         return Ok(());
     }
-    let client = AdminClient::new(&url(&cli), token(&cli)?, Duration::from_millis(cli.timeout_ms))?;
+    let client = AdminClient::new(&url(&cli), token(&cli)?, Duration::from_millis(cli.timeout_ms))?
+        .coordinator_tls(tls(&cli))?;
     let json = cli.json;
     match cli.command {
         Command::Groups { rebuild } => {

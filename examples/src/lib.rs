@@ -1,7 +1,7 @@
 //! Example programs (see src/bin) and what they share with their tests: the demo itself ([`demo`], run by the
 //! `demo` binary), the demo's delivery bookkeeping
 //! ([`ledger`]), fenced writes to a Redis hash for the `fenced_writer` worker ([`fenced_write`]), and the workers'
-//! shared flags ([`member_args`]).
+//! shared flags ([`member_args`], [`coordinator_tls`]).
 
 /// The allocator of every binary of this crate (feature `jemalloc`, on by default). Records are allocated by the
 /// caller's task and freed by the producer's batcher or a connection's task, often on another thread; glibc's
@@ -11,6 +11,7 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+pub mod coordinator_tls;
 pub mod demo;
 pub mod fenced_write;
 pub mod ledger;

@@ -58,6 +58,7 @@ pub struct ConsumerBuilder {
     member_id: Option<String>,
     coordinator_urls: Vec<String>,
     coordinator_token: Option<String>,
+    coordinator_tls: redis_link::TlsOptions,
     redis_url: Option<String>,
     start_from: StartPosition,
     timings: Timings,
@@ -98,6 +99,7 @@ impl ConsumerBuilder {
             member_id: None,
             coordinator_urls: Vec::new(),
             coordinator_token: None,
+            coordinator_tls: redis_link::TlsOptions::default(),
             redis_url: None,
             start_from: StartPosition::default(),
             timings: Timings::default(),
@@ -129,6 +131,16 @@ impl ConsumerBuilder {
     /// Bearer token the coordinator requires from clients, if any.
     pub fn coordinator_token(mut self, token: impl Into<String>) -> Self {
         self.coordinator_token = Some(token.into());
+        self
+    }
+
+    /// TLS settings of `https://` coordinator URLs: a private CA ([`TlsOptions::ca_file`]), a client certificate
+    /// for coordinators that require one. Without it the coordinator's certificate is verified against the
+    /// system's roots. The files are read at `build()`.
+    ///
+    /// [`TlsOptions::ca_file`]: redis_link::TlsOptions::ca_file
+    pub fn coordinator_tls(mut self, tls: redis_link::TlsOptions) -> Self {
+        self.coordinator_tls = tls;
         self
     }
 
@@ -277,6 +289,7 @@ impl ConsumerBuilder {
                 .map(|u| u.trim_end_matches('/').to_owned())
                 .collect(),
             coordinator_token: self.coordinator_token,
+            coordinator_tls: self.coordinator_tls,
             redis_url: self.redis_url.ok_or(ConfigError::MissingRedisUrl)?,
             start_from: self.start_from,
             timings: self.timings,

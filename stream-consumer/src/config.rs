@@ -109,6 +109,9 @@ pub struct ConsumerConfig {
     pub coordinator_urls: Vec<String>,
     /// Bearer token for the coordinator, if it requires one.
     pub coordinator_token: Option<String>,
+    /// TLS settings of `https://` coordinator URLs (see
+    /// [`ConsumerBuilder::coordinator_tls`](crate::ConsumerBuilder::coordinator_tls)).
+    pub coordinator_tls: redis_link::TlsOptions,
     /// Redis of the shard streams: one server's URL, or `cluster:` and the comma-separated URLs of some of a
     /// Redis Cluster's nodes (see [`ConsumerBuilder::redis`](crate::ConsumerBuilder::redis)).
     pub redis_url: String,
@@ -131,6 +134,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("member_id_generated", &self.member_id_generated)
             .field("coordinator_urls", &self.coordinator_urls)
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
+            .field("coordinator_tls", &self.coordinator_tls)
             .field("redis_url", &protocol::redact::redact_url(&self.redis_url))
             .field("start_from", &self.start_from)
             .field("timings", &self.timings)
@@ -152,6 +156,7 @@ impl ConsumerConfig {
         if let Some(bad) = client_core::coord_client::first_invalid_url(&self.coordinator_urls) {
             return Err(ConfigError::InvalidCoordinatorUrl(bad.to_owned()));
         }
+        client_core::coord_tls::client_config(&self.coordinator_tls).map_err(ConfigError::CoordinatorTls)?;
         if redis_link::RedisTarget::names_cluster(&self.redis_url) {
             redis_link::RedisTarget::parse(&self.redis_url).map_err(ConfigError::InvalidRedisTarget)?;
         } else {

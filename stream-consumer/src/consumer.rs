@@ -232,10 +232,11 @@ impl Consumer {
         let transport = match transport {
             Some(t) => t,
             None => Arc::new(
-                CoordClient::new(
+                CoordClient::with_tls(
                     c.coordinator_urls.clone(),
                     c.timings.request_timeout,
                     c.coordinator_token.clone(),
+                    &c.coordinator_tls,
                 )
                 .map_err(ConsumerError::CoordinatorClient)?,
             ),

@@ -79,6 +79,16 @@ impl ProducerBuilder {
         self
     }
 
+    /// TLS settings of `https://` coordinator URLs: a private CA ([`TlsOptions::ca_file`]), a client certificate
+    /// for coordinators that require one. Without it the coordinator's certificate is verified against the
+    /// system's roots. The files are read at `build()`.
+    ///
+    /// [`TlsOptions::ca_file`]: redis_link::TlsOptions::ca_file
+    pub fn coordinator_tls(mut self, tls: redis_link::TlsOptions) -> Self {
+        self.config.coordinator_tls = tls;
+        self
+    }
+
     /// Deadline of one routing request to one coordinator URL (default 2 s), and how long
     /// [`Producer::ready`](crate::Producer::ready) and the first publish retry a retryable refresh failure.
     pub fn coordinator_timeout(mut self, timeout: Duration) -> Self {

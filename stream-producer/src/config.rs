@@ -146,6 +146,9 @@ pub struct ProducerConfig {
     pub coordinator_urls: Vec<String>,
     /// Bearer token for the coordinator, if it requires one.
     pub coordinator_token: Option<String>,
+    /// TLS settings of `https://` coordinator URLs (see
+    /// [`ProducerBuilder::coordinator_tls`](crate::ProducerBuilder::coordinator_tls)).
+    pub coordinator_tls: redis_link::TlsOptions,
     /// Deadline of one routing request to one coordinator URL. Default 2 s. Keep it well below the routing lease:
     /// a publish that must refresh first waits up to this long. It also bounds how long
     /// [`Producer::ready`](crate::Producer::ready) and the first publish retry retryable refresh failures.
@@ -196,6 +199,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("stream", &self.stream)
             .field("coordinator_urls", &self.coordinator_urls)
             .field("coordinator_token", &self.coordinator_token.as_ref().map(|_| "***"))
+            .field("coordinator_tls", &self.coordinator_tls)
             .field("coordinator_timeout", &self.coordinator_timeout)
             .field("redis_url", &self.redacted_redis_url())
             .field("connections", &self.connections)
@@ -219,6 +223,7 @@ impl ProducerConfig {
             stream,
             coordinator_urls: Vec::new(),
             coordinator_token: None,
+            coordinator_tls: redis_link::TlsOptions::default(),
             coordinator_timeout: Duration::from_secs(2),
             redis_url: String::new(),
             connections: 8,
@@ -246,6 +251,7 @@ impl ProducerConfig {
         if let Some(bad) = client_core::coord_client::first_invalid_url(&self.coordinator_urls) {
             return Err(ConfigError::InvalidCoordinatorUrl(bad.to_owned()));
         }
+        client_core::coord_tls::client_config(&self.coordinator_tls).map_err(ConfigError::CoordinatorTls)?;
         if self.redis_url.is_empty() {
             return Err(ConfigError::MissingRedisUrl);
         }

@@ -110,10 +110,11 @@ impl Producer {
     /// Builds the clients and the queue; spawns nothing (see "Starting" in the module docs).
     pub(crate) fn new(config: ProducerConfig, store: SharedVersionStore) -> Result<Producer, ConfigError> {
         let stats = Arc::new(Stats::new(&config.stream));
-        let client = CoordClient::new(
+        let client = CoordClient::with_tls(
             config.coordinator_urls.clone(),
             config.coordinator_timeout,
             config.coordinator_token.clone(),
+            &config.coordinator_tls,
         )
         .map_err(ConfigError::CoordinatorClient)?;
         let cache = RoutingCache::new(RetryPolicy {

@@ -58,6 +58,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::http::{ApiError, HEALTHZ, READYZ};
+use crate::server::tls::CertStore;
+use tokio_rustls::TlsAcceptor;
 
 /// Idle timeout of a probe slot: a probe sends its request as soon as it is connected, so a connection that sends
 /// nothing for this long is not a probe, and gives its slot back before the next probe comes.
@@ -144,6 +146,7 @@ pub(crate) async fn serve_connections(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    tls: Option<Arc<CertStore>>,
     stop: impl Future<Output = ()>,
 ) -> io::Result<()> {
     info!(
@@ -194,7 +197,8 @@ pub(crate) async fn serve_connections(
             closing: closing.clone(),
             dropping: dropping.clone(),
         };
-        tracker.spawn(connection.run(stream));
+        let acceptor = tls.as_ref().map(|certs| certs.acceptor());
+        tracker.spawn(connection.run(stream, acceptor));
     }
     drop(listener);
     closing.cancel();
@@ -265,16 +269,48 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream) {
-        let probe = matches!(self.slot, Slot::Probe(_));
-        let (idle_timeout, header_timeout) = if probe {
+    fn timeouts(&self) -> (Duration, Duration) {
+        if matches!(self.slot, Slot::Probe(_)) {
             (
                 self.limits.idle_timeout.min(PROBE_IDLE_TIMEOUT),
                 self.limits.header_read_timeout.min(PROBE_HEADER_TIMEOUT),
             )
         } else {
             (self.limits.idle_timeout, self.limits.header_read_timeout)
+        }
+    }
+
+    async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
+        let Some(acceptor) = tls else {
+            return self.serve(stream).await;
         };
+        // The handshake is part of the request head's clock: a client that opens a connection and never
+        // finishes it is cut off like a slow head.
+        let (_, header_timeout) = self.timeouts();
+        let handshake = tokio::time::timeout(header_timeout, acceptor.accept(stream));
+        let stream = tokio::select! {
+            result = handshake => match result {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    debug!("TLS handshake timed out");
+                    return;
+                }
+            },
+            () = self.closing.cancelled() => return,
+        };
+        self.serve(stream).await;
+    }
+
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let probe = matches!(self.slot, Slot::Probe(_));
+        let (idle_timeout, header_timeout) = self.timeouts();
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Tracked {
             inner: stream,
@@ -434,12 +470,12 @@ impl Activity {
 }
 
 /// A stream that reports reads to its connection's [`Activity`].
-struct Tracked {
-    inner: TcpStream,
+struct Tracked<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Tracked {
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
@@ -450,7 +486,7 @@ impl AsyncRead for Tracked {
     }
 }
 
-impl AsyncWrite for Tracked {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }

@@ -32,6 +32,8 @@ struct Args {
         required = true
     )]
     coordinator_urls: Vec<String>,
+    #[command(flatten)]
+    coordinator_tls: examples::coordinator_tls::CoordinatorTlsArgs,
 }
 
 /// Logs the token each assignment starts with.
@@ -57,6 +59,7 @@ async fn main() -> Result<()> {
     let hash = FencedHash::new();
     let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
+        .coordinator_tls(args.coordinator_tls.options())
         .redis(&args.member.redis_url)
         .rebalance_listener(LogTokens);
     if let Some(id) = &args.member.member_id {

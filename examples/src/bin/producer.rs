@@ -41,6 +41,8 @@ struct Args {
     /// `COORDINATOR_URL` is read too) [default: http://127.0.0.1:7400].
     #[arg(long = "coordinator-url", env = "COORD_URL", value_delimiter = ',')]
     coordinator_urls: Vec<String>,
+    #[command(flatten)]
+    coordinator_tls: examples::coordinator_tls::CoordinatorTlsArgs,
     /// Seconds between rate reports.
     #[arg(long, default_value_t = 5)]
     report_every: u64,
@@ -112,6 +114,7 @@ async fn main() -> Result<()> {
     }
     let producer = Producer::builder(args.stream.as_str())
         .coordinators(args.coordinator_urls.iter().cloned())
+        .coordinator_tls(args.coordinator_tls.options())
         .redis(args.redis_url.as_str())
         .build()?;
     let routing = producer.ready().await?;

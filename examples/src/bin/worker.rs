@@ -41,6 +41,8 @@ struct Args {
     /// `COORDINATOR_TOKEN`).
     #[arg(long, env = "COORD_CLIENT_TOKEN", hide_env_values = true)]
     coordinator_token: Option<String>,
+    #[command(flatten)]
+    coordinator_tls: examples::coordinator_tls::CoordinatorTlsArgs,
     /// Seconds between two progress lines (processed/s, lag, pending).
     #[arg(long, env = "REPORT_EVERY_SECS", default_value_t = 5)]
     report_every_secs: u64,
@@ -111,6 +113,7 @@ async fn main() -> Result<()> {
     let processed_in_handler = Arc::clone(&processed);
     let mut builder = Consumer::builder(&args.member.stream, &args.member.group)
         .coordinators(args.coordinator_urls.iter().cloned())
+        .coordinator_tls(args.coordinator_tls.options())
         .redis(&args.member.redis_url)
         .start_from(match args.start_from {
             Start::Beginning => StartPosition::Beginning,
