@@ -156,13 +156,13 @@ pub fn tls_failure(e: &reqwest::Error) -> Option<String> {
         if let Some(tls) = err.downcast_ref::<rustls::Error>() {
             return Some(tls.to_string());
         }
-        // io::Error's `source()` skips the error it wraps, which is where rustls puts its own.
-        if let Some(tls) = err
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls.to_string());
+        // io::Error's `source()` skips the error it wraps, which is where rustls puts its own (inside another
+        // io::Error from the connector).
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
         }
         cause = err.source();
     }

@@ -50,6 +50,7 @@
 //! - `cluster` — `cluster`: a local Redis Cluster (`cluster::RedisCluster`: 3 masters, optionally one replica
 //!   each) with slot lookup, `kill -9`, `CLUSTER FAILOVER TAKEOVER` and live slot migration, and
 //!   `cluster::key_slot`.
+//! - `pki` — `pki`: a test CA (`pki::TestCa`) and the server and client certificates it signs, made at run time.
 //!
 //! # Example
 //!
@@ -72,6 +73,8 @@ pub mod consumer;
 #[cfg(feature = "coordinator")]
 pub mod coordinator;
 pub mod gate;
+#[cfg(feature = "pki")]
+pub mod pki;
 #[cfg(feature = "history")]
 pub mod history;
 #[cfg(feature = "metrics")]
