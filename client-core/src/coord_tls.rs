@@ -2,7 +2,7 @@
 //! [`redis_link::TlsOptions`], the HTTP client that uses it, and the classification of a failed handshake.
 //!
 //! The server is verified against the system's roots plus [`TlsOptions::ca_file`] (the platform verifier), with
-//! the ring provider only: one crypto provider in the build. A client certificate is presented when
+//! the aws-lc-rs provider, reqwest's own: one crypto library in the build. A client certificate is presented when
 //! [`TlsOptions::client_cert_file`] and [`TlsOptions::client_key_file`] are set (coordinators started with
 //! `--tls-client-ca`).
 //!
@@ -48,12 +48,9 @@ pub enum TlsConfigError {
     Rustls(#[source] rustls::Error),
 }
 
-/// The ring provider, the only one the build has.
-// Deprecated upstream for lacking post-quantum key exchange; aws-lc-rs would add a C build of its own to every
-// SDK user's build, and the coordinator link's secrecy does not need to outlive the tokens it carries.
-#[allow(deprecated)]
+/// The aws-lc-rs provider, the one reqwest uses too.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// Every certificate of the PEM file at `path` (at least one).

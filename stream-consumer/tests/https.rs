@@ -2,12 +2,12 @@
 //! one that does not trust the coordinator's certificate stops with an error naming the URL and the cause
 //! instead of retrying forever.
 
+use client_core::TlsOptions;
 use coord_server::server::CoordinatorHandle;
 use coord_server::ServerTls;
 use protocol::messages::CreateGroupRequest;
 use protocol::names::{GroupName, StreamName};
 use std::time::Duration;
-use client_core::TlsOptions;
 use stream_consumer::{CancellationToken, ConsumerBuilder, ConsumerError, Message};
 use test_support::consumer::wait_status;
 use test_support::pki::TestCa;

@@ -49,11 +49,9 @@ pub fn check(tls: &ServerTls) -> Result<(), TlsError> {
     load(tls).map(drop)
 }
 
-// Deprecated upstream for lacking post-quantum key exchange; aws-lc-rs would add a C build of its own, and one
-// provider serves the SDKs and the coordinator alike.
-#[allow(deprecated)]
+/// The aws-lc-rs provider, the one the SDKs' HTTP client uses too.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 fn file_error(path: &Path, reason: impl ToString) -> TlsError {

@@ -73,12 +73,12 @@ pub mod consumer;
 #[cfg(feature = "coordinator")]
 pub mod coordinator;
 pub mod gate;
-#[cfg(feature = "pki")]
-pub mod pki;
 #[cfg(feature = "history")]
 pub mod history;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "pki")]
+pub mod pki;
 pub mod port;
 pub mod proxy;
 pub mod replica;

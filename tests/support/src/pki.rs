@@ -28,7 +28,9 @@ pub struct TestCa {
 
 impl std::fmt::Debug for TestCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestCa").field("ca_file", &self.ca_file).finish_non_exhaustive()
+        f.debug_struct("TestCa")
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
     }
 }
 
@@ -100,7 +102,9 @@ impl TestCa {
 
     fn issue(&self, names: Vec<String>, usage: ExtendedKeyUsagePurpose, files: &CertFiles) {
         let mut params = CertificateParams::new(names).expect("certificate parameters");
-        params.distinguished_name.push(DnType::CommonName, "redis-stream-coord test");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "redis-stream-coord test");
         params.extended_key_usages = vec![usage];
         let key = KeyPair::generate().expect("a key");
         let cert = params.signed_by(&key, &self.issuer).expect("a signed certificate");
