@@ -10,7 +10,8 @@
 //!   `group_section` and `routing_section`: its kinds; `group_slots`: per-group local lock, queue and memory;
 //!   `missing_metadata`: the "never created" or "lost" answer.
 //! * [`http`]: the HTTP/JSON API (`/v1`), its router and the mapping of errors to HTTP answers.
-//! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown.
+//! * [`server`]: [`server::serve`] and [`server::CoordinatorHandle`]: server, tick loop and their shutdown;
+//!   `server::tls`: HTTPS on the API listener, with certificate reload.
 //! * [`tick`]: the loop that ticks the groups that are due; [`due`]: the due index in Redis and the safety
 //!   sweep that bounds what a lost index can delay.
 //! * [`shutdown`]: the terminating gate; [`deadline`]: request and mutex-wait deadlines that forgive a stop of this

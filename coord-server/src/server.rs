@@ -16,6 +16,9 @@
 //! (`Config::probe_listen`: `/healthz`, `/readyz` and `/metrics` on a port of their own) are described in
 //! [`connections`].
 //!
+//! With `Config::tls` the API listener serves HTTPS, its certificate reloaded on change and on SIGHUP without a
+//! restart, optionally requiring client certificates; the probe listener stays plain HTTP (see [`tls`]).
+//!
 //! # Example
 //! ```no_run
 //! # async fn example() -> Result<(), coord_server::Error> {

@@ -11,6 +11,9 @@
 //!   (slowloris) is cut off after `header_read_timeout`, however steadily it trickles bytes.
 //! * While a request is handled, neither runs: the router's request timeout bounds it.
 //!
+//! * TLS handshake (HTTPS, `Config::tls`): bounded by the header-read timeout too, and abandoned when shutdown
+//!   begins, so a client that opens a connection and never completes the handshake holds no slot for long.
+//!
 //! # Connection cap
 //! At most `max_connections` regular connections. When they are all taken, up to `probe_connections` more are
 //! accepted as probe slots: one request each, no keep-alive, timeouts cut to [`PROBE_IDLE_TIMEOUT`] and
